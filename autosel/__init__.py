@@ -1,0 +1,27 @@
+"""autosel: pick the fastest correct kernel backend per op by measuring, and keep the decision in SQLite.
+
+Importing this package imports no torch, no triton and no backend package.
+"""
+
+from autosel.platforms import PlatformInfo
+from autosel.registry import KernelRegistry, register_kernel, register_op, registry
+from autosel.selector import clear_cache, get_kernel, select_kernel
+from autosel.spec import CapabilityRequirement, DeviceType, KernelBackend, KernelSpec, OpDefinition
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "CapabilityRequirement",
+    "DeviceType",
+    "KernelBackend",
+    "KernelRegistry",
+    "KernelSpec",
+    "OpDefinition",
+    "PlatformInfo",
+    "clear_cache",
+    "get_kernel",
+    "register_kernel",
+    "register_op",
+    "registry",
+    "select_kernel",
+]

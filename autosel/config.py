@@ -1,0 +1,128 @@
+"""Every AUTOSEL_* environment variable, read and validated in this one place."""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Mapping
+
+from autosel.errors import ConfigError
+from autosel.spec import KernelBackend
+
+TUNE_MODES = ("auto", "off", "force")
+EXECUTION_MODES = ("eager", "graph")
+LOG_LEVELS = ("debug", "info", "warning", "error")
+
+VARIABLES = {
+    "AUTOSEL_DB": "path of the writable user tuning DB (default: the user cache folder)",
+    "AUTOSEL_DB_PATH": "read-only shipped DBs, files or folders, separated by ':'",
+    "AUTOSEL_TUNE": "auto (tune on a miss), off (never time at run time), force (re-tune)",
+    "AUTOSEL_BACKEND": "force a backend: 'triton' for every op, or 'op=backend,op2=backend'",
+    "AUTOSEL_MODE": "execution mode for selection outside graph capture: eager or graph",
+    "AUTOSEL_BUDGET_S": "time budget per op when tuning at run time, in seconds",
+    "AUTOSEL_RECORD": "append each dispatched op's shape bucket to this JSON Lines file",
+    "AUTOSEL_LOG": "log level of the autosel logger: debug, info, warning, error",
+}
+
+
+@dataclass(frozen=True)
+class Settings:
+    db: Path
+    db_path: tuple[Path, ...]
+    tune: str
+    forced_backend: KernelBackend | None
+    forced_per_op: tuple[tuple[str, KernelBackend], ...]
+    mode: str | None
+    budget_s: float
+    record: Path | None
+    log_level: str | None
+
+    def forced_backend_for(self, op: str) -> tuple[KernelBackend | None, bool]:
+        """(backend, per_op): a per-op force wins over the global one."""
+        for name, backend in self.forced_per_op:
+            if name == op:
+                return backend, True
+        return self.forced_backend, False
+
+
+def default_db_path() -> Path:
+    import platformdirs
+
+    return Path(platformdirs.user_cache_dir("autosel")) / "tuning.db"
+
+
+def _choice(env: Mapping[str, str], name: str, allowed: tuple[str, ...], default: str | None) -> str | None:
+    raw = env.get(name, "").strip().lower()
+    if not raw:
+        return default
+    if raw not in allowed:
+        raise ConfigError(f"{name}={env[name]!r} is not valid; allowed values: {', '.join(allowed)}")
+    return raw
+
+
+def _backend(name: str, text: str) -> KernelBackend:
+    try:
+        return KernelBackend.parse(text.strip())
+    except ValueError as exc:
+        raise ConfigError(f"{name}: {exc}") from None
+
+
+def _parse_forced(env: Mapping[str, str]):
+    raw = env.get("AUTOSEL_BACKEND", "").strip()
+    if not raw:
+        return None, ()
+    if "=" not in raw:
+        return _backend("AUTOSEL_BACKEND", raw), ()
+    per_op = []
+    for item in filter(None, (p.strip() for p in raw.split(","))):
+        op, sep, backend = item.partition("=")
+        if not (sep and op.strip() and backend.strip()):
+            raise ConfigError(
+                f"AUTOSEL_BACKEND item {item!r} is not 'op=backend'; write e.g. "
+                "AUTOSEL_BACKEND='layernorm.rmsnorm=triton,gemm.mm=torch'"
+            )
+        per_op.append((op.strip(), _backend("AUTOSEL_BACKEND", backend)))
+    return None, tuple(per_op)
+
+
+def _budget(env: Mapping[str, str]) -> float:
+    raw = env.get("AUTOSEL_BUDGET_S", "").strip()
+    if not raw:
+        return 30.0
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if value <= 0:
+        raise ConfigError(f"AUTOSEL_BUDGET_S={raw!r} is not a positive number of seconds; e.g. AUTOSEL_BUDGET_S=30")
+    return value
+
+
+def read_settings(env: Mapping[str, str] | None = None) -> Settings:
+    """Parse the environment; a bad value is a ConfigError naming the variable and the allowed values."""
+    env = os.environ if env is None else env
+    forced, per_op = _parse_forced(env)
+    db = env.get("AUTOSEL_DB", "").strip()
+    shipped = tuple(Path(p) for p in env.get("AUTOSEL_DB_PATH", "").split(os.pathsep) if p.strip())
+    record = env.get("AUTOSEL_RECORD", "").strip()
+    return Settings(
+        db=Path(db).expanduser() if db else default_db_path(),
+        db_path=shipped,
+        tune=_choice(env, "AUTOSEL_TUNE", TUNE_MODES, "auto"),
+        forced_backend=forced,
+        forced_per_op=per_op,
+        mode=_choice(env, "AUTOSEL_MODE", EXECUTION_MODES, None),
+        budget_s=_budget(env),
+        record=Path(record).expanduser() if record else None,
+        log_level=_choice(env, "AUTOSEL_LOG", LOG_LEVELS, None),
+    )
+
+
+def settings() -> Settings:
+    """Settings of this moment (read on each use, so tests and long-lived processes see changes)."""
+    result = read_settings()
+    if result.log_level:
+        logging.getLogger("autosel").setLevel(result.log_level.upper())
+    return result

@@ -1,0 +1,129 @@
+"""The value types of a tuning decision: what was measured, what was rejected and why, and who won."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+OP_LEVEL_BUCKET = "*"
+
+
+def versions_hash(versions: dict[str, str]) -> str:
+    """A short stable hash of a version vector; part of a decision's key."""
+    text = json.dumps(sorted(versions.items()), separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """Timing statistics of one candidate on one shape, in microseconds."""
+
+    median_us: float
+    p20_us: float
+    p80_us: float
+    samples: int
+    method: str
+
+    @property
+    def spread(self) -> float:
+        """(p80 - p20) / median: the relative noise of this measurement."""
+        return (self.p80_us - self.p20_us) / self.median_us if self.median_us > 0 else 0.0
+
+
+@dataclass(frozen=True)
+class ShapeResult:
+    """One candidate on one representative shape: its error against the reference and its timing."""
+
+    shape: dict[str, Any]
+    max_abs_err: float | None = None
+    max_rel_err: float | None = None
+    timing: Measurement | None = None
+    first_call_s: float | None = None
+
+
+@dataclass(frozen=True)
+class CandidateResult:
+    backend: str
+    status: str  # "ok" (measured), "rejected" (failed a check, raised, too slow, ...)
+    reason: str | None = None
+    score: float | None = None  # geometric mean over shapes of time / best time on that shape
+    shapes: tuple[ShapeResult, ...] = ()
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+
+@dataclass(frozen=True)
+class DecisionKey:
+    platform_key: str
+    op: str
+    mode: str
+    bucket: str
+    versions_hash: str
+
+
+@dataclass(frozen=True)
+class Decision:
+    """A winner with its evidence; stored as one row of the tuning DB."""
+
+    op: str
+    mode: str
+    bucket: str
+    winner: str
+    platform_key: str
+    versions: dict[str, str]
+    candidates: tuple[CandidateResult, ...]
+    margin: float  # the margin a challenger had to beat the default by
+    runner_up: str | None = None
+    lead_over_runner_up: float | None = None  # runner-up score / winner score - 1
+    per_shape_winners: tuple[tuple[str, str], ...] = ()  # (shape as JSON, backend)
+    method: str = ""
+    tune_s: float = 0.0
+    created_at: str = ""
+    autosel_version: str = ""
+
+    @property
+    def key(self) -> DecisionKey:
+        return DecisionKey(self.platform_key, self.op, self.mode, self.bucket, versions_hash(self.versions))
+
+    def candidate(self, backend: str) -> CandidateResult | None:
+        return next((c for c in self.candidates if c.backend == backend), None)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "Decision":
+        data = dict(data)
+        data["candidates"] = tuple(_candidate_from_dict(c) for c in data.get("candidates", ()))
+        data["per_shape_winners"] = tuple(tuple(p) for p in data.get("per_shape_winners", ()))
+        data["versions"] = dict(data.get("versions", {}))
+        known = set(cls.__dataclass_fields__)
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> "Decision":
+        return cls.from_dict(json.loads(text))
+
+
+def _candidate_from_dict(data: dict[str, Any]) -> CandidateResult:
+    shapes = []
+    for s in data.get("shapes", ()):
+        timing = s.get("timing")
+        shapes.append(ShapeResult(
+            shape=dict(s["shape"]),
+            max_abs_err=s.get("max_abs_err"),
+            max_rel_err=s.get("max_rel_err"),
+            timing=Measurement(**timing) if timing else None,
+            first_call_s=s.get("first_call_s"),
+        ))
+    return CandidateResult(
+        backend=data["backend"], status=data["status"], reason=data.get("reason"),
+        score=data.get("score"), shapes=tuple(shapes),
+    )

@@ -1,0 +1,19 @@
+"""The exceptions autosel raises beyond the original selector's KeyError/ValueError contract."""
+
+from __future__ import annotations
+
+
+class AutoselError(Exception):
+    """Base class: every message says what failed, with the values, and what to do next."""
+
+
+class ConfigError(AutoselError, ValueError):
+    """An AUTOSEL_* environment variable has a value autosel does not accept."""
+
+
+class DatabaseError(AutoselError):
+    """A tuning database cannot be used as asked (not a DB, newer schema, unwritable output)."""
+
+
+class TuningError(AutoselError, ValueError):
+    """Tuning ran but could not produce a decision (for example every candidate was rejected)."""

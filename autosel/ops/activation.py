@@ -1,0 +1,34 @@
+"""activation.silu_and_mul and activation.gelu_and_mul: the gated MLP activations ([T, 2I] -> [T, I])."""
+
+from __future__ import annotations
+
+from autosel.ops.common import ShapesByDevice, dtype_of, standard_specs
+from autosel.spec import OpDefinition
+
+# Intermediate sizes I: 3584 (Llama-3-70B at TP8), 14336 (Llama-3-8B), 18944 (Qwen2.5-7B),
+# 28672 (Llama-3-70B at TP1); the input is [tokens, 2*I].
+SHAPES = ShapesByDevice(
+    gpu=tuple({"tokens": t, "intermediate": i} for t, i in [
+        (1, 14336), (1, 28672), (16, 18944), (128, 14336), (512, 3584), (2048, 14336),
+        (4096, 18944), (8192, 3584), (16384, 14336),
+    ]),
+    cpu=tuple({"tokens": t, "intermediate": i} for t, i in [(1, 14336), (16, 3584), (128, 3584), (256, 14336)]),
+)
+
+
+def gated_inputs(shape: dict, device: str) -> tuple:
+    import torch
+
+    return (torch.randn(shape["tokens"], 2 * shape["intermediate"], device=device, dtype=dtype_of(shape)),)
+
+
+SPECS = [
+    *standard_specs("activation.silu_and_mul", "silu_and_mul", flashinfer="flashinfer.activation:silu_and_mul",
+                    sgl_kernel="sgl_kernel:silu_and_mul"),
+    *standard_specs("activation.gelu_and_mul", "gelu_and_mul", flashinfer="flashinfer.activation:gelu_and_mul",
+                    sgl_kernel="sgl_kernel:gelu_and_mul"),
+]
+DEFINITIONS = [
+    OpDefinition("activation.silu_and_mul", shapes=SHAPES, make_inputs=gated_inputs),
+    OpDefinition("activation.gelu_and_mul", shapes=SHAPES, make_inputs=gated_inputs),
+]

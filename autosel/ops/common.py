@@ -1,0 +1,51 @@
+"""What the built-in op declarations share: the standard backend set, device-dependent shape lists, dtypes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from autosel.spec import CapabilityRequirement, KernelBackend, KernelSpec
+
+# Where autosel's Triton kernels run: CUDA and ROCm (torch exposes both as "cuda").
+GPU = frozenset({CapabilityRequirement.CUDA, CapabilityRequirement.HIP})
+# flashinfer and sgl-kernel ship CUDA kernels for Ampere and newer.
+CUDA_SM80 = frozenset({CapabilityRequirement.cuda(min_sm=(8, 0))})
+
+
+def standard_specs(op: str, fn: str, *, triton: bool = True, flashinfer: str | None = None,
+                   sgl_kernel: str | None = None) -> list[KernelSpec]:
+    """torch first (the default that challengers must beat), then torch_compile, triton and the vendors."""
+    specs = [
+        KernelSpec(op, KernelBackend.TORCH, f"autosel.ops.torch_impl:{fn}", requires=("torch",),
+                   description="pure torch (the reference)"),
+        KernelSpec(op, KernelBackend.TORCH_COMPILE, f"autosel.ops.compiled:{fn}", requires=("torch",),
+                   description="torch.compile(dynamic=True) of the reference"),
+    ]
+    if triton:
+        specs.append(KernelSpec(op, KernelBackend.TRITON, f"autosel.ops.triton_kernels:{fn}", capabilities=GPU,
+                                requires=("torch", "triton"), description="autosel's Triton kernel"))
+    if flashinfer:
+        specs.append(KernelSpec(op, KernelBackend.FLASHINFER, flashinfer, capabilities=CUDA_SM80,
+                                requires=("torch", "flashinfer"), description="flashinfer"))
+    if sgl_kernel:
+        specs.append(KernelSpec(op, KernelBackend.SGL_KERNEL, sgl_kernel, capabilities=CUDA_SM80,
+                                requires=("torch", "sgl_kernel"), description="sgl-kernel"))
+    return specs
+
+
+@dataclass(frozen=True)
+class ShapesByDevice:
+    """Representative shapes per device class: CPU hosts do not serve 16k-token GEMMs, so they time fewer."""
+
+    gpu: tuple[dict, ...]
+    cpu: tuple[dict, ...]
+
+    def __call__(self, platform: Any) -> list[dict]:
+        return [dict(s) for s in (self.cpu if platform.torch_device == "cpu" else self.gpu)]
+
+
+def dtype_of(shape: dict):
+    import torch
+
+    return getattr(torch, shape.get("dtype", "bfloat16"))

@@ -1,0 +1,45 @@
+"""embeddings.rope: rotary position embedding with a cos/sin cache, in place on query and key."""
+
+from __future__ import annotations
+
+from autosel.ops.common import ShapesByDevice, dtype_of, standard_specs
+from autosel.spec import OpDefinition
+
+
+def _rope(tokens: int, q_heads: int, kv_heads: int, rotary_dim: int, is_neox: bool) -> dict:
+    return {"tokens": tokens, "q_heads": q_heads, "kv_heads": kv_heads, "head_size": 128,
+            "rotary_dim": rotary_dim, "is_neox": is_neox}
+
+
+# Llama-3-8B (32 q / 8 kv heads, neox), Qwen3-32B (64 / 8, neox), GLM-4 (32 / 2, half the head rotated,
+# GPT-J interleaved pairs).
+SHAPES = ShapesByDevice(
+    gpu=(
+        _rope(1, 32, 8, 128, True), _rope(64, 32, 8, 128, True), _rope(512, 32, 8, 128, True),
+        _rope(4096, 32, 8, 128, True), _rope(16384, 32, 8, 128, True),
+        _rope(128, 64, 8, 128, True), _rope(8192, 64, 8, 128, True),
+        _rope(1, 32, 2, 64, False), _rope(2048, 32, 2, 64, False),
+    ),
+    cpu=(_rope(1, 32, 8, 128, True), _rope(64, 32, 8, 128, True), _rope(16, 32, 2, 64, False)),
+)
+MAX_POSITIONS = 32768
+
+
+def rope_inputs(shape: dict, device: str) -> tuple:
+    import torch
+
+    dtype, tokens, head_size = dtype_of(shape), shape["tokens"], shape["head_size"]
+    rotary_dim = shape["rotary_dim"]
+    inv_freq = 1.0 / (10000.0 ** (torch.arange(0, rotary_dim, 2, dtype=torch.float32, device=device) / rotary_dim))
+    angles = torch.outer(torch.arange(MAX_POSITIONS, dtype=torch.float32, device=device), inv_freq)
+    cos_sin_cache = torch.cat((angles.cos(), angles.sin()), dim=-1)
+    positions = torch.randint(0, MAX_POSITIONS, (tokens,), device=device, dtype=torch.int64)
+    query = torch.randn(tokens, shape["q_heads"] * head_size, device=device, dtype=dtype)
+    key = torch.randn(tokens, shape["kv_heads"] * head_size, device=device, dtype=dtype)
+    return (positions, query, key, head_size, cos_sin_cache, bool(shape["is_neox"]))
+
+
+SPECS = standard_specs("embeddings.rope", "rope",
+                       flashinfer="flashinfer.rope:apply_rope_with_cos_sin_cache_inplace",
+                       sgl_kernel="sgl_kernel:apply_rope_with_cos_sin_cache_inplace")
+DEFINITIONS = [OpDefinition("embeddings.rope", shapes=SHAPES, make_inputs=rope_inputs)]

@@ -1,0 +1,30 @@
+"""gemm.mm: a @ b.T as linear layers run it, where small and large token counts favour different kernels."""
+
+from __future__ import annotations
+
+from autosel.ops.common import ShapesByDevice, dtype_of, standard_specs
+from autosel.spec import OpDefinition
+
+# Llama-3-8B's projections (N, K): qkv (6144, 4096), o (4096, 4096), gate_up (28672, 4096), down (4096, 14336);
+# M is the token count.
+SHAPES = ShapesByDevice(
+    gpu=tuple({"m": m, "n": n, "k": k} for m, n, k in [
+        (1, 6144, 4096), (1, 28672, 4096), (16, 4096, 14336), (64, 6144, 4096), (128, 4096, 4096),
+        (512, 28672, 4096), (1024, 4096, 14336), (4096, 6144, 4096), (8192, 4096, 4096), (16384, 4096, 14336),
+    ]),
+    cpu=tuple({"m": m, "n": n, "k": k} for m, n, k in [(1, 4096, 4096), (16, 6144, 4096), (64, 4096, 4096)]),
+)
+
+
+def mm_inputs(shape: dict, device: str) -> tuple:
+    import torch
+
+    dtype = dtype_of(shape)
+    # Scaled so outputs stay O(1) whatever K is, which keeps bf16 tolerances meaningful.
+    a = torch.randn(shape["m"], shape["k"], device=device, dtype=dtype)
+    b = torch.randn(shape["n"], shape["k"], device=device, dtype=dtype) / shape["k"] ** 0.5
+    return (a, b)
+
+
+SPECS = standard_specs("gemm.mm", "mm")
+DEFINITIONS = [OpDefinition("gemm.mm", shapes=SHAPES, make_inputs=mm_inputs)]

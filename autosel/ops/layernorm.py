@@ -1,0 +1,46 @@
+"""layernorm.rmsnorm and layernorm.fused_add_rmsnorm: declarations, shapes and input factories."""
+
+from __future__ import annotations
+
+from autosel.ops.common import ShapesByDevice, dtype_of, standard_specs
+from autosel.spec import OpDefinition
+
+EPS = 1e-6
+
+# Hidden sizes of open models: 2048 (Qwen3-1.7B), 4096 (Llama-3-8B), 5120 (Qwen3-32B), 7168 (DeepSeek-V3),
+# 8192 (Llama-3-70B), 16384 (Llama-3.1-405B); token counts from one decode step to a 16k prefill.
+SHAPES = ShapesByDevice(
+    gpu=tuple({"tokens": t, "hidden": h} for t, h in [
+        (1, 4096), (1, 8192), (16, 5120), (64, 7168), (128, 4096), (512, 8192),
+        (2048, 2048), (2048, 16384), (8192, 4096), (8192, 7168), (16384, 5120), (16384, 8192),
+    ]),
+    cpu=tuple({"tokens": t, "hidden": h} for t, h in [(1, 4096), (16, 5120), (128, 4096), (512, 2048)]),
+)
+
+
+def rmsnorm_inputs(shape: dict, device: str) -> tuple:
+    import torch
+
+    dtype = dtype_of(shape)
+    x = torch.randn(shape["tokens"], shape["hidden"], device=device, dtype=dtype)
+    weight = 1.0 + 0.1 * torch.randn(shape["hidden"], device=device, dtype=dtype)
+    return (x, weight, EPS)
+
+
+def fused_add_rmsnorm_inputs(shape: dict, device: str) -> tuple:
+    import torch
+
+    x, weight, eps = rmsnorm_inputs(shape, device)
+    return (x, torch.randn_like(x), weight, eps)
+
+
+SPECS = [
+    *standard_specs("layernorm.rmsnorm", "rmsnorm", flashinfer="flashinfer.norm:rmsnorm",
+                    sgl_kernel="sgl_kernel:rmsnorm"),
+    *standard_specs("layernorm.fused_add_rmsnorm", "fused_add_rmsnorm",
+                    flashinfer="flashinfer.norm:fused_add_rmsnorm", sgl_kernel="sgl_kernel:fused_add_rmsnorm"),
+]
+DEFINITIONS = [
+    OpDefinition("layernorm.rmsnorm", shapes=SHAPES, make_inputs=rmsnorm_inputs),
+    OpDefinition("layernorm.fused_add_rmsnorm", shapes=SHAPES, make_inputs=fused_add_rmsnorm_inputs),
+]

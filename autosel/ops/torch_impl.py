@@ -1,0 +1,55 @@
+"""Pure-torch implementations of the built-in ops: the torch backend and every op's reference."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    xf = x.float()
+    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * weight.float()).to(x.dtype)
+
+
+def fused_add_rmsnorm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float) -> None:
+    """In place, as flashinfer and sgl-kernel do it: residual <- x + residual; x <- rmsnorm(residual)."""
+    summed = x.float() + residual.float()
+    residual.copy_(summed)
+    x.copy_(summed * torch.rsqrt(summed.pow(2).mean(-1, keepdim=True) + eps) * weight.float())
+
+
+def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
+    d = x.shape[-1] // 2
+    return (F.silu(x[..., :d].float()) * x[..., d:].float()).to(x.dtype)
+
+
+def gelu_and_mul(x: torch.Tensor) -> torch.Tensor:
+    d = x.shape[-1] // 2
+    return (F.gelu(x[..., :d].float(), approximate="none") * x[..., d:].float()).to(x.dtype)
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, head_size: int, is_neox: bool) -> None:
+    rotary_dim = cos.shape[-1] * 2
+    heads = x.view(x.shape[0], -1, head_size)
+    rot = heads[..., :rotary_dim].float()
+    cos, sin = cos[:, None, :], sin[:, None, :]
+    if is_neox:
+        x1, x2 = rot.chunk(2, dim=-1)
+        out = torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+    else:
+        x1, x2 = rot[..., 0::2], rot[..., 1::2]
+        out = torch.stack((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).flatten(-2)
+    heads[..., :rotary_dim] = out.to(x.dtype)
+
+
+def rope(positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor, head_size: int,
+         cos_sin_cache: torch.Tensor, is_neox: bool) -> None:
+    """Rotary embedding in place on query and key; cos_sin_cache rows are [cos | sin] (vLLM/flashinfer layout)."""
+    cos, sin = cos_sin_cache.index_select(0, positions).float().chunk(2, dim=-1)
+    _rotate(query, cos, sin, head_size, is_neox)
+    _rotate(key, cos, sin, head_size, is_neox)
+
+
+def mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """a @ b.T with b in nn.Linear's [out_features, in_features] layout."""
+    return F.linear(a, b)

@@ -1,0 +1,195 @@
+"""Detecting the machine: device type, architecture, device name, multiprocessor count and versions."""
+
+from __future__ import annotations
+
+import functools
+import importlib.metadata
+import logging
+import os
+import platform as _stdlib_platform
+import re
+from dataclasses import dataclass, field
+
+from autosel.spec import DeviceType
+
+log = logging.getLogger(__name__)
+
+# Backend packages whose versions can change a decision; recorded when installed (by metadata only).
+KNOWN_BACKEND_DISTRIBUTIONS = ("flashinfer-python", "sgl-kernel", "deep-gemm", "aiter")
+
+
+def normalise_device_name(name: str) -> str:
+    """'NVIDIA H200' -> 'NVIDIA_H200': spaces to underscores, other separators collapsed, kept otherwise."""
+    return re.sub(r"[^A-Za-z0-9.\-]+", "_", name.strip()).strip("_") or "unknown"
+
+
+def distribution_version(dist: str) -> str | None:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+@dataclass(frozen=True)
+class PlatformInfo:
+    """The facts a decision depends on. Build it with detect(); tests construct it directly."""
+
+    device_type: str = "cpu"
+    cuda_arch_major: int | None = None
+    cuda_arch_minor: int | None = None
+    arch: str = ""
+    device_name: str = ""
+    multiprocessor_count: int = 0
+    versions: tuple[tuple[str, str], ...] = field(default=())
+
+    @property
+    def device(self) -> DeviceType:
+        try:
+            return DeviceType(self.device_type)
+        except ValueError:
+            return DeviceType.CPU
+
+    @property
+    def cuda_arch(self) -> tuple[int, int] | None:
+        if self.cuda_arch_major is None:
+            return None
+        return (self.cuda_arch_major, self.cuda_arch_minor or 0)
+
+    @property
+    def is_cuda(self) -> bool:
+        return self.device == DeviceType.CUDA
+
+    @property
+    def is_hip(self) -> bool:
+        return self.device == DeviceType.HIP
+
+    @property
+    def torch_device(self) -> str:
+        """The torch device string tensors for this platform live on (HIP uses 'cuda' in torch)."""
+        return {"cuda": "cuda", "hip": "cuda", "xpu": "xpu", "mps": "mps", "npu": "npu"}.get(
+            self.device.value, "cpu"
+        )
+
+    @property
+    def key(self) -> str:
+        """Platform key of a decision: device type, arch, normalised name, multiprocessor count."""
+        arch = self.arch or (f"sm_{self.cuda_arch_major}{self.cuda_arch_minor or 0}" if self.cuda_arch else "")
+        name = normalise_device_name(self.device_name) if self.device_name else "unknown"
+        return f"{self.device.value}/{arch or 'unknown'}/{name}/{self.multiprocessor_count}"
+
+    @property
+    def version_map(self) -> dict[str, str]:
+        return dict(self.versions)
+
+    @classmethod
+    def detect(cls) -> "PlatformInfo":
+        """Never raises: anything that fails to answer leaves the CPU defaults in place."""
+        try:
+            return _detect()
+        except Exception as exc:  # detection must not take selection down
+            log.warning("platform detection failed (%s: %s); assuming a CPU", type(exc).__name__, exc)
+            return _cpu_platform({})
+
+
+def _cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return _stdlib_platform.processor() or _stdlib_platform.machine() or "cpu"
+
+
+def _cpu_platform(versions: dict[str, str]) -> PlatformInfo:
+    return PlatformInfo(
+        device_type="cpu",
+        arch=_stdlib_platform.machine() or "unknown",
+        device_name=_cpu_name(),
+        multiprocessor_count=os.cpu_count() or 0,
+        versions=tuple(sorted(versions.items())),
+    )
+
+
+def _driver_major() -> str | None:
+    # The kernel module's version file is the cheapest source that needs no NVML binding.
+    try:
+        with open("/proc/driver/nvidia/version", encoding="utf-8") as f:
+            match = re.search(r"Kernel Module(?: for \S+)?\s+(\d+)\.", f.read())
+            return match.group(1) if match else None
+    except OSError:
+        return None
+
+
+def _detect() -> PlatformInfo:
+    versions: dict[str, str] = {}
+    for dist in KNOWN_BACKEND_DISTRIBUTIONS + ("triton",):
+        version = distribution_version(dist)
+        if version:
+            versions[dist] = version
+    try:
+        import torch
+    except ImportError:
+        return _cpu_platform(versions)
+    versions["torch"] = torch.__version__
+    if torch.version.hip and torch.cuda.is_available():
+        props = torch.cuda.get_device_properties(0)
+        versions["hip"] = str(torch.version.hip)
+        return PlatformInfo(
+            device_type="hip",
+            arch=str(getattr(props, "gcnArchName", "") or "").split(":")[0],
+            device_name=props.name,
+            multiprocessor_count=props.multi_processor_count,
+            versions=tuple(sorted(versions.items())),
+        )
+    if torch.cuda.is_available():
+        props = torch.cuda.get_device_properties(0)
+        versions["cuda"] = str(torch.version.cuda)
+        driver = _driver_major()
+        if driver:
+            versions["driver_major"] = driver
+        return PlatformInfo(
+            device_type="cuda",
+            cuda_arch_major=props.major,
+            cuda_arch_minor=props.minor,
+            arch=f"sm_{props.major}{props.minor}",
+            device_name=props.name,
+            multiprocessor_count=props.multi_processor_count,
+            versions=tuple(sorted(versions.items())),
+        )
+    mps = getattr(torch.backends, "mps", None)
+    if mps is not None and mps.is_available():
+        return PlatformInfo(device_type="mps", arch="apple", device_name="Apple MPS",
+                            versions=tuple(sorted(versions.items())))
+    return _cpu_platform(versions)
+
+
+@functools.lru_cache(maxsize=1)
+def current_platform() -> PlatformInfo:
+    """The detected platform, once per process (the device does not change under a running engine)."""
+    return PlatformInfo.detect()
+
+
+# Packages whose versions matter for every decision, when installed: they run or compile the kernels.
+_BASE_VERSION_KEYS = ("torch", "triton", "cuda", "hip", "driver_major")
+
+
+@functools.lru_cache(maxsize=None)
+def _distribution_of(package: str) -> str:
+    names = importlib.metadata.packages_distributions().get(package) or [package]
+    return names[0]
+
+
+def version_vector(platform: PlatformInfo, specs) -> dict[str, str]:
+    """The versions that can change which candidate wins or whether it runs (DESIGN.md section 3)."""
+    versions = {k: v for k, v in platform.versions if k in _BASE_VERSION_KEYS}
+    for spec in specs:
+        for package in spec.requires:
+            top = package.partition(".")[0]
+            version = distribution_version(_distribution_of(top))
+            if version:
+                versions[top] = version
+        if spec.target.startswith("autosel."):  # our own kernels change with autosel releases
+            versions["autosel"] = distribution_version("autosel") or "dev"
+    return versions

@@ -1,0 +1,128 @@
+"""The process-wide registry of kernel specs and op definitions, and the plug-in entry points that fill it."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import logging
+import threading
+from collections import defaultdict
+from typing import Any, Callable
+
+from autosel.spec import KernelBackend, KernelSpec, OpDefinition
+
+log = logging.getLogger(__name__)
+
+ENTRY_POINT_GROUP = "autosel.ops"
+
+
+class KernelRegistry:
+    """Specs per op in registration order; registration order is also the tie-break order when tuning."""
+
+    def __init__(self) -> None:
+        self._specs: dict[str, list[KernelSpec]] = defaultdict(list)
+        self._ops: dict[str, OpDefinition] = {}
+        self._lock = threading.RLock()
+
+    def register(self, spec: KernelSpec) -> KernelSpec:
+        with self._lock:
+            existing = self._specs[spec.op]
+            for current in existing:
+                if current.backend != spec.backend:
+                    continue
+                if current == spec:
+                    return current
+                # Silently replacing would make selection depend on import order.
+                raise ValueError(
+                    f"Conflicting kernel registration for op {spec.op!r} backend {spec.backend.value!r}: "
+                    f"already registered with target {current.target!r}, now {spec.target!r}; "
+                    "register each (op, backend) once"
+                )
+            existing.append(spec)
+            return spec
+
+    def define(self, definition: OpDefinition) -> OpDefinition:
+        with self._lock:
+            current = self._ops.get(definition.op)
+            if current is not None and current != definition:
+                raise ValueError(
+                    f"Conflicting op definition for {definition.op!r}: register_op was already called for it; "
+                    "define each op once"
+                )
+            self._ops[definition.op] = definition
+            return definition
+
+    def get(self, op: str) -> list[KernelSpec]:
+        with self._lock:
+            return list(self._specs.get(op, ()))
+
+    def get_backend(self, op: str, backend: KernelBackend | str) -> KernelSpec:
+        backend = KernelBackend.parse(backend)
+        for spec in self.get(op):
+            if spec.backend == backend:
+                return spec
+        raise KeyError(f"No '{backend.value}' backend registered for op {op!r}")
+
+    def definition(self, op: str) -> OpDefinition | None:
+        with self._lock:
+            return self._ops.get(op)
+
+    def has(self, op: str) -> bool:
+        with self._lock:
+            return bool(self._specs.get(op))
+
+    def ops(self) -> list[str]:
+        with self._lock:
+            return sorted(op for op, specs in self._specs.items() if specs)
+
+    def all_specs(self) -> list[KernelSpec]:
+        return [spec for op in self.ops() for spec in self.get(op)]
+
+
+registry = KernelRegistry()
+
+_plugins_loaded = False
+_plugins_lock = threading.Lock()
+plugin_errors: dict[str, str] = {}
+
+
+def load_plugins() -> None:
+    """Run every `autosel.ops` entry point once per process; a broken plug-in is logged, not fatal."""
+    global _plugins_loaded
+    if _plugins_loaded:
+        return
+    with _plugins_lock:
+        if _plugins_loaded:
+            return
+        for entry in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
+            try:
+                hook: Any = entry.load()
+                if callable(hook):
+                    hook()
+            except Exception as exc:  # one bad plug-in must not hide the others' kernels
+                plugin_errors[entry.name] = f"{type(exc).__name__}: {exc}"
+                log.warning("autosel.ops entry point %r (%s) failed: %s: %s; its ops are not registered",
+                            entry.name, entry.value, type(exc).__name__, exc)
+        _plugins_loaded = True
+
+
+def register_kernel(spec: KernelSpec) -> KernelSpec:
+    return registry.register(spec)
+
+
+def register_op(
+    op: str,
+    *,
+    shapes: Any,
+    make_inputs: Callable[[dict, str], tuple],
+    reference: KernelBackend | str | Callable[..., Any] | None = None,
+    rtol: float | None = None,
+    atol: float | None = None,
+) -> OpDefinition:
+    """Declare what tuning `op` needs. `reference` defaults to the op's torch backend."""
+    if isinstance(reference, str):
+        reference = KernelBackend.parse(reference)
+    if not callable(shapes):
+        shapes = tuple(dict(s) for s in shapes)
+    return registry.define(
+        OpDefinition(op=op, shapes=shapes, make_inputs=make_inputs, reference=reference, rtol=rtol, atol=atol)
+    )

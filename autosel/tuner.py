@@ -1,0 +1,245 @@
+"""The tuning loop: check every candidate against the reference, time the correct ones in interleaved rounds, choose with a noise margin."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import logging
+import math
+import statistics
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+from autosel import checks
+from autosel.decisions import (OP_LEVEL_BUCKET, CandidateResult, Decision, Measurement, ShapeResult)
+from autosel.errors import TuningError
+from autosel.spec import KernelSpec, OpDefinition
+from autosel.timing import Timer, summarize, synchronize
+
+log = logging.getLogger(__name__)
+
+# A challenger must beat the default by more than the measured noise, and never by less than this.
+MARGIN_FLOOR = 0.03
+# After the first round, a candidate this many times slower than the best (geometric mean) is dropped.
+DROP_FACTOR = 3.0
+ROUNDS = 3
+
+
+@dataclass(frozen=True)
+class TuneEvent:
+    """What the tuner is doing, for progress bars and logs. kind: started, rejected, dropped, measured, chosen."""
+
+    kind: str
+    op: str
+    backend: str | None = None
+    detail: str = ""
+    fraction: float = 0.0  # of the op's work done so far, 0..1
+
+
+@dataclass
+class _Candidate:
+    spec: KernelSpec
+    fn: Callable[..., Any] | None = None
+    reason: str | None = None
+    status: str = "ok"
+    errors: dict[int, tuple[float | None, float | None]] = field(default_factory=dict)
+    first_call_s: dict[int, float] = field(default_factory=dict)
+    samples: dict[int, list[float]] = field(default_factory=dict)
+
+    @property
+    def backend(self) -> str:
+        return self.spec.backend.value
+
+    def reject(self, status: str, reason: str) -> None:
+        self.status, self.reason = status, reason
+
+
+def shape_text(shape: dict) -> str:
+    return ", ".join(f"{k}={v}" for k, v in shape.items())
+
+
+def geomean(values: Sequence[float]) -> float:
+    return math.exp(statistics.fmean(math.log(v) for v in values))
+
+
+def _scores(candidates: list[_Candidate], n_shapes: int) -> dict[str, float]:
+    """Geometric mean over shapes of time relative to the best candidate on that shape."""
+    medians = {c.backend: [statistics.median(c.samples[i]) for i in range(n_shapes)] for c in candidates}
+    best = [min(m[i] for m in medians.values()) for i in range(n_shapes)]
+    return {b: geomean([m[i] / best[i] for i in range(n_shapes)]) for b, m in medians.items()}
+
+
+def choose(order: Sequence[str], score: dict[str, float], margin: float) -> str:
+    """Walk candidates in registration order: a later one takes over only if faster by more than `margin`."""
+    incumbent = order[0]
+    for challenger in order[1:]:
+        if score[incumbent] > score[challenger] * (1.0 + margin):
+            incumbent = challenger
+    return incumbent
+
+
+def _margin(measurements: Sequence[Measurement], floor: float) -> float:
+    """Half the relative p20-p80 spread of the noisiest candidate, never below the floor."""
+    return max([floor] + [m.spread / 2 for m in measurements])
+
+
+class Tuner:
+    """Tunes one op on one device in one execution mode. The timer is injected (tests pass a fake)."""
+
+    def __init__(self, *, timer: Timer, device: str, rounds: int = ROUNDS, margin_floor: float = MARGIN_FLOOR,
+                 drop_factor: float = DROP_FACTOR, budget_s: float = 30.0, seed: int = 0,
+                 on_event: Callable[[TuneEvent], None] | None = None) -> None:
+        self.timer, self.device, self.rounds = timer, device, rounds
+        self.margin_floor, self.drop_factor, self.budget_s, self.seed = margin_floor, drop_factor, budget_s, seed
+        self.on_event = on_event or (lambda event: None)
+
+    def tune(self, definition: OpDefinition, specs: Sequence[KernelSpec], *, reference: Callable[..., Any],
+             shapes: Sequence[dict], mode: str, platform_key: str, versions: dict[str, str],
+             bucket: str = OP_LEVEL_BUCKET, autosel_version: str = "") -> Decision:
+        op, started = definition.op, time.perf_counter()
+        if not shapes:
+            raise TuningError(f"op {op!r} has no representative shapes to tune on; pass shapes= to register_op")
+        self._emit("started", op, detail=f"{len(specs)} candidates, {len(shapes)} shapes, {mode} mode")
+        candidates = [self._load(_Candidate(spec)) for spec in specs]
+        for candidate in candidates:
+            if candidate.fn is None:
+                self._emit("rejected", op, candidate.backend, candidate.reason or "")
+        self._check(definition, candidates, reference, shapes)
+        self._time(definition, [c for c in candidates if c.status == "ok"], shapes, started)
+        return self._decide(definition, candidates, shapes, mode=mode, platform_key=platform_key,
+                            versions=versions, bucket=bucket, tune_s=time.perf_counter() - started,
+                            autosel_version=autosel_version)
+
+    def _emit(self, kind: str, op: str, backend: str | None = None, detail: str = "", fraction: float = 0.0):
+        log.debug("tune %s %s %s %s", op, kind, backend or "", detail)
+        self.on_event(TuneEvent(kind, op, backend, detail, fraction))
+
+    def _load(self, candidate: _Candidate) -> _Candidate:
+        try:
+            candidate.fn = candidate.spec.load()
+        except Exception as exc:  # a candidate that cannot load is data, not a failure of the tune
+            candidate.reject("rejected", f"could not load {candidate.spec.target!r}: {type(exc).__name__}: {exc}")
+        return candidate
+
+    def _check(self, definition: OpDefinition, candidates: list[_Candidate], reference, shapes) -> None:
+        """Every candidate must match the reference on fresh random inputs of every shape before it is timed."""
+        import torch
+
+        for index, shape in enumerate(shapes):
+            torch.manual_seed(self.seed + index)
+            args = definition.make_inputs(dict(shape), self.device)
+            ref_args = checks.clone_args(args)
+            expected = checks.outputs_of(reference(*ref_args), ref_args)
+            for candidate in candidates:
+                if candidate.status != "ok":
+                    continue
+                call_args = checks.clone_args(args)
+                began = time.perf_counter()
+                try:
+                    result = candidate.fn(*call_args)
+                    synchronize(self.device)
+                except Exception as exc:
+                    candidate.reject("rejected", f"raised {type(exc).__name__}: {exc} at {shape_text(shape)}")
+                    self._emit("rejected", definition.op, candidate.backend, candidate.reason)
+                    continue
+                candidate.first_call_s[index] = time.perf_counter() - began
+                outcome = checks.compare(checks.outputs_of(result, call_args), expected,
+                                         rtol=definition.rtol, atol=definition.atol)
+                candidate.errors[index] = (outcome.max_abs_err, outcome.max_rel_err)
+                if not outcome.ok:
+                    candidate.reject("rejected", f"{outcome.reason} at {shape_text(shape)}")
+                    self._emit("rejected", definition.op, candidate.backend, candidate.reason)
+
+    def _time(self, definition: OpDefinition, alive: list[_Candidate], shapes, started: float) -> None:
+        """Interleaved rounds (A B C A B C ...), rotating the order each round so no one always goes first.
+
+        One shape's inputs exist at a time (rebuilt from the same seed each round), each candidate on its own copy.
+        """
+        if not alive:
+            return
+        import torch
+
+        op, total, done = definition.op, self.rounds * len(shapes) * len(alive), 0
+        for round_index in range(self.rounds):
+            shift = round_index % len(alive)
+            order = alive[shift:] + alive[:shift]
+            for index, shape in enumerate(shapes):
+                torch.manual_seed(self.seed + 1000 + index)
+                base = definition.make_inputs(dict(shape), self.device)
+                for candidate in order:
+                    if candidate.status != "ok":
+                        continue
+                    fn, call_args = candidate.fn, checks.clone_args(base)
+                    try:
+                        times = self.timer.measure(lambda: fn(*call_args), backend=candidate.backend, shape=shape)
+                    except Exception as exc:
+                        candidate.reject("rejected", f"raised {type(exc).__name__} while timed: {exc} "
+                                                     f"at {shape_text(shape)}")
+                        self._emit("rejected", op, candidate.backend, candidate.reason)
+                        continue
+                    candidate.samples.setdefault(index, []).extend(times)
+                    done += 1
+                    self._emit("progress", op, candidate.backend, shape_text(shape), done / total)
+                del base
+            alive = [c for c in alive if c.status == "ok"]
+            if len(alive) > 1 and round_index == 0:
+                self._drop_far_behind(op, alive, len(shapes))
+                alive = [c for c in alive if c.status == "ok"]
+            if not alive:
+                return
+            if time.perf_counter() - started > self.budget_s and round_index + 1 < self.rounds:
+                log.info("tune %s: budget of %.0f s reached after %d of %d rounds", op, self.budget_s,
+                         round_index + 1, self.rounds)
+                break
+
+    def _drop_far_behind(self, op: str, alive: list[_Candidate], n_shapes: int) -> None:
+        scores = _scores(alive, n_shapes)
+        for candidate in alive:
+            if scores[candidate.backend] > self.drop_factor:
+                candidate.reject("dropped", f"dropped after the first round: {scores[candidate.backend]:.2f}x "
+                                            f"the best candidate's time (threshold {self.drop_factor:g}x)")
+                self._emit("dropped", op, candidate.backend, candidate.reason)
+
+    def _decide(self, definition, candidates, shapes, *, mode, platform_key, versions, bucket, tune_s,
+                autosel_version) -> Decision:
+        op = definition.op
+        measured = [c for c in candidates if c.status == "ok"]
+        if not measured:
+            reasons = "; ".join(f"{c.backend}: {c.reason}" for c in candidates)
+            raise TuningError(f"op {op!r}: no candidate passed the checks ({reasons}); fix the kernels or "
+                              "pass backend=... to choose one")
+        n = len(shapes)
+        stats = {c.backend: [summarize(c.samples[i], self.timer.method) for i in range(n)] for c in measured}
+        scores = _scores(measured, n)
+        order = [c.backend for c in measured]  # registration order: the first is the default
+        margin = _margin([m for ms in stats.values() for m in ms], self.margin_floor)
+        winner = choose(order, scores, margin)
+        ranked = sorted(order, key=lambda b: scores[b])
+        runner_up = next((b for b in ranked if b != winner), None)
+        per_shape = []
+        for i, shape in enumerate(shapes):
+            shape_scores = {b: stats[b][i].median_us for b in order}
+            shape_margin = _margin([stats[b][i] for b in order], self.margin_floor)
+            per_shape.append((json.dumps(shape, sort_keys=True), choose(order, shape_scores, shape_margin)))
+        results = []
+        for c in candidates:
+            shape_results = tuple(
+                ShapeResult(shape=dict(shape), max_abs_err=c.errors.get(i, (None, None))[0],
+                            max_rel_err=c.errors.get(i, (None, None))[1],
+                            timing=summarize(c.samples[i], self.timer.method) if c.samples.get(i) else None,
+                            first_call_s=c.first_call_s.get(i))
+                for i, shape in enumerate(shapes)
+            )
+            results.append(CandidateResult(backend=c.backend, status=c.status, reason=c.reason,
+                                           score=scores.get(c.backend), shapes=shape_results))
+        decision = Decision(
+            op=op, mode=mode, bucket=bucket, winner=winner, platform_key=platform_key, versions=dict(versions),
+            candidates=tuple(results), margin=margin, runner_up=runner_up,
+            lead_over_runner_up=(scores[runner_up] / scores[winner] - 1.0) if runner_up else None,
+            per_shape_winners=tuple(per_shape), method=self.timer.method, tune_s=tune_s,
+            created_at=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            autosel_version=autosel_version,
+        )
+        self._emit("chosen", op, winner, f"margin {margin:.1%}", 1.0)
+        return decision
