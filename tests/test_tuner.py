@@ -1,0 +1,168 @@
+"""The tuner's decision logic, driven by a fake timer with seeded noise (deterministic), and by the real CPU timer."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+
+from autosel.errors import TuningError
+from autosel.spec import KernelBackend as B, KernelSpec, OpDefinition
+from autosel.timing import CpuTimer
+from autosel.tuner import Tuner, choose
+
+HERE = Path(__file__).parent
+OP = "toy.double"
+
+
+class FakeTimer:
+    """Per-backend base times (us) times per-shape factors, with seeded multiplicative noise; records call order."""
+
+    method = "fake"
+
+    def __init__(self, base_us: dict[str, float], *, noise: float = 0.01, seed: int = 0, samples: int = 20,
+                 shape_factor: dict[tuple[str, int], float] | None = None):
+        self.base_us, self.noise, self.samples = base_us, noise, samples
+        self.shape_factor = shape_factor or {}
+        self.rng = random.Random(seed)
+        self.calls: list[tuple[str, int]] = []
+
+    def measure(self, fn, *, backend, shape):
+        self.calls.append((backend, shape["n"]))
+        base = self.base_us[backend] * self.shape_factor.get((backend, shape["n"]), 1.0)
+        return [base * (1 + self.rng.gauss(0, self.noise)) for _ in range(self.samples)]
+
+
+@pytest.fixture
+def toy(monkeypatch):
+    monkeypatch.syspath_prepend(str(HERE))
+    import toy_kernels
+
+    definition = OpDefinition(OP, shapes=toy_kernels.SHAPES, make_inputs=toy_kernels.inputs)
+    return definition, toy_kernels
+
+
+def specs(**targets):
+    return [KernelSpec(OP, B(backend), f"toy_kernels:{target}") for backend, target in targets.items()]
+
+
+def run(definition, toy_kernels, candidates, timer, **kwargs):
+    tuner = Tuner(timer=timer, device="cpu", **kwargs)
+    return tuner.tune(definition, candidates, reference=toy_kernels.fast, shapes=toy_kernels.SHAPES, mode="eager",
+                      platform_key="cpu/test", versions={"torch": "x"})
+
+
+@pytest.mark.parametrize("challenger_us, expected", [
+    (100.0, "torch"),   # equal: the default keeps it
+    (98.0, "torch"),    # 2% faster: inside the 3% floor
+    (90.0, "triton"),   # 10% faster: outside the margin
+])
+def test_challenger_must_beat_the_default_by_more_than_the_margin(toy, challenger_us, expected):
+    definition, kernels = toy
+    timer = FakeTimer({"torch": 100.0, "triton": challenger_us}, noise=0.001)
+    decision = run(definition, kernels, specs(torch="fast", triton="fast"), timer)
+    assert decision.winner == expected
+    assert decision.margin == pytest.approx(0.03, abs=0.005)
+
+
+def test_noise_widens_the_margin(toy):
+    definition, kernels = toy
+    timer = FakeTimer({"torch": 100.0, "triton": 94.0}, noise=0.2, seed=3, samples=200)
+    decision = run(definition, kernels, specs(torch="fast", triton="fast"), timer)
+    assert decision.margin > 0.1  # 20% gaussian noise: p20-p80 spans about half of the median
+    assert decision.winner == "torch"
+
+
+def test_rounds_are_interleaved_and_rotated(toy):
+    definition, kernels = toy
+    timer = FakeTimer({"torch": 100.0, "triton": 90.0, "jit": 95.0})
+    run(definition, kernels, specs(torch="fast", triton="fast", jit="fast"), timer, rounds=2)
+    n1, n2 = kernels.SHAPES[0]["n"], kernels.SHAPES[1]["n"]
+    assert timer.calls == [
+        ("torch", n1), ("triton", n1), ("jit", n1), ("torch", n2), ("triton", n2), ("jit", n2),
+        ("triton", n1), ("jit", n1), ("torch", n1), ("triton", n2), ("jit", n2), ("torch", n2),
+    ]
+
+
+def test_far_behind_candidates_are_dropped_after_the_first_round(toy):
+    definition, kernels = toy
+    timer = FakeTimer({"torch": 100.0, "triton": 400.0}, noise=0.0001)
+    decision = run(definition, kernels, specs(torch="fast", triton="fast"), timer, rounds=3)
+    dropped = decision.candidate("triton")
+    assert dropped.status == "dropped" and "4.00x the best" in dropped.reason
+    assert [b for b, _ in timer.calls].count("triton") == 2  # only the first round's two shapes
+
+
+def test_budget_stops_after_the_first_round(toy):
+    definition, kernels = toy
+    timer = FakeTimer({"torch": 100.0, "triton": 90.0})
+    run(definition, kernels, specs(torch="fast", triton="fast"), timer, rounds=5, budget_s=0.0)
+    assert len(timer.calls) == 4  # one round: 2 candidates x 2 shapes
+
+
+def test_wrong_raising_and_nan_candidates_are_rejected_with_reasons(toy):
+    definition, kernels = toy
+    timer = FakeTimer({"torch": 100.0, "aot": 1.0, "jit": 1.0, "cute_dsl": 1.0})
+    decision = run(definition, kernels, specs(torch="fast", aot="wrong_but_fast", jit="raises", cute_dsl="nan"),
+                   timer)
+    assert decision.winner == "torch"
+    reasons = {c.backend: c.reason for c in decision.candidates if c.status == "rejected"}
+    assert set(reasons) == {"aot", "jit", "cute_dsl"}
+    assert "max abs error" in reasons["aot"] and "at n=65536" in reasons["aot"]
+    assert reasons["jit"].startswith("raised RuntimeError: illegal memory access")
+    assert "contains NaN" in reasons["cute_dsl"]
+    assert decision.candidate("aot").shapes[0].max_abs_err > 0.1
+    assert {b for b, _ in timer.calls} == {"torch"}  # rejected candidates are never timed
+
+
+def test_unloadable_candidate_is_rejected_not_raised(toy):
+    definition, kernels = toy
+    candidates = specs(torch="fast") + [KernelSpec(OP, B.TRITON, "no_such_module_xyz:fn")]
+    decision = run(definition, kernels, candidates, FakeTimer({"torch": 1.0}))
+    assert decision.winner == "torch"
+    assert "could not load 'no_such_module_xyz:fn'" in decision.candidate("triton").reason
+
+
+def test_no_correct_candidate_is_a_tuning_error_with_every_reason(toy):
+    definition, kernels = toy
+    with pytest.raises(TuningError, match=r"no candidate passed the checks \(aot: .*; jit: raised"):
+        run(definition, kernels, specs(aot="wrong_but_fast", jit="raises"), FakeTimer({}))
+
+
+def test_per_shape_winners_are_stored(toy):
+    definition, kernels = toy
+    n2 = kernels.SHAPES[1]["n"]
+    timer = FakeTimer({"torch": 100.0, "triton": 80.0}, shape_factor={("triton", n2): 2.0})
+    decision = run(definition, kernels, specs(torch="fast", triton="fast"), timer)
+    assert [w for _, w in decision.per_shape_winners] == ["triton", "torch"]
+    # op level: geomean of (0.8/0.8, 1.6/1.0) = 1.26 for triton vs (1.25, 1.0) = 1.12 for torch
+    assert decision.winner == "torch"
+
+
+def test_same_seed_same_decision(toy):
+    definition, kernels = toy
+    decisions = [run(definition, kernels, specs(torch="fast", triton="fast"),
+                     FakeTimer({"torch": 100.0, "triton": 97.0}, noise=0.05, seed=7)) for _ in range(2)]
+    assert decisions[0].winner == decisions[1].winner
+    timings = [[(c.score, [s.timing for s in c.shapes]) for c in d.candidates] for d in decisions]
+    assert timings[0] == timings[1]
+
+
+@pytest.mark.parametrize("scores, margin, expected", [
+    ({"a": 1.0, "b": 0.9, "c": 0.88}, 0.03, "b"),   # c is inside b's margin: registration order keeps b
+    ({"a": 1.0, "b": 0.99, "c": 0.5}, 0.03, "c"),
+    ({"a": 1.0, "b": 1.02}, 0.03, "a"),
+])
+def test_choose_walks_registration_order(scores, margin, expected):
+    assert choose(list(scores), scores, margin) == expected
+
+
+def test_real_cpu_timer_tells_a_64x_slower_kernel_apart(toy):
+    definition, kernels = toy
+    decision = run(definition, kernels, specs(torch="slow", triton="fast"), CpuTimer(min_run_time_s=0.02),
+                   rounds=2)
+    assert decision.winner == "triton"
+    fast = decision.candidate("triton").shapes[0].timing
+    assert fast.samples >= 1 and fast.p20_us <= fast.median_us <= fast.p80_us
+    assert decision.method == "cpu:torch.utils.benchmark"
