@@ -117,6 +117,7 @@ def register_op(
     reference: KernelBackend | str | Callable[..., Any] | None = None,
     rtol: float | None = None,
     atol: float | None = None,
+    shape_of: Callable[..., dict] | None = None,
 ) -> OpDefinition:
     """Declare what tuning `op` needs. `reference` defaults to the op's torch backend."""
     if isinstance(reference, str):
@@ -124,5 +125,6 @@ def register_op(
     if not callable(shapes):
         shapes = tuple(dict(s) for s in shapes)
     return registry.define(
-        OpDefinition(op=op, shapes=shapes, make_inputs=make_inputs, reference=reference, rtol=rtol, atol=atol)
+        OpDefinition(op=op, shapes=shapes, make_inputs=make_inputs, reference=reference, rtol=rtol, atol=atol,
+                     shape_of=shape_of)
     )

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import fnmatch
+import json
 import logging
 import sys
 import threading
+from dataclasses import dataclass
 from typing import Any, Callable
 
 from autosel import config
@@ -201,10 +204,38 @@ def get_kernel(op: str, backend: KernelBackend | str | None = None, *, mode: str
     if fn is not None:
         return fn
     fn = select_kernel(op, backend, mode=cache_key[2]).load()
+    record_to = config.settings().record
+    if record_to is not None:
+        fn = _recording(op, fn, record_to, cache_key[2] or "eager")
     with _cache_lock:
         if generation == _generation:  # a clear_cache() during the lookup wins: do not store a stale entry
             _cache[cache_key] = fn
     return fn
+
+
+_recorded: set[tuple[str, str, str]] = set()
+_record_lock = threading.Lock()
+
+
+def _recording(op: str, fn: Callable[..., Any], path, mode: str) -> Callable[..., Any]:
+    """Wrap `fn` so each new shape bucket of `op` is appended to `path` once per process (no timing)."""
+    definition = registry.definition(op)
+    if definition is None or definition.shape_of is None:
+        log.warning("AUTOSEL_RECORD: op %r declares no shape_of, so its calls are not recorded", op)
+        return fn
+
+    def recorded(*args, **kwargs):
+        shape = json.dumps(definition.shape_of(*args, **kwargs), sort_keys=True)
+        if (op, mode, shape) not in _recorded:
+            with _record_lock:
+                if (op, mode, shape) not in _recorded:
+                    _recorded.add((op, mode, shape))
+                    with open(path, "a", encoding="utf-8") as f:
+                        f.write(json.dumps({"op": op, "shape": json.loads(shape), "mode": mode}) + "\n")
+        return fn(*args, **kwargs)
+
+    recorded.__wrapped__ = fn  # type: ignore[attr-defined]
+    return recorded
 
 
 def clear_cache() -> None:
@@ -213,3 +244,65 @@ def clear_cache() -> None:
     with _cache_lock:
         _generation += 1
         _cache = {}
+
+
+# --- offline tuning of many ops (what `autosel tune` runs) -------------------------------------------------
+
+@dataclass(frozen=True)
+class TuneOutcome:
+    """One (op, mode) of a batch tune: a fresh decision, a stored one reused, or why there is none."""
+
+    op: str
+    mode: str
+    status: str  # "tuned", "stored", "failed"
+    decision: Decision | None = None
+    detail: str = ""
+
+
+def contested_ops(platform: PlatformInfo, patterns: list[str] | None = None) -> list[tuple[str, list[KernelSpec]]]:
+    """Registered ops matching the glob patterns that have several backends eligible on `platform`."""
+    load_plugins()
+    result = []
+    for op in registry.ops():
+        if patterns and not any(fnmatch.fnmatchcase(op, p) for p in patterns):
+            continue
+        eligible = [s for s in registry.get(op) if s.is_available(platform)]
+        if len(eligible) > 1:
+            result.append((op, eligible))
+    return result
+
+
+def modes_for(platform: PlatformInfo) -> list[str]:
+    """CUDA tunes both execution modes (prefill launches eagerly, decode replays graphs); others eager only."""
+    return list(config.EXECUTION_MODES) if platform.torch_device == "cuda" else ["eager"]
+
+
+def tune_ops(patterns: list[str] | None = None, *, force: bool = False, budget_s: float | None = None,
+             shapes: dict[str, list[dict]] | None = None, modes: list[str] | None = None,
+             on_event: Callable | None = None, settings: config.Settings | None = None) -> list[TuneOutcome]:
+    """Tune every contested op (or those matching `patterns`) in every mode; stored decisions are reused."""
+    settings = settings or config.settings()
+    platform, db = _platform(), database(settings)
+    outcomes = []
+    for op, eligible in contested_ops(platform, patterns):
+        definition = registry.definition(op)
+        for mode in modes or modes_for(platform):
+            key = decision_key(op, eligible, platform, mode)
+            hit = None if force else db.lookup(key, usable={s.backend.value for s in eligible}.__contains__)
+            if hit is not None:
+                outcomes.append(TuneOutcome(op, mode, "stored", hit[0], f"stored in {hit[1].path}"))
+                continue
+            op_shapes = (shapes or {}).get(op) or (definition.shapes_for(platform) if definition else [])
+            if definition is None or not op_shapes:
+                outcomes.append(TuneOutcome(op, mode, "failed", None,
+                                            "no representative shapes; declare them with autosel.register_op"))
+                continue
+            try:
+                decision = tune_and_record(definition, eligible, platform=platform, mode=mode, db=db,
+                                           budget_s=budget_s or settings.budget_s, force=force,
+                                           shapes=op_shapes, on_event=on_event)
+            except TuningError as exc:
+                outcomes.append(TuneOutcome(op, mode, "failed", None, str(exc)))
+                continue
+            outcomes.append(TuneOutcome(op, mode, "tuned", decision))
+    return outcomes

@@ -185,7 +185,8 @@ class OpDefinition:
     `shapes` is a list of JSON-serialisable dicts, or a callable taking the PlatformInfo and returning
     one (so a CPU host need not time 16k-token GEMMs). `make_inputs(shape, device)` returns the
     positional arguments of one call. An op whose kernels return None works in place: its tensor
-    arguments after the call are its output.
+    arguments after the call are its output. `shape_of(*args)`, the inverse of make_inputs, returns the
+    shape bucket of a real call (token counts rounded up to a power of two); AUTOSEL_RECORD uses it.
     """
 
     op: str
@@ -194,6 +195,7 @@ class OpDefinition:
     reference: KernelBackend | Callable[..., Any] | None = None
     rtol: float | None = None
     atol: float | None = None
+    shape_of: Callable[..., dict] | None = None
 
     def shapes_for(self, platform: "PlatformInfo") -> list[dict]:
         shapes = self.shapes(platform) if callable(self.shapes) else self.shapes

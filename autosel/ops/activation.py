@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from autosel.ops.common import ShapesByDevice, dtype_of, standard_specs
+from autosel.ops.common import ShapesByDevice, dtype_name, dtype_of, standard_specs, token_bucket
 from autosel.spec import OpDefinition
 
 # Intermediate sizes I: 3584 (Llama-3-70B at TP8), 14336 (Llama-3-8B), 18944 (Qwen2.5-7B),
@@ -22,6 +22,11 @@ def gated_inputs(shape: dict, device: str) -> tuple:
     return (torch.randn(shape["tokens"], 2 * shape["intermediate"], device=device, dtype=dtype_of(shape)),)
 
 
+def gated_shape(x, *rest) -> dict:
+    return {"tokens": token_bucket(x.numel() // x.shape[-1]), "intermediate": x.shape[-1] // 2,
+            "dtype": dtype_name(x)}
+
+
 SPECS = [
     *standard_specs("activation.silu_and_mul", "silu_and_mul", flashinfer="flashinfer.activation:silu_and_mul",
                     sgl_kernel="sgl_kernel:silu_and_mul"),
@@ -29,6 +34,6 @@ SPECS = [
                     sgl_kernel="sgl_kernel:gelu_and_mul"),
 ]
 DEFINITIONS = [
-    OpDefinition("activation.silu_and_mul", shapes=SHAPES, make_inputs=gated_inputs),
-    OpDefinition("activation.gelu_and_mul", shapes=SHAPES, make_inputs=gated_inputs),
+    OpDefinition("activation.silu_and_mul", shapes=SHAPES, make_inputs=gated_inputs, shape_of=gated_shape),
+    OpDefinition("activation.gelu_and_mul", shapes=SHAPES, make_inputs=gated_inputs, shape_of=gated_shape),
 ]

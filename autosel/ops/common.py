@@ -45,6 +45,15 @@ class ShapesByDevice:
         return [dict(s) for s in (self.cpu if platform.torch_device == "cpu" else self.gpu)]
 
 
+def token_bucket(tokens: int) -> int:
+    """Token counts rounded up to a power of two: the bucket a recorded call is tuned under."""
+    return 1 << max(0, int(tokens) - 1).bit_length()
+
+
+def dtype_name(tensor: Any) -> str:
+    return str(tensor.dtype).removeprefix("torch.")
+
+
 def dtype_of(shape: dict):
     import torch
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from autosel.ops.common import ShapesByDevice, dtype_of, standard_specs
+from autosel.ops.common import ShapesByDevice, dtype_name, dtype_of, standard_specs, token_bucket
 from autosel.spec import OpDefinition
 
 
@@ -39,7 +39,13 @@ def rope_inputs(shape: dict, device: str) -> tuple:
     return (positions, query, key, head_size, cos_sin_cache, bool(shape["is_neox"]))
 
 
+def rope_shape(positions, query, key, head_size, cos_sin_cache, is_neox=True) -> dict:
+    return {"tokens": token_bucket(positions.numel()), "q_heads": query.shape[-1] // head_size,
+            "kv_heads": key.shape[-1] // head_size, "head_size": head_size,
+            "rotary_dim": cos_sin_cache.shape[-1], "is_neox": bool(is_neox), "dtype": dtype_name(query)}
+
+
 SPECS = standard_specs("embeddings.rope", "rope",
                        flashinfer="flashinfer.rope:apply_rope_with_cos_sin_cache_inplace",
                        sgl_kernel="sgl_kernel:apply_rope_with_cos_sin_cache_inplace")
-DEFINITIONS = [OpDefinition("embeddings.rope", shapes=SHAPES, make_inputs=rope_inputs)]
+DEFINITIONS = [OpDefinition("embeddings.rope", shapes=SHAPES, make_inputs=rope_inputs, shape_of=rope_shape)]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from autosel.ops.common import ShapesByDevice, dtype_of, standard_specs
+from autosel.ops.common import ShapesByDevice, dtype_name, dtype_of, standard_specs, token_bucket
 from autosel.spec import OpDefinition
 
 # Llama-3-8B's projections (N, K): qkv (6144, 4096), o (4096, 4096), gate_up (28672, 4096), down (4096, 14336);
@@ -26,5 +26,9 @@ def mm_inputs(shape: dict, device: str) -> tuple:
     return (a, b)
 
 
+def mm_shape(a, b) -> dict:
+    return {"m": token_bucket(a.shape[0]), "n": b.shape[0], "k": a.shape[1], "dtype": dtype_name(a)}
+
+
 SPECS = standard_specs("gemm.mm", "mm")
-DEFINITIONS = [OpDefinition("gemm.mm", shapes=SHAPES, make_inputs=mm_inputs)]
+DEFINITIONS = [OpDefinition("gemm.mm", shapes=SHAPES, make_inputs=mm_inputs, shape_of=mm_shape)]

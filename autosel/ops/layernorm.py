@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from autosel.ops.common import ShapesByDevice, dtype_of, standard_specs
+from autosel.ops.common import ShapesByDevice, dtype_name, dtype_of, standard_specs, token_bucket
 from autosel.spec import OpDefinition
 
 EPS = 1e-6
@@ -34,6 +34,10 @@ def fused_add_rmsnorm_inputs(shape: dict, device: str) -> tuple:
     return (x, torch.randn_like(x), weight, eps)
 
 
+def rmsnorm_shape(x, *rest) -> dict:
+    return {"tokens": token_bucket(x.numel() // x.shape[-1]), "hidden": x.shape[-1], "dtype": dtype_name(x)}
+
+
 SPECS = [
     *standard_specs("layernorm.rmsnorm", "rmsnorm", flashinfer="flashinfer.norm:rmsnorm",
                     sgl_kernel="sgl_kernel:rmsnorm"),
@@ -41,6 +45,7 @@ SPECS = [
                     flashinfer="flashinfer.norm:fused_add_rmsnorm", sgl_kernel="sgl_kernel:fused_add_rmsnorm"),
 ]
 DEFINITIONS = [
-    OpDefinition("layernorm.rmsnorm", shapes=SHAPES, make_inputs=rmsnorm_inputs),
-    OpDefinition("layernorm.fused_add_rmsnorm", shapes=SHAPES, make_inputs=fused_add_rmsnorm_inputs),
+    OpDefinition("layernorm.rmsnorm", shapes=SHAPES, make_inputs=rmsnorm_inputs, shape_of=rmsnorm_shape),
+    OpDefinition("layernorm.fused_add_rmsnorm", shapes=SHAPES, make_inputs=fused_add_rmsnorm_inputs,
+                 shape_of=rmsnorm_shape),
 ]

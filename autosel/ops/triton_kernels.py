@@ -1,0 +1,382 @@
+"""autosel's own Triton kernels for the built-in ops (rmsnorm, fused_add_rmsnorm, silu/gelu_and_mul, rope, mm)."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+# Autotuning benchmarks on a GPU driver, which Triton's CPU interpreter does not have; under the
+# interpreter the matmul launches with one fixed config instead.
+_INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+# Rows longer than this many bytes no longer fit in registers in one pass; they are reduced in chunks.
+_MAX_ROW_BYTES = 65536
+# Chunk width for the two-pass path taken past _MAX_ROW_BYTES.
+_CHUNK_COLS = 4096
+# Short rows are packed several to a program until a tile holds about this many elements, so that
+# per-head norms ([T * heads, 128]) do not launch one tiny program per row.
+_TARGET_TILE = 2048
+
+
+def _num_warps(tile_elems: int, max_warps: int = 16) -> int:
+    # About 8 elements per thread keeps 16-bit loads at 128 bits without spilling registers.
+    return max(1, min(max_warps, tile_elems // 256))
+
+
+def _as_rows(t: torch.Tensor, width: int, *, name: str, in_place: bool) -> torch.Tensor:
+    """View t as [rows, width] with unit column stride; in-place ops cannot accept a copy."""
+    if t.shape[-1] != width:
+        raise ValueError(f"{name} has last dim {t.shape[-1]}, expected {width}")
+    if t.dim() == 2 and t.stride(1) == 1:
+        return t
+    try:
+        rows = t.view(-1, width)
+    except RuntimeError:
+        rows = None
+    if rows is not None and rows.stride(1) == 1:
+        return rows
+    if in_place:
+        raise ValueError(
+            f"{name} with shape {tuple(t.shape)} and strides {t.stride()} cannot be viewed as "
+            f"[-1, {width}] with a contiguous last dim; pass such a tensor, the op writes through it"
+        )
+    return t.reshape(-1, width).contiguous()
+
+
+# --------------------------------------------------------------------------------------------------
+# RMSNorm, plain and with the residual add fused in front.
+
+
+@triton.jit
+def _rmsnorm_kernel(
+    x_ptr, res_ptr, w_ptr, out_ptr,
+    n_rows, n_cols, x_stride, res_stride, out_stride, eps,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    ONE_PASS: tl.constexpr, ADD_RESIDUAL: tl.constexpr,
+):
+    rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
+    row_mask = rows < n_rows
+    x_rows = x_ptr + rows[:, None] * x_stride
+    res_rows = res_ptr + rows[:, None] * res_stride
+    out_rows = out_ptr + rows[:, None] * out_stride
+    cols = tl.arange(0, BLOCK_N)
+
+    if ONE_PASS:
+        mask = row_mask[:, None] & (cols[None, :] < n_cols)
+        x = tl.load(x_rows + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        if ADD_RESIDUAL:
+            # The residual stream is stored in the activation dtype, so the norm must see the
+            # rounded sum, as flashinfer's and sgl-kernel's fused_add_rmsnorm do.
+            r = tl.load(res_rows + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+            s = (x + r).to(res_ptr.dtype.element_ty)
+            tl.store(res_rows + cols[None, :], s, mask=mask)
+            x = s.to(tl.float32)
+        rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=1) / n_cols + eps)
+        w = tl.load(w_ptr + cols, mask=cols < n_cols, other=0.0).to(tl.float32)
+        y = x * rstd[:, None] * w[None, :]
+        tl.store(out_rows + cols[None, :], y.to(out_ptr.dtype.element_ty), mask=mask)
+    else:
+        acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        for start in range(0, n_cols, BLOCK_N):
+            c = start + cols
+            mask = row_mask[:, None] & (c[None, :] < n_cols)
+            x = tl.load(x_rows + c[None, :], mask=mask, other=0.0).to(tl.float32)
+            if ADD_RESIDUAL:
+                r = tl.load(res_rows + c[None, :], mask=mask, other=0.0).to(tl.float32)
+                s = (x + r).to(res_ptr.dtype.element_ty)
+                tl.store(res_rows + c[None, :], s, mask=mask)
+                x = s.to(tl.float32)
+            acc += x * x
+        rstd = 1.0 / tl.sqrt(tl.sum(acc, axis=1) / n_cols + eps)
+        # The second pass re-reads the residual this program just wrote, possibly from other threads.
+        tl.debug_barrier()
+        src_rows = res_rows if ADD_RESIDUAL else x_rows
+        for start in range(0, n_cols, BLOCK_N):
+            c = start + cols
+            mask = row_mask[:, None] & (c[None, :] < n_cols)
+            x = tl.load(src_rows + c[None, :], mask=mask, other=0.0).to(tl.float32)
+            w = tl.load(w_ptr + c, mask=c < n_cols, other=0.0).to(tl.float32)
+            y = x * rstd[:, None] * w[None, :]
+            tl.store(out_rows + c[None, :], y.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def _launch_rmsnorm(x2, res2, weight, out2, eps: float) -> None:
+    n_rows, n_cols = x2.shape
+    if weight.shape != (n_cols,):
+        raise ValueError(f"weight has shape {tuple(weight.shape)}, expected ({n_cols},) to match x")
+    if n_rows == 0:
+        return
+    weight = weight if weight.stride(0) == 1 else weight.contiguous()
+    max_cols = _MAX_ROW_BYTES // x2.element_size()
+    block_n = triton.next_power_of_2(n_cols)
+    one_pass = block_n <= max_cols
+    if not one_pass:
+        block_n = _CHUNK_COLS
+    block_m = min(max(1, _TARGET_TILE // block_n), triton.next_power_of_2(n_rows))
+    _rmsnorm_kernel[(triton.cdiv(n_rows, block_m),)](
+        x2, res2 if res2 is not None else x2, weight, out2,
+        n_rows, n_cols, x2.stride(0), res2.stride(0) if res2 is not None else 0, out2.stride(0), eps,
+        BLOCK_M=block_m, BLOCK_N=block_n, ONE_PASS=one_pass, ADD_RESIDUAL=res2 is not None,
+        num_warps=_num_warps(block_m * block_n),
+    )
+
+
+def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """x / sqrt(mean(x^2) + eps) * weight over the last dim, in fp32, returned in x.dtype."""
+    x2 = _as_rows(x, weight.shape[-1], name="x", in_place=False)
+    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    _launch_rmsnorm(x2, None, weight, out.view(-1, x.shape[-1]), eps)
+    return out
+
+
+def fused_add_rmsnorm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float) -> None:
+    """In place: residual <- x + residual (rounded to its dtype); x <- rmsnorm(residual, weight, eps)."""
+    if x.shape != residual.shape:
+        raise ValueError(f"x has shape {tuple(x.shape)} but residual has {tuple(residual.shape)}")
+    width = weight.shape[-1]
+    x2 = _as_rows(x, width, name="x", in_place=True)
+    _launch_rmsnorm(x2, _as_rows(residual, width, name="residual", in_place=True), weight, x2, eps)
+
+
+# --------------------------------------------------------------------------------------------------
+# Gated activations: out = act(x[..., :D]) * x[..., D:].
+
+
+@triton.jit
+def _act_and_mul_kernel(x_ptr, out_ptr, d, x_stride, out_stride, BLOCK: tl.constexpr, GELU: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = cols < d
+    a = tl.load(x_ptr + row * x_stride + cols, mask=mask, other=0.0).to(tl.float32)
+    b = tl.load(x_ptr + row * x_stride + d + cols, mask=mask, other=0.0).to(tl.float32)
+    if GELU:
+        act = 0.5 * a * (1.0 + tl.math.erf(a * 0.7071067811865476))
+    else:
+        act = a * tl.sigmoid(a)
+    tl.store(out_ptr + row * out_stride + cols, (act * b).to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def _act_and_mul(x: torch.Tensor, *, gelu: bool) -> torch.Tensor:
+    width = x.shape[-1]
+    if width % 2:
+        raise ValueError(f"x last dim must be even (gate and up halves), got {width}")
+    d = width // 2
+    x2 = _as_rows(x, width, name="x", in_place=False)
+    out = torch.empty((*x.shape[:-1], d), dtype=x.dtype, device=x.device)
+    n_rows = x2.shape[0]
+    if n_rows == 0 or d == 0:
+        return out
+    # Rows go on grid axis 0 (2^31 limit); column blocks on axis 1 give small batches enough programs.
+    block = min(triton.next_power_of_2(d), 1024)
+    _act_and_mul_kernel[(n_rows, triton.cdiv(d, block))](
+        x2, out, d, x2.stride(0), d, BLOCK=block, GELU=gelu, num_warps=_num_warps(block, max_warps=8),
+    )
+    return out
+
+
+def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
+    """silu(x[..., :D]) * x[..., D:] in fp32, returned in x.dtype with last dim D."""
+    return _act_and_mul(x, gelu=False)
+
+
+def gelu_and_mul(x: torch.Tensor) -> torch.Tensor:
+    """Exact (erf) gelu(x[..., :D]) * x[..., D:] in fp32, returned in x.dtype with last dim D."""
+    return _act_and_mul(x, gelu=True)
+
+
+# --------------------------------------------------------------------------------------------------
+# Rotary position embedding, in place on query and key.
+
+
+def _token_rows(t: torch.Tensor, n_tokens: int, *, name: str) -> torch.Tensor:
+    """View t as [T, heads * head_size] without copying, since rope writes through it."""
+    try:
+        rows = t if t.dim() == 2 else t.view(n_tokens, -1)
+    except RuntimeError:
+        rows = None
+    if rows is None or rows.shape[0] != n_tokens or rows.stride(1) != 1:
+        raise ValueError(
+            f"{name} with shape {tuple(t.shape)} and strides {t.stride()} cannot be viewed as "
+            f"[{n_tokens}, heads * head_size] with contiguous heads"
+        )
+    return rows
+
+
+@triton.jit
+def _rope_rotate(base_ptr, cos, sin, heads, n_heads, r,
+                 HEAD_SIZE: tl.constexpr, HALF: tl.constexpr, IS_NEOX: tl.constexpr, BLOCK_R: tl.constexpr):
+    head_ptr = base_ptr + heads[:, None] * HEAD_SIZE
+    if IS_NEOX:
+        mask = (heads[:, None] < n_heads) & (r[None, :] < HALF)
+        p1 = head_ptr + r[None, :]
+        p2 = p1 + HALF
+        x1 = tl.load(p1, mask=mask, other=0.0).to(tl.float32)
+        x2 = tl.load(p2, mask=mask, other=0.0).to(tl.float32)
+        tl.store(p1, (x1 * cos - x2 * sin).to(base_ptr.dtype.element_ty), mask=mask)
+        tl.store(p2, (x2 * cos + x1 * sin).to(base_ptr.dtype.element_ty), mask=mask)
+    else:
+        # Pairs are interleaved: one contiguous load split in registers beats two stride-2 loads
+        # (those ran ~6x slower on an H200).
+        c = tl.arange(0, 2 * BLOCK_R)
+        mask = (heads[:, None] < n_heads) & (c[None, :] < 2 * HALF)
+        x = tl.load(head_ptr + c[None, :], mask=mask, other=0.0).to(tl.float32)
+        x1, x2 = tl.split(tl.reshape(x, (x.shape[0], BLOCK_R, 2)))
+        y = tl.join(x1 * cos - x2 * sin, x2 * cos + x1 * sin)
+        y = tl.reshape(y, (x.shape[0], 2 * BLOCK_R))
+        tl.store(head_ptr + c[None, :], y.to(base_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _rope_kernel(
+    pos_ptr, q_ptr, k_ptr, cache_ptr,
+    n_q_heads, n_k_heads, q_stride, k_stride, cache_stride,
+    HEAD_SIZE: tl.constexpr, HALF: tl.constexpr, IS_NEOX: tl.constexpr,
+    BLOCK_H: tl.constexpr, BLOCK_R: tl.constexpr,
+):
+    token = tl.program_id(0).to(tl.int64)
+    heads = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    r = tl.arange(0, BLOCK_R)
+    # One cos/sin row serves every query and key head of this token's head block.
+    cache_row = cache_ptr + tl.load(pos_ptr + token).to(tl.int64) * cache_stride
+    cos = tl.load(cache_row + r, mask=r < HALF, other=0.0).to(tl.float32)[None, :]
+    sin = tl.load(cache_row + HALF + r, mask=r < HALF, other=0.0).to(tl.float32)[None, :]
+    _rope_rotate(q_ptr + token * q_stride, cos, sin, heads, n_q_heads, r, HEAD_SIZE, HALF, IS_NEOX, BLOCK_R)
+    _rope_rotate(k_ptr + token * k_stride, cos, sin, heads, n_k_heads, r, HEAD_SIZE, HALF, IS_NEOX, BLOCK_R)
+
+
+def rope(
+    positions: torch.Tensor,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    head_size: int,
+    cos_sin_cache: torch.Tensor,
+    is_neox: bool,
+) -> None:
+    """In place on query [T, Hq*head_size] and key [T, Hk*head_size]; cache rows are [cos | sin]."""
+    rotary_dim = cos_sin_cache.shape[-1]
+    if rotary_dim % 2 or rotary_dim > head_size:
+        raise ValueError(f"cos_sin_cache last dim {rotary_dim} must be even and <= head_size {head_size}")
+    n_tokens = positions.numel()
+    q2 = _token_rows(query, n_tokens, name="query")
+    k2 = _token_rows(key, n_tokens, name="key")
+    if q2.shape[1] % head_size or k2.shape[1] % head_size:
+        raise ValueError(
+            f"query width {q2.shape[1]} and key width {k2.shape[1]} must be multiples of head_size {head_size}"
+        )
+    if n_tokens == 0:
+        return
+    n_q_heads, n_k_heads = q2.shape[1] // head_size, k2.shape[1] // head_size
+    half = rotary_dim // 2
+    block_r = triton.next_power_of_2(half)
+    block_h = min(triton.next_power_of_2(max(n_q_heads, n_k_heads)), max(1, 1024 // block_r))
+    _rope_kernel[(n_tokens, triton.cdiv(max(n_q_heads, n_k_heads), block_h))](
+        positions.contiguous(), q2, k2, cos_sin_cache,
+        n_q_heads, n_k_heads, q2.stride(0), k2.stride(0), cos_sin_cache.stride(0),
+        HEAD_SIZE=head_size, HALF=half, IS_NEOX=bool(is_neox), BLOCK_H=block_h, BLOCK_R=block_r,
+        num_warps=_num_warps(block_h * block_r, max_warps=8),
+    )
+
+
+# --------------------------------------------------------------------------------------------------
+# Matmul against an nn.Linear weight: a [M, K] @ b[N, K].T.
+
+
+@triton.jit
+def _mm_kernel(
+    a_ptr, b_ptr, c_ptr, M, N, K,
+    stride_am, stride_ak, stride_bn, stride_bk, stride_cm, stride_cn,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, DOT_IN_FP32: tl.constexpr,
+):
+    # Grouped ordering: GROUP_M row-blocks walk the column-blocks together, so the b tiles they share
+    # are still in L2 when the next row-block asks for them.
+    pid = tl.program_id(0)
+    num_pid_m = tl.cdiv(M, BLOCK_M)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    num_pid_in_group = GROUP_M * num_pid_n
+    first_pid_m = (pid // num_pid_in_group) * GROUP_M
+    group_size_m = min(num_pid_m - first_pid_m, GROUP_M)
+    pid_m = first_pid_m + (pid % num_pid_in_group) % group_size_m
+    pid_n = (pid % num_pid_in_group) // group_size_m
+
+    # Wrapping out-of-range rows/cols (instead of masking) keeps the inner-loop loads unmasked in M/N;
+    # the wrapped results are dropped by the store mask.
+    offs_m = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)) % M
+    offs_n = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)) % N
+    offs_k = tl.arange(0, BLOCK_K)
+    a_ptrs = a_ptr + offs_m.to(tl.int64)[:, None] * stride_am + offs_k[None, :] * stride_ak
+    b_ptrs = b_ptr + offs_n.to(tl.int64)[None, :] * stride_bn + offs_k[:, None] * stride_bk
+
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k in range(0, tl.cdiv(K, BLOCK_K)):
+        k_left = K - k * BLOCK_K
+        a = tl.load(a_ptrs, mask=offs_k[None, :] < k_left, other=0.0)
+        b = tl.load(b_ptrs, mask=offs_k[:, None] < k_left, other=0.0)
+        if DOT_IN_FP32:
+            a = a.to(tl.float32)
+            b = b.to(tl.float32)
+        acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
+        a_ptrs += BLOCK_K * stride_ak
+        b_ptrs += BLOCK_K * stride_bk
+
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    c_ptrs = c_ptr + rows.to(tl.int64)[:, None] * stride_cm + cols[None, :] * stride_cn
+    tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=(rows[:, None] < M) & (cols[None, :] < N))
+
+
+def _mm_config(block_m: int, block_n: int, block_k: int, num_warps: int, num_stages: int) -> triton.Config:
+    return triton.Config(
+        {"BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_K": block_k, "GROUP_M": 8},
+        num_warps=num_warps, num_stages=num_stages,
+    )
+
+
+# Large tiles for prefill, narrow-M tiles for decode; 128x128x64 in fp32 with 3 stages still fits
+# in Hopper's shared memory, so no config is wasted on an out-of-resources compile.
+_MM_CONFIGS = [
+    _mm_config(128, 128, 64, 8, 3),
+    _mm_config(128, 64, 64, 4, 4),
+    _mm_config(64, 128, 64, 4, 4),
+    _mm_config(64, 64, 64, 4, 4),
+    _mm_config(32, 128, 64, 4, 4),
+    _mm_config(16, 64, 128, 4, 4),
+]
+# Small tiles under the interpreter so tiny test shapes still cross several blocks and K steps.
+_MM_INTERPRET_META = {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16, "GROUP_M": 2}
+
+_mm_tuned = _mm_kernel if _INTERPRET else triton.autotune(configs=_MM_CONFIGS, key=["M", "N", "K"])(_mm_kernel)
+
+
+def mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """a @ b.T for a [M, K] and an nn.Linear weight b [N, K], fp32 accumulation, returned in a.dtype."""
+    if a.dtype != b.dtype:
+        raise ValueError(f"a is {a.dtype} but b is {b.dtype}; cast one so both match")
+    if b.dim() != 2 or a.shape[-1] != b.shape[1]:
+        raise ValueError(f"a {tuple(a.shape)} @ b.T needs b as [N, {a.shape[-1]}], got {tuple(b.shape)}")
+    a2 = a if a.dim() == 2 else a.reshape(-1, a.shape[-1])
+    (m, k), n = a2.shape, b.shape[0]
+    out = torch.empty((*a.shape[:-1], n), dtype=a.dtype, device=a.device)
+    if out.numel() == 0:
+        return out
+    if k == 0:
+        return out.zero_()
+    c2 = out.view(m, n)
+    # torch keeps fp32 matmuls in full precision by default; tf32 would fail the fp32 tolerance.
+    precision = "ieee" if a.dtype == torch.float32 else "tf32"
+    # The interpreter stores bf16 as uint16 and its tl.dot multiplies those raw bits as integers.
+    dot_in_fp32 = _INTERPRET and a.dtype == torch.bfloat16
+    args = (a2, b, c2, m, n, k, a2.stride(0), a2.stride(1), b.stride(0), b.stride(1), c2.stride(0), c2.stride(1))
+    if _INTERPRET:
+        meta = _MM_INTERPRET_META
+        grid = (triton.cdiv(m, meta["BLOCK_M"]) * triton.cdiv(n, meta["BLOCK_N"]),)
+        _mm_tuned[grid](*args, DOT_PRECISION=precision, DOT_IN_FP32=dot_in_fp32, **meta)
+    else:
+        def grid(meta):
+            return (triton.cdiv(m, meta["BLOCK_M"]) * triton.cdiv(n, meta["BLOCK_N"]),)
+
+        _mm_tuned[grid](*args, DOT_PRECISION=precision, DOT_IN_FP32=False)
+    return out

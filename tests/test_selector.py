@@ -1,0 +1,297 @@
+"""The original selector's contract (DESIGN.md section 1), row by row, plus the measured decision that
+replaces "multiple backends usable"."""
+
+from __future__ import annotations
+
+import operator
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+from pathlib import Path
+
+import pytest
+
+from autosel import selector
+from autosel.platforms import PlatformInfo
+from autosel.registry import KernelRegistry
+from autosel.spec import CapabilityRequirement as Cap, KernelBackend as B, KernelSpec, OpDefinition
+
+CPU = PlatformInfo("cpu", arch="x86_64", device_name="test cpu", multiprocessor_count=2)
+SM90 = PlatformInfo("cuda", 9, 0, arch="sm_90", device_name="NVIDIA H200", multiprocessor_count=132)
+CUDA_ONLY = frozenset({Cap.CUDA})
+HERE = Path(__file__).parent
+
+
+@pytest.fixture
+def reg(monkeypatch):
+    fresh = KernelRegistry()
+    monkeypatch.setattr(selector, "registry", fresh)
+    monkeypatch.setattr(selector, "_platform", lambda: CPU)
+    monkeypatch.syspath_prepend(str(HERE))
+    return fresh
+
+
+def toy(reg, *backends, op="toy.double", shapes=True):
+    targets = {B.TORCH: "slow", B.TRITON: "fast", B.AOT: "wrong_but_fast", B.JIT: "raises", B.CUTE_DSL: "nan"}
+    for backend in backends:
+        reg.register(KernelSpec(op, backend, f"toy_kernels:{targets[backend]}"))
+    if shapes:
+        import toy_kernels
+
+        reg.define(OpDefinition(op, shapes=toy_kernels.SHAPES, make_inputs=toy_kernels.inputs))
+
+
+# --- the rows of the contract table, with the original messages character for character -------------------
+
+def test_unregistered_op_is_a_key_error(reg):
+    with pytest.raises(KeyError) as info:
+        selector.select_kernel("x.y")
+    assert info.value.args[0] == "No kernels registered for op 'x.y'"
+
+
+def test_explicit_backend_gets_no_device_check(reg):
+    reg.register(KernelSpec("x.y", B.FLASHINFER, "m:a", capabilities=CUDA_ONLY))
+    reg.register(KernelSpec("x.y", B.SGL_KERNEL, "m:b", capabilities=CUDA_ONLY))
+    assert selector.select_kernel("x.y", B.SGL_KERNEL).target == "m:b"
+    assert selector.select_kernel("x.y", "flashinfer").target == "m:a"  # strings are accepted too
+
+
+def test_explicit_backend_not_registered_is_a_key_error(reg):
+    reg.register(KernelSpec("x.y", B.TORCH, "m:a"))
+    with pytest.raises(KeyError) as info:
+        selector.select_kernel("x.y", B.TRITON)
+    assert info.value.args[0] == "No 'triton' backend registered for op 'x.y'"
+
+
+def test_unknown_backend_string_names_the_known_ones(reg):
+    reg.register(KernelSpec("x.y", B.TORCH, "m:a"))
+    with pytest.raises(ValueError, match=r"unknown kernel backend 'trtion'; known backends: torch, torch_compile"):
+        selector.select_kernel("x.y", "trtion")
+
+
+def test_single_spec_gets_no_device_check(reg):
+    reg.register(KernelSpec("x.y", B.FLASHINFER, "m:a", capabilities=CUDA_ONLY))
+    assert selector.select_kernel("x.y").backend == B.FLASHINFER
+
+
+def test_exactly_one_eligible_is_chosen(reg):
+    reg.register(KernelSpec("x.y", B.FLASHINFER, "m:a", capabilities=CUDA_ONLY))
+    reg.register(KernelSpec("x.y", B.TORCH, "m:b"))
+    assert selector.select_kernel("x.y").backend == B.TORCH
+
+
+def test_none_eligible_is_a_value_error(reg):
+    reg.register(KernelSpec("x.y", B.FLASHINFER, "m:a", capabilities=CUDA_ONLY))
+    reg.register(KernelSpec("x.y", B.SGL_KERNEL, "m:b", capabilities=CUDA_ONLY))
+    with pytest.raises(ValueError) as info:
+        selector.select_kernel("x.y")
+    assert str(info.value) == "op 'x.y' has no backend usable on device 'cpu' (registered: ['flashinfer', 'sgl_kernel'])"
+
+
+def test_missing_package_makes_a_backend_ineligible(reg):
+    reg.register(KernelSpec("x.y", B.FLASHINFER, "flashinfer.norm:rmsnorm", requires=("flashinfer",)))
+    reg.register(KernelSpec("x.y", B.TORCH, "m:b"))
+    assert selector.select_kernel("x.y").backend == B.TORCH
+
+
+def test_explicit_backend_with_missing_package_loads_with_an_import_error_naming_it(reg):
+    reg.register(KernelSpec("x.y", B.FLASHINFER, "flashinfer.norm:rmsnorm", requires=("flashinfer",)))
+    reg.register(KernelSpec("x.y", B.TORCH, "m:b"))
+    spec = selector.select_kernel("x.y", B.FLASHINFER)
+    with pytest.raises(ImportError, match=r"needs the Python package 'flashinfer'.*pip install flashinfer-python"):
+        spec.load()
+
+
+@pytest.mark.parametrize("tune", ["off"])
+def test_several_eligible_with_tuning_off_raises_the_original_error_with_a_hint(reg, monkeypatch, tune):
+    toy(reg, B.TORCH, B.TRITON)
+    monkeypatch.setenv("AUTOSEL_TUNE", tune)
+    with pytest.raises(ValueError) as info:
+        selector.select_kernel("toy.double")
+    original = ("op 'toy.double' has multiple backends usable on device 'cpu' (['torch', 'triton']); "
+                "pass backend=... to choose one")
+    assert str(info.value).startswith(original + " [autosel: AUTOSEL_TUNE=off")
+
+
+def test_several_eligible_without_shapes_raises_the_original_error_with_a_register_op_hint(reg):
+    toy(reg, B.TORCH, B.TRITON, shapes=False)
+    with pytest.raises(ValueError) as info:
+        selector.select_kernel("toy.double")
+    message = str(info.value)
+    assert message.startswith("op 'toy.double' has multiple backends usable on device 'cpu' (['torch', 'triton']); "
+                              "pass backend=... to choose one [autosel:")
+    assert "autosel.register_op" in message
+
+
+def test_bad_tune_mode_names_the_variable_and_allowed_values(reg, monkeypatch):
+    toy(reg, B.TORCH, B.TRITON)
+    monkeypatch.setenv("AUTOSEL_TUNE", "sometimes")
+    with pytest.raises(ValueError, match=r"AUTOSEL_TUNE='sometimes' is not valid; allowed values: auto, off, force"):
+        selector.select_kernel("toy.double")
+
+
+# --- the new row: several eligible -> the measured winner --------------------------------------------------
+
+def test_several_eligible_picks_the_fastest_correct_kernel_and_stores_it(reg):
+    toy(reg, B.TORCH, B.AOT, B.JIT, B.TRITON, B.CUTE_DSL)
+    assert selector.select_kernel("toy.double").backend == B.TRITON
+    decision, layer = selector.database().decisions("toy.double")[0]
+    assert decision.winner == "triton" and layer.kind == "user"
+    reasons = {c.backend: (c.status, c.reason or "") for c in decision.candidates}
+    assert reasons["aot"][0] == "rejected" and "differs from the reference" in reasons["aot"][1]
+    assert reasons["jit"][0] == "rejected" and "raised RuntimeError: illegal memory access" in reasons["jit"][1]
+    assert reasons["cute_dsl"][0] == "rejected" and "contains NaN" in reasons["cute_dsl"][1]
+    assert reasons["torch"][0] in ("ok", "dropped")  # 64x slower: dropped after the first round
+    torch_result = decision.candidate("torch")
+    assert torch_result.shapes[0].timing is not None
+
+
+def test_stored_decision_is_used_without_timing(reg, monkeypatch):
+    toy(reg, B.TORCH, B.TRITON)
+    assert selector.select_kernel("toy.double").backend == B.TRITON
+    import autosel.tuner
+
+    def no_timing(*args, **kwargs):
+        raise AssertionError("tuned again although a decision is stored")
+
+    monkeypatch.setattr(autosel.tuner.Tuner, "tune", no_timing)
+    assert selector.select_kernel("toy.double").backend == B.TRITON
+    monkeypatch.setenv("AUTOSEL_TUNE", "off")  # off still reads stored decisions
+    assert selector.select_kernel("toy.double").backend == B.TRITON
+
+
+def test_force_retunes_once_per_process(reg, monkeypatch):
+    toy(reg, B.TORCH, B.TRITON)
+    selector.select_kernel("toy.double")
+    calls = []
+    import autosel.tuner
+
+    original = autosel.tuner.Tuner.tune
+    monkeypatch.setattr(autosel.tuner.Tuner, "tune", lambda self, *a, **k: calls.append(1) or original(self, *a, **k))
+    monkeypatch.setenv("AUTOSEL_TUNE", "force")
+    monkeypatch.setattr(selector, "_forced_done", set())
+    assert selector.select_kernel("toy.double").backend == B.TRITON
+    assert selector.select_kernel("toy.double").backend == B.TRITON
+    assert len(calls) == 1
+
+
+def test_stored_winner_that_is_no_longer_eligible_is_a_miss(reg, monkeypatch):
+    toy(reg, B.TORCH, B.TRITON)
+    assert selector.select_kernel("toy.double").backend == B.TRITON
+    # A registry where the stored winner is not registered at all: the row must not be used.
+    other = KernelRegistry()
+    monkeypatch.setattr(selector, "registry", other)
+    toy(other, B.TORCH, B.AOT)
+    monkeypatch.setenv("AUTOSEL_TUNE", "off")
+    with pytest.raises(ValueError, match="multiple backends"):
+        selector.select_kernel("toy.double")
+
+
+def test_decision_made_in_one_process_is_used_by_the_next(tmp_path):
+    script = textwrap.dedent("""
+        import sys, json
+        import autosel.tuner
+        from autosel import selector
+        from autosel.registry import KernelRegistry
+        from autosel.spec import KernelSpec, KernelBackend as B, OpDefinition
+        import toy_kernels
+        reg = KernelRegistry()
+        selector.registry = reg
+        reg.register(KernelSpec("toy.double", B.TORCH, "toy_kernels:slow"))
+        reg.register(KernelSpec("toy.double", B.TRITON, "toy_kernels:fast"))
+        reg.define(OpDefinition("toy.double", shapes=toy_kernels.SHAPES, make_inputs=toy_kernels.inputs))
+        timed = []
+        original = autosel.tuner.Tuner.tune
+        autosel.tuner.Tuner.tune = lambda self, *a, **k: timed.append(1) or original(self, *a, **k)
+        print(json.dumps([selector.select_kernel("toy.double").backend.value, len(timed)]))
+    """)
+    env = dict(os.environ, AUTOSEL_DB=str(tmp_path / "shared.db"), PYTHONPATH=str(HERE))
+    runs = [subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True)
+            for _ in range(2)]
+    assert [r.stdout.strip() for r in runs] == ['["triton", 1]', '["triton", 0]']
+
+
+def test_forced_backend_env_var(reg, monkeypatch):
+    toy(reg, B.TORCH, B.TRITON)
+    monkeypatch.setenv("AUTOSEL_BACKEND", "toy.double=torch")
+    assert selector.select_kernel("toy.double").backend == B.TORCH
+    monkeypatch.setenv("AUTOSEL_BACKEND", "toy.double=aiter")
+    with pytest.raises(KeyError, match="No 'aiter' backend registered for op 'toy.double'"):
+        selector.select_kernel("toy.double")
+
+
+def test_platform_key_separates_decisions(reg, monkeypatch):
+    toy(reg, B.TORCH, B.TRITON)
+    selector.select_kernel("toy.double")
+    other_cpu = PlatformInfo("cpu", arch="x86_64", device_name="other cpu", multiprocessor_count=64)
+    monkeypatch.setattr(selector, "_platform", lambda: other_cpu)
+    monkeypatch.setenv("AUTOSEL_TUNE", "off")
+    with pytest.raises(ValueError, match="multiple backends"):
+        selector.select_kernel("toy.double")
+
+
+# --- get_kernel and its cache ------------------------------------------------------------------------------
+
+@pytest.fixture
+def sign_op(reg, monkeypatch):
+    reg.register(KernelSpec("test.sign", B.AOT, "operator:neg"))
+    reg.register(KernelSpec("test.sign", B.TORCH, "operator:pos"))
+    calls = []
+    original = selector.select_kernel
+    monkeypatch.setattr(selector, "select_kernel", lambda *a, **k: calls.append(a) or original(*a, **k))
+    return calls
+
+
+def test_get_kernel_caches_per_backend_and_clears(sign_op):
+    for _ in range(2):
+        assert selector.get_kernel("test.sign", B.AOT)(2) == -2
+        assert selector.get_kernel("test.sign", B.TORCH)(2) == 2
+    assert len(sign_op) == 2
+    selector.clear_cache()
+    assert selector.get_kernel("test.sign", B.AOT) is operator.neg
+    assert len(sign_op) == 3
+
+
+def test_clear_cache_during_a_lookup_does_not_store_a_stale_entry(reg, monkeypatch):
+    # Used to break with a plain lru_cache: the in-flight lookup put its result into the cleared cache.
+    reg.register(KernelSpec("test.sign", B.AOT, "operator:neg"))
+    entered, release, calls = threading.Event(), threading.Event(), []
+    original = selector.select_kernel
+
+    def paused(*args, **kwargs):
+        calls.append(args)
+        spec = original(*args, **kwargs)
+        if len(calls) == 1:
+            entered.set()
+            release.wait(5)
+        return spec
+
+    monkeypatch.setattr(selector, "select_kernel", paused)
+    result = {}
+    worker = threading.Thread(target=lambda: result.setdefault("fn", selector.get_kernel("test.sign", B.AOT)))
+    worker.start()
+    assert entered.wait(5)
+    selector.clear_cache()
+    release.set()
+    worker.join(5)
+    assert result["fn"] is operator.neg
+    assert selector.get_kernel("test.sign", B.AOT) is operator.neg
+    assert selector.get_kernel("test.sign", B.AOT) is operator.neg
+    assert len(calls) == 2
+
+
+def test_get_kernel_returns_the_measured_winner(reg):
+    toy(reg, B.TORCH, B.TRITON)
+    import toy_kernels
+
+    assert selector.get_kernel("toy.double") is toy_kernels.fast
+
+
+def test_mode_is_eager_on_cpu_and_validated():
+    assert selector.resolve_mode(None, CPU) == "eager"
+    assert selector.resolve_mode("graph", CPU) == "eager"  # only CUDA has graphs
+    assert selector.resolve_mode("graph", SM90) == "graph"
+    with pytest.raises(ValueError, match="mode='fast' is not valid; allowed values: eager, graph"):
+        selector.resolve_mode("fast", SM90)
