@@ -1,0 +1,394 @@
+"""The tuning database: layered SQLite files of decisions with their evidence, safe under many processes."""
+
+from __future__ import annotations
+
+import importlib.resources
+import logging
+import os
+import socket
+import sqlite3
+import threading
+import time
+import uuid
+import warnings
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable, Iterator, Sequence
+
+from sqlite_utils import Database
+
+from autosel import db_tools
+from autosel.db_tools import (
+    KEY_COLUMNS, OWN_TABLES, ROW_COLUMNS, SQLITE_MAGIC, Conflict, Corrupt, MergeReport, connect, decision_row,
+    export_decisions, immediate, inspect, is_corrupt, merge, migrate, parse_row, read_decisions, ro_uri,
+)
+from autosel.decisions import Decision, DecisionKey
+from autosel.errors import DatabaseError
+
+if TYPE_CHECKING:
+    from autosel.config import Settings
+
+__all__ = ["Conflict", "Layer", "MergeReport", "TuningDB", "export_decisions", "merge", "read_decisions"]
+
+logger = logging.getLogger(__name__)
+
+_warned: set[tuple[str, str]] = set()
+
+
+def warn_once(path: object, condition: str, message: str) -> None:
+    """One RuntimeWarning per (path, condition) per process: degraded but working, remedy in the sentence."""
+    if (str(path), condition) not in _warned:
+        _warned.add((str(path), condition))
+        warnings.warn(message, RuntimeWarning, stacklevel=2)
+
+
+@dataclass(frozen=True)
+class Layer:
+    """The state of one layer, for `autosel doctor` and `show`."""
+
+    path: str  # ":memory:" for the in-memory fallback
+    kind: str  # "user" | "shipped" | "memory"
+    writable: bool
+    schema_version: int | None
+    rows: int
+    problem: str | None
+
+
+class _Open:
+    """One open layer: its connection and what is known about it."""
+
+    def __init__(self, path: str, kind: str, conn: sqlite3.Connection, *, writable: bool,
+                 schema_version: int | None, problem: str | None = None):
+        self.path, self.kind, self.conn, self.writable = path, kind, conn, writable
+        self.schema_version, self.problem, self.broken = schema_version, problem, False
+        self.db = Database(conn, execute_plugins=False) if writable else None
+
+    def layer(self) -> Layer:
+        try:
+            rows = self.conn.execute("SELECT count(*) FROM decisions").fetchone()[0]
+        except sqlite3.Error:
+            rows = 0
+        return Layer(self.path, self.kind, self.writable and not self.broken, self.schema_version, rows, self.problem)
+
+    def select(self, where: str = "", params: Sequence = ()) -> list[tuple]:
+        if self.broken:
+            return []
+        try:
+            return self.conn.execute(
+                f"SELECT {', '.join(ROW_COLUMNS)} FROM decisions {where} ORDER BY op, mode, bucket, platform_key",
+                params).fetchall()
+        except sqlite3.Error as exc:
+            self.broken, self.problem = True, f"read failed: {exc}"
+            warn_once(self.path, "read", f"reading tuning DB {self.path} failed ({exc}); skipping it for the rest "
+                      "of this process. Run `autosel doctor` to check it, or remove it from AUTOSEL_DB_PATH.")
+            return []
+
+
+def _memory(problem: str | None = None) -> _Open:
+    conn = connect(":memory:")
+    migrate(conn)
+    return _Open(":memory:", "memory", conn, writable=True, schema_version=db_tools.SCHEMA_VERSION, problem=problem)
+
+
+def _inode(path: Path) -> int | None:
+    try:
+        return path.stat().st_ino
+    except OSError:
+        return None
+
+
+def _move_aside(path: Path, inode: int | None) -> Path | None:
+    """Rename a corrupt file (and its -wal/-shm) to <name>.corrupt-<timestamp>; never delete it."""
+    if inode is None or _inode(path) != inode:
+        return None  # another process already moved it (and may have started a fresh one): leave that alone
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    target, n = path.with_name(f"{path.name}.corrupt-{stamp}"), 1
+    while target.exists():
+        target, n = path.with_name(f"{path.name}.corrupt-{stamp}-{n}"), n + 1
+    try:
+        os.rename(path, target)
+    except FileNotFoundError:
+        return None
+    for suffix in ("-wal", "-shm", "-journal"):
+        side = Path(f"{path}{suffix}")
+        if side.exists():
+            os.rename(side, Path(f"{target}{suffix}"))
+    return target
+
+
+def _inspect_file(path: Path) -> tuple[int, str, set[str]]:
+    # Check through a read-only connection first: closing a read-write one on a bad file would checkpoint
+    # into it and delete its -wal, and the moved-aside copy must keep the bytes it had.
+    with open(path, "rb") as f:
+        if f.read(len(SQLITE_MAGIC)) != SQLITE_MAGIC:
+            raise Corrupt("file is not a database: no SQLite header")
+    conn = connect(ro_uri(path, immutable=False), uri=True)
+    try:
+        return inspect(conn)
+    finally:
+        conn.close()
+
+
+def _open_user(path: Path) -> list[_Open]:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        return _readonly(path, f"cannot create folder {path.parent} ({exc.strerror or exc})")
+    problem = None
+    for attempt in range(2):
+        inode, conn = _inode(path), None
+        try:
+            if path.is_file() and path.stat().st_size:
+                version, written_by, tables = _inspect_file(path)
+                if version > db_tools.SCHEMA_VERSION:
+                    return _newer(path, version, written_by)
+                if version == 0 and tables - OWN_TABLES:
+                    return _readonly(path, "it is an SQLite file but not an autosel tuning DB; left untouched",
+                                     ro=False)
+            conn = connect(str(path))
+            conn.execute("PRAGMA journal_mode = WAL")
+            conn.execute("PRAGMA synchronous = NORMAL")  # WAL + NORMAL: a killed process loses nothing committed
+            migrate(conn)
+            return [_Open(str(path), "user", conn, writable=True, schema_version=db_tools.SCHEMA_VERSION, problem=problem)]
+        except (sqlite3.Error, Corrupt) as exc:
+            if conn is not None:
+                conn.close()
+            if not is_corrupt(exc) or attempt:
+                return _readonly(path, f"not writable: {exc}")
+            moved = _move_aside(path, inode)  # only the file we found corrupt, not one a racer just created
+            where = f"moved aside to {moved}" if moved else "another process moved it aside"
+            warn_once(path, "corrupt", f"tuning DB {path} is corrupt ({exc}); {where} (kept, not deleted) and "
+                      "started a new one. Decisions it held will be tuned again when needed.")
+            problem = f"corrupt; {where}"
+    raise AssertionError("unreachable")
+
+
+def _readonly(path: Path, reason: str, *, ro: bool = True) -> list[_Open]:
+    """The user DB cannot be written: keep this process's decisions in memory, still read the file if possible."""
+    warn_once(path, "readonly", f"tuning DB {path}: {reason}; decisions made by this process are kept in memory "
+              "and lost at exit. Set AUTOSEL_DB to a writable file path.")
+    layers = [_memory(f"{reason}; decisions kept in memory")]
+    if ro and path.is_file():
+        try:
+            conn = connect(ro_uri(path, immutable=False), uri=True)
+            version, _, tables = inspect(conn)
+            if "decisions" in tables:
+                layers.append(_Open(str(path), "user", conn, writable=False, schema_version=version, problem=reason))
+        except (sqlite3.Error, Corrupt) as exc:
+            logger.info("cannot read %s read-only either: %s", path, exc)
+    return layers
+
+
+def _newer(path: Path, version: int, written_by: str) -> list[_Open]:
+    problem = f"schema {version} written by autosel {written_by} is newer than this autosel's {db_tools.SCHEMA_VERSION}"
+    warn_once(path, "newer", f"tuning DB {path} has {problem}; reading it without changing it, and keeping new "
+              f"decisions in memory. Upgrade autosel to {written_by} or later, or set AUTOSEL_DB to another file.")
+    conn = connect(ro_uri(path, immutable=False), uri=True)
+    return [_memory(f"user DB is read-only ({problem}); decisions kept in memory"),
+            _Open(str(path), "user", conn, writable=False, schema_version=version, problem=problem)]
+
+
+def _open_shipped(path: Path) -> _Open | None:
+    try:
+        conn = connect(ro_uri(path, immutable=True), uri=True)  # immutable: no -wal/-shm, no locks, no writes
+        version, written_by, tables = inspect(conn)
+        if "decisions" not in tables:
+            raise Corrupt("it has no decisions table; it is not an autosel tuning DB")
+    except (sqlite3.Error, Corrupt) as exc:
+        warn_once(path, "shipped", f"shipped tuning DB {path} is unreadable ({exc}); skipped. Replace it with a "
+                  "file from `autosel export --fmt sqlite`, or remove it from AUTOSEL_DB_PATH.")
+        return None
+    problem = None
+    if version > db_tools.SCHEMA_VERSION:
+        problem = f"schema {version} written by autosel {written_by} is newer than this autosel's {db_tools.SCHEMA_VERSION}"
+        warn_once(path, "newer", f"shipped tuning DB {path} has {problem}; reading the rows that parse. "
+                  f"Upgrade autosel to {written_by} or later.")
+    return _Open(str(path), "shipped", conn, writable=False, schema_version=version, problem=problem)
+
+
+def _shipped_paths(shipped: Sequence[Path], include_package: bool) -> list[Path]:
+    entries = [Path(p).expanduser() for p in shipped]
+    if include_package:
+        try:
+            entries.append(Path(str(importlib.resources.files("autosel.tuning_db"))))
+        except (ModuleNotFoundError, TypeError):
+            source_tree = Path(__file__).resolve().parent.parent / "tuning_db"  # running from a checkout
+            entries += [source_tree] if source_tree.is_dir() else []
+    files: list[Path] = []
+    for entry in entries:
+        if entry.is_dir():
+            files += sorted(entry.glob("*.db"))
+        elif entry.is_file():
+            files.append(entry)
+        else:
+            warn_once(entry, "missing", f"shipped tuning DB path {entry} does not exist; ignored. "
+                      "Fix AUTOSEL_DB_PATH (files or folders of *.db separated by ':').")
+    return files
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:  # a killed child that nobody reaped yet is a zombie: dead for our purpose
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except (OSError, IndexError):
+        return True
+
+
+class TuningDB:
+    """The user layer first, then shipped layers; reads go down the layers, writes go to the user layer only."""
+
+    def __init__(self, layers: list[_Open]):
+        self._layers = layers
+        self._lock = threading.RLock()
+
+    @classmethod
+    def open(cls, user: Path | None, shipped: Sequence[Path] = (), *, include_package: bool = True) -> "TuningDB":
+        layers = _open_user(Path(user).expanduser()) if user is not None else [_memory()]
+        seen = {os.path.realpath(layer.path) for layer in layers}
+        for path in _shipped_paths(shipped, include_package):
+            if os.path.realpath(path) not in seen:
+                seen.add(os.path.realpath(path))
+                opened = _open_shipped(path)
+                layers += [opened] if opened else []
+        return cls(layers)
+
+    @classmethod
+    def from_settings(cls, settings: "Settings") -> "TuningDB":
+        return cls.open(settings.db, settings.db_path)
+
+    def __enter__(self) -> "TuningDB":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def layers(self) -> list[Layer]:
+        with self._lock:
+            return [layer.layer() for layer in self._layers]
+
+    def lookup(self, key: DecisionKey, usable: Callable[[str], bool] = lambda backend: True
+               ) -> tuple[Decision, Layer] | None:
+        """The first layer's decision for exactly this key whose winner is usable here; None is a miss."""
+        where = "WHERE " + " AND ".join(f"{c} = ?" for c in KEY_COLUMNS)
+        params = (key.platform_key, key.op, key.mode, key.bucket, key.versions_hash)
+        with self._lock:
+            for layer in self._layers:
+                for row in layer.select(where, params):
+                    decision = parse_row(layer.path, row)
+                    if decision is None:
+                        continue
+                    if usable(decision.winner):
+                        return decision, layer.layer()
+                    logger.debug("%s: winner %r of %s is not usable here; trying the next layer",
+                                 layer.path, decision.winner, key.op)
+        return None
+
+    def _writable(self) -> _Open:
+        for layer in self._layers:
+            if layer.writable and not layer.broken:
+                return layer
+        self._layers.insert(0, _memory("no writable layer left; decisions kept in memory"))
+        return self._layers[0]
+
+    def record(self, decision: Decision) -> Layer:
+        """Upsert into the user layer (replacing the row with the same key); returns the layer written."""
+        row = decision_row(decision)
+        with self._lock:
+            while True:
+                layer = self._writable()
+                try:
+                    with immediate(layer.conn):
+                        layer.db["decisions"].upsert(row, pk=KEY_COLUMNS)
+                    return layer.layer()
+                except sqlite3.Error as exc:
+                    if layer.kind == "memory":
+                        raise DatabaseError(f"writing a decision for {decision.op} in memory failed: {exc}") from exc
+                    layer.writable, layer.problem = False, f"write failed: {exc}; decisions kept in memory"
+                    warn_once(layer.path, "write", f"writing to tuning DB {layer.path} failed ({exc}); new "
+                              "decisions are kept in memory for this process. Check free space and permissions.")
+
+    def decisions(self, op_glob: str | None = None) -> list[tuple[Decision, Layer]]:
+        """Every valid row of every layer, user layer first (for `autosel show`)."""
+        out = []
+        with self._lock:
+            for layer in self._layers:
+                rows = layer.select("WHERE op GLOB ?", (op_glob,)) if op_glob else layer.select()
+                snapshot = layer.layer()
+                out += [(d, snapshot) for d in (parse_row(layer.path, r) for r in rows) if d is not None]
+        return out
+
+    def prune(self, is_current: Callable[[Decision], bool]) -> int:
+        """Delete writable-layer rows that are invalid or for which is_current is False; returns how many."""
+        removed = 0
+        with self._lock:
+            for layer in (lay for lay in self._layers if lay.writable and not lay.broken):
+                stale = [r[: len(KEY_COLUMNS)] for r in layer.select()
+                         if (d := parse_row(layer.path, r)) is None or not is_current(d)]
+                with immediate(layer.conn):
+                    for key in stale:
+                        layer.conn.execute(
+                            "DELETE FROM decisions WHERE " + " AND ".join(f"{c} = ?" for c in KEY_COLUMNS), key)
+                removed += len(stale)
+        return removed
+
+    @contextmanager
+    def lease(self, platform_key: str, op: str, mode: str, *, ttl_s: float = 600.0, wait_s: float = 600.0,
+              poll_s: float = 0.2) -> Iterator[bool]:
+        """True: this process holds the tuning lease (tune, record, release on exit). False: another holder
+        finished while we waited; look up again."""
+        layer = next((lay for lay in self._layers if lay.kind == "user" and lay.writable and not lay.broken), None)
+        if layer is None:  # nobody to coordinate with through a file
+            yield True
+            return
+        token = uuid.uuid4().hex
+        took = self._acquire(layer, (platform_key, op, mode), token, ttl_s, wait_s, poll_s)
+        try:
+            yield took
+        finally:
+            if took:
+                try:
+                    with self._lock, immediate(layer.conn):
+                        layer.conn.execute("DELETE FROM leases WHERE token = ?", (token,))
+                except sqlite3.Error as exc:
+                    logger.warning("could not release the tuning lease on %s (%s): %s; it expires after %.0f s",
+                                   op, layer.path, exc, ttl_s)
+
+    def _acquire(self, layer: _Open, key: tuple[str, str, str], token: str, ttl_s: float, wait_s: float,
+                 poll_s: float) -> bool:
+        host, start, waited = socket.gethostname(), time.monotonic(), False
+        while True:
+            with self._lock, immediate(layer.conn):
+                row = layer.conn.execute("SELECT host, pid, expires_at FROM leases WHERE platform_key = ? "
+                                         "AND op = ? AND mode = ?", key).fetchone()
+                if row is None and waited:
+                    return False
+                now = time.time()
+                stale = row is not None and (row[2] < now or (row[0] == host and not _pid_alive(row[1])))
+                overdue = row is not None and time.monotonic() - start > wait_s
+                if row is None or stale or overdue:
+                    layer.db["leases"].upsert(
+                        {"platform_key": key[0], "op": key[1], "mode": key[2], "host": host, "pid": os.getpid(),
+                         "token": token, "expires_at": now + ttl_s}, pk=("platform_key", "op", "mode"))
+            if row is not None and stale:
+                logger.info("took over the tuning lease on %s from pid %s on %s (dead or expired)", key[1], *row[1::-1])
+            elif row is not None and overdue:
+                warn_once(layer.path, "lease-overdue", f"waited {wait_s:.0f} s for the tuning lease on {key[1]} "
+                          f"({key[2]}) held by pid {row[1]} on {row[0]}; taking it over. If that process is stuck, "
+                          "stop it; if tuning takes that long, pass a larger wait_s.")
+            if row is None or stale or overdue:
+                return True
+            waited = True
+            time.sleep(poll_s)
+
+    def close(self) -> None:
+        with self._lock:
+            for layer in self._layers:
+                layer.conn.close()
+            self._layers = []

@@ -1,0 +1,249 @@
+"""The tuning DB file format (schema, migrations, rows as data) and file-to-file work: export, import, merge."""
+
+from __future__ import annotations
+
+import logging
+import os
+import sqlite3
+import sys
+from contextlib import contextmanager
+from dataclasses import astuple, dataclass
+from pathlib import Path
+from typing import Callable, Iterable, Iterator, Sequence
+
+from sqlite_utils import Database
+
+from autosel.decisions import Decision, DecisionKey
+from autosel.errors import DatabaseError
+
+logger = logging.getLogger(__name__)
+
+SCHEMA_VERSION = 1
+BUSY_TIMEOUT_S = 60.0
+KEY_COLUMNS = ("platform_key", "op", "mode", "bucket", "versions_hash")
+ROW_COLUMNS = KEY_COLUMNS + ("evidence",)
+SQLITE_MAGIC = b"SQLite format 3\x00"
+OWN_TABLES = {"decisions", "leases", "meta"}
+
+
+def autosel_version() -> str:
+    # Read at call time: autosel/__init__ may still be importing when this module loads.
+    return str(getattr(sys.modules.get("autosel"), "__version__", "unknown"))
+
+
+def _migrate_to_1(db: Database) -> None:
+    db["decisions"].create(
+        {"platform_key": str, "op": str, "mode": str, "bucket": str, "versions_hash": str, "winner": str,
+         "created_at": str, "autosel_version": str, "evidence": str},
+        pk=KEY_COLUMNS, not_null={*KEY_COLUMNS, "winner", "evidence"}, if_not_exists=True,
+    )
+    db["leases"].create(
+        {"platform_key": str, "op": str, "mode": str, "host": str, "pid": int, "token": str, "expires_at": float},
+        pk=("platform_key", "op", "mode"), if_not_exists=True,
+    )
+    db["meta"].create({"key": str, "value": str}, pk="key", if_not_exists=True)
+
+
+# Version n's step turns a schema n-1 file into schema n, inside one write transaction.
+MIGRATIONS: dict[int, Callable[[Database], None]] = {1: _migrate_to_1}
+
+
+class Corrupt(Exception):
+    """quick_check failed, or the file is not SQLite at all."""
+
+
+def is_corrupt(exc: BaseException) -> bool:
+    return isinstance(exc, Corrupt) or getattr(exc, "sqlite_errorname", "") in ("SQLITE_CORRUPT", "SQLITE_NOTADB")
+
+
+def connect(target: str, *, uri: bool = False) -> sqlite3.Connection:
+    # isolation_level=None: transactions are ours (BEGIN IMMEDIATE), sqlite-utils nests savepoints in them.
+    return sqlite3.connect(target, uri=uri, timeout=BUSY_TIMEOUT_S, isolation_level=None, check_same_thread=False)
+
+
+def ro_uri(path: Path, *, immutable: bool) -> str:
+    return path.resolve().as_uri() + ("?mode=ro&immutable=1" if immutable else "?mode=ro")
+
+
+@contextmanager
+def immediate(conn: sqlite3.Connection) -> Iterator[None]:
+    """A short write transaction that takes the write lock up front, so waits go through the busy timeout."""
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        yield
+    except BaseException:
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+        raise
+    conn.execute("COMMIT")
+
+
+def inspect(conn: sqlite3.Connection) -> tuple[int, str, set[str]]:
+    """(user_version, autosel version that wrote the schema, tables); raises Corrupt if quick_check fails."""
+    check = conn.execute("PRAGMA quick_check").fetchone()[0]
+    if check != "ok":
+        raise Corrupt(f"quick_check: {check}")
+    version = conn.execute("PRAGMA user_version").fetchone()[0]
+    tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    written_by = "unknown"
+    if "meta" in tables:
+        row = conn.execute("SELECT value FROM meta WHERE key = 'schema_written_by'").fetchone()
+        written_by = row[0] if row else written_by
+    return version, written_by, tables
+
+
+def migrate(conn: sqlite3.Connection) -> None:
+    """Bring a writable file (or :memory:) to SCHEMA_VERSION; safe when several processes do it at once."""
+    if conn.execute("PRAGMA user_version").fetchone()[0] >= SCHEMA_VERSION:
+        return
+    db = Database(conn, execute_plugins=False)
+    with immediate(conn):
+        current = conn.execute("PRAGMA user_version").fetchone()[0]  # re-read under the write lock
+        for target in range(current + 1, SCHEMA_VERSION + 1):
+            MIGRATIONS[target](db)
+        if current == 0:
+            db["meta"].upsert({"key": "created_by", "value": autosel_version()}, pk="key")
+        db["meta"].upsert({"key": "schema_written_by", "value": autosel_version()}, pk="key")
+        conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+
+
+def decision_row(decision: Decision) -> dict[str, str]:
+    key = decision.key
+    return {"platform_key": key.platform_key, "op": key.op, "mode": key.mode, "bucket": key.bucket,
+            "versions_hash": key.versions_hash, "winner": decision.winner, "created_at": decision.created_at,
+            "autosel_version": decision.autosel_version, "evidence": decision.to_json()}
+
+
+_bad_rows: set[tuple[str, tuple]] = set()
+
+
+def parse_row(source: str, row: Sequence) -> Decision | None:
+    """A Decision from (key columns..., evidence), or None (logged once) if the row is not valid data."""
+    try:
+        decision = Decision.from_json(row[len(KEY_COLUMNS)])
+        if decision.key != DecisionKey(*row[: len(KEY_COLUMNS)]):
+            raise ValueError("its key columns do not match its evidence")
+        if not isinstance(decision.winner, str) or not decision.winner:
+            raise ValueError(f"winner {decision.winner!r} is not a backend name")
+        return decision
+    except Exception as exc:  # a row is data: whatever it holds, it must not crash a lookup
+        if (source, tuple(row[: len(KEY_COLUMNS)])) not in _bad_rows:
+            _bad_rows.add((source, tuple(row[: len(KEY_COLUMNS)])))
+            logger.warning("skipping an invalid row of %s with key %s: %s", source, tuple(row[:5]), exc)
+        return None
+
+FORMATS = ("sqlite", "jsonl")
+PREFER = (None, "newest", "first")
+
+
+def _sort_key(decision: Decision) -> tuple:
+    return astuple(decision.key) + (decision.created_at,)
+
+
+def export_decisions(rows: Iterable[Decision], out: Path, *, fmt: str, overwrite: bool = False) -> int:
+    """Write decisions to a new file; the first row of each key wins (pass the user layer's rows first).
+    Returns how many rows were written."""
+    if fmt not in FORMATS:
+        raise DatabaseError(f"unknown export format {fmt!r}; use one of: {', '.join(FORMATS)}")
+    out = Path(out)
+    if out.exists() and not overwrite:
+        raise DatabaseError(f"{out} already exists; not overwriting it. Choose another output path, "
+                            "or overwrite it on purpose (overwrite=True, `--force` on the command line).")
+    unique: dict[DecisionKey, Decision] = {}
+    for decision in rows:
+        unique.setdefault(decision.key, decision)
+    ordered = sorted(unique.values(), key=_sort_key)
+    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp.unlink(missing_ok=True)
+    except OSError as exc:
+        raise DatabaseError(f"cannot write {out} ({exc.strerror or exc}); choose a writable output path") from exc
+    try:
+        if fmt == "jsonl":
+            with open(tmp, "w", encoding="utf-8") as f:
+                f.writelines(d.to_json() + "\n" for d in ordered)
+        else:
+            conn = connect(str(tmp))
+            try:
+                conn.execute("PRAGMA journal_mode = DELETE")  # a single file that can ship read-only
+                migrate(conn)
+                with immediate(conn):
+                    Database(conn, execute_plugins=False)["decisions"].upsert_all(
+                        [decision_row(d) for d in ordered], pk=KEY_COLUMNS)
+            finally:
+                conn.close()
+        os.replace(tmp, out)  # readers never see a half-written export
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return len(ordered)
+
+
+def read_decisions(path: Path) -> list[Decision]:
+    """Every valid decision of a tuning DB (.db) or a JSON Lines export; invalid rows are logged and skipped."""
+    path = Path(path)
+    try:
+        with open(path, "rb") as f:
+            head = f.read(len(SQLITE_MAGIC))
+    except OSError as exc:
+        raise DatabaseError(f"cannot read {path} ({exc.strerror or exc}); check the path") from exc
+    if head == SQLITE_MAGIC:
+        conn = connect(path.resolve().as_uri() + "?mode=ro", uri=True)
+        try:
+            rows = conn.execute(f"SELECT {', '.join(ROW_COLUMNS)} FROM decisions").fetchall()
+        except sqlite3.Error as exc:
+            raise DatabaseError(f"{path} is not a readable autosel tuning DB ({exc}); "
+                                "run `autosel doctor` on it or export it again") from exc
+        finally:
+            conn.close()
+        found = [parse_row(str(path), row) for row in rows]
+        return sorted((d for d in found if d is not None), key=_sort_key)
+    out = []
+    for n, line in enumerate(path.read_text(encoding="utf-8", errors="replace").splitlines(), 1):
+        if line.strip():
+            try:
+                out.append(Decision.from_json(line))
+            except Exception as exc:  # data, never code: a bad line is skipped, the rest still imports
+                logger.warning("%s:%d: skipping a line that is not a decision: %s", path, n, exc)
+    return out
+
+
+@dataclass(frozen=True)
+class Conflict:
+    """One key with different winners in different inputs: (source path, winner) for each row seen."""
+
+    key: DecisionKey
+    winners: tuple[tuple[str, str], ...]
+
+
+@dataclass(frozen=True)
+class MergeReport:
+    rows: int
+    conflicts: tuple[Conflict, ...]
+    sources: tuple[str, ...]
+
+
+def merge(inputs: Sequence[Path], out: Path, *, prefer: str | None = None, overwrite: bool = False) -> MergeReport:
+    """Merge decisions of several DBs/exports into `out` (.jsonl: JSON Lines, else SQLite).
+    Same key and winner: the newest row (created_at) is kept. Same key, different winners: a Conflict,
+    left out unless prefer="newest" or "first" (the earliest input) says which to keep."""
+    if prefer not in PREFER:
+        raise DatabaseError(f"prefer={prefer!r} is not valid; use None (leave conflicts out), 'newest' or 'first'")
+    seen: dict[DecisionKey, list[tuple[str, Decision]]] = {}
+    for source in inputs:
+        for decision in read_decisions(Path(source)):
+            seen.setdefault(decision.key, []).append((str(source), decision))
+    kept, conflicts = [], []
+    for key, found in seen.items():
+        newest = max(found, key=lambda item: item[1].created_at)[1]
+        if len({d.winner for _, d in found}) > 1:
+            conflicts.append(Conflict(key, tuple((src, d.winner) for src, d in found)))
+            if prefer is None:
+                continue
+            newest = found[0][1] if prefer == "first" else newest
+        kept.append(newest)
+    fmt = "jsonl" if Path(out).suffix == ".jsonl" else "sqlite"
+    rows = export_decisions(kept, Path(out), fmt=fmt, overwrite=overwrite)
+    conflicts.sort(key=lambda c: astuple(c.key))
+    return MergeReport(rows=rows, conflicts=tuple(conflicts), sources=tuple(str(s) for s in inputs))

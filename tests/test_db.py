@@ -1,0 +1,401 @@
+"""The tuning DB: layers, validation, faults, leases, many writers, export and merge."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import pytest
+
+from autosel import db_tools
+from autosel.db import Layer, TuningDB, export_decisions, merge, read_decisions
+from autosel.decisions import CandidateResult, Decision, Measurement, ShapeResult
+from autosel.errors import DatabaseError
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def decision(op="norm.rms", winner="triton", *, bucket="*", versions=None, platform="nvidia-sm_90", mode="eager",
+             created_at="2025-01-01T00:00:00") -> Decision:
+    timing = Measurement(median_us=10.0, p20_us=9.5, p80_us=10.5, samples=50, method="cuda_event")
+    candidates = (
+        CandidateResult(winner, "ok", score=1.0, shapes=(ShapeResult({"tokens": 64}, 0.0, 0.0, timing),)),
+        CandidateResult("torch", "ok", score=1.3),
+        CandidateResult("cutlass", "rejected", reason="max abs error 0.31 > atol 0.02 at tokens=64"),
+    )
+    return Decision(op=op, mode=mode, bucket=bucket, winner=winner, platform_key=platform,
+                    versions=versions or {"torch": "2.4.0"}, candidates=candidates, margin=0.05,
+                    runner_up="torch", lead_over_runner_up=0.3, per_shape_winners=(('{"tokens": 64}', winner),),
+                    method="cuda_event", tune_s=1.5, created_at=created_at, autosel_version="0.1.0")
+
+
+def sha(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def shipped_db(path: Path, *decisions: Decision) -> Path:
+    export_decisions(decisions, path, fmt="sqlite")
+    return path
+
+
+def open_db(user: Path | None, *shipped: Path) -> TuningDB:
+    return TuningDB.open(user, shipped, include_package=False)
+
+
+def runtime_warnings(record) -> list[str]:
+    return [str(w.message) for w in record if issubclass(w.category, RuntimeWarning)]
+
+
+def run_python(code: str, *args: str, **kwargs) -> subprocess.Popen:
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    return subprocess.Popen([sys.executable, "-c", code, *map(str, args)], env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, **kwargs)
+
+
+def test_round_trip_keeps_the_evidence(tmp_path):
+    d = decision()
+    with open_db(tmp_path / "user.db") as db:
+        written = db.record(d)
+        found, layer = db.lookup(d.key)
+    assert found == d
+    assert found.candidates[2].reason == "max abs error 0.31 > atol 0.02 at tokens=64"
+    assert (written.kind, written.rows, layer.path) == ("user", 1, str(tmp_path / "user.db"))
+    with sqlite3.connect(tmp_path / "user.db") as conn:
+        row = conn.execute("SELECT op, winner, versions_hash, evidence FROM decisions").fetchone()
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == db_tools.SCHEMA_VERSION
+        assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    assert row[:3] == (d.op, d.winner, d.key.versions_hash) and json.loads(row[3]) == json.loads(d.to_json())
+
+
+def test_record_replaces_the_row_with_the_same_key(tmp_path):
+    with open_db(tmp_path / "user.db") as db:
+        db.record(decision(winner="triton"))
+        layer = db.record(decision(winner="cuda"))
+        assert layer.rows == 1 and db.lookup(decision().key)[0].winner == "cuda"
+
+
+@pytest.mark.parametrize("in_user, in_shipped, expected", [
+    ("triton", "cuda", "user"),      # user beats shipped
+    (None, "cuda", "shipped"),       # shipped used on a user miss
+    ("triton", None, "user"),
+    (None, None, None),
+])
+def test_layer_order(tmp_path, in_user, in_shipped, expected):
+    shipped = [shipped_db(tmp_path / "ship.db", decision(winner=in_shipped))] if in_shipped else []
+    with open_db(tmp_path / "user.db", *shipped) as db:
+        if in_user:
+            db.record(decision(winner=in_user))
+        hit = db.lookup(decision().key)
+        assert (hit[1].kind if hit else None) == expected
+        assert [layer.kind for layer in db.layers] == ["user"] + ["shipped"] * len(shipped)
+
+
+def test_version_mismatch_is_a_miss_and_prune_removes_it(tmp_path):
+    old, new = {"torch": "2.4.0"}, {"torch": "2.5.0"}
+    with open_db(tmp_path / "user.db") as db:
+        db.record(decision(versions=old))
+        db.record(decision(op="gemm.mm", versions=new))
+        assert db.lookup(decision(versions=new).key) is None
+        assert db.lookup(decision(versions=old).key) is not None  # the old row stays until pruned
+        assert db.prune(lambda d: d.versions == new) == 1
+        assert [d.op for d, _ in db.decisions()] == ["gemm.mm"]
+
+
+def test_unusable_winner_is_a_miss_and_the_next_layer_is_tried(tmp_path):
+    ship = shipped_db(tmp_path / "ship.db", decision(winner="triton"))
+    with open_db(tmp_path / "user.db", ship) as db:
+        db.record(decision(winner="cutlass"))
+        found, layer = db.lookup(decision().key, usable=lambda backend: backend != "cutlass")
+        assert (found.winner, layer.kind) == ("triton", "shipped")
+        assert db.lookup(decision().key, usable=lambda backend: False) is None
+
+
+@pytest.mark.parametrize("evidence", [
+    "not json",
+    json.dumps({"op": "norm.rms"}),                                           # missing fields
+    decision(op="other.op").to_json(),                                        # key columns disagree with evidence
+    json.dumps(dict(decision().to_dict(), winner=["__import__('os')"])),      # a winner that is not a name
+])
+def test_invalid_row_is_skipped_with_a_logged_warning(tmp_path, caplog, evidence):
+    ship = shipped_db(tmp_path / "ship.db", decision(winner="cuda"))
+    with open_db(tmp_path / "user.db", ship) as db:
+        db.record(decision())
+    with sqlite3.connect(tmp_path / "user.db") as conn:
+        conn.execute("UPDATE decisions SET evidence = ?", (evidence,))
+    with open_db(tmp_path / "user.db", ship) as db:
+        found, layer = db.lookup(decision().key)
+        assert (found.winner, layer.kind) == ("cuda", "shipped")
+        assert len(db.decisions()) == 1
+    assert "skipping an invalid row" in caplog.text
+
+
+def test_shipped_file_bytes_unchanged_after_use(tmp_path):
+    ship = shipped_db(tmp_path / "ship" / "a.db", decision(), decision(op="gemm.mm"))
+    before = sha(ship)
+    with open_db(tmp_path / "user.db", tmp_path / "ship") as db:
+        for _ in range(3):
+            assert db.lookup(decision().key)[1].path == str(ship)
+            db.decisions("gemm.*")
+            db.layers
+            db.record(decision(op="new.op"))
+            db.prune(lambda d: True)
+    assert sha(ship) == before
+    assert sorted(p.name for p in ship.parent.iterdir()) == ["a.db"]  # no -wal/-shm next to it
+
+
+def test_corrupt_user_db_is_moved_aside_with_one_warning(tmp_path):
+    path = tmp_path / "user.db"
+    garbage = b"this is not an SQLite file\n" * 200
+    path.write_bytes(garbage)
+    Path(f"{path}-wal").write_bytes(b"stale wal")
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        db = open_db(path)
+        db2 = open_db(path)  # the fresh file is fine: no second warning
+    messages = runtime_warnings(record)
+    assert len(messages) == 1 and "corrupt" in messages[0] and "moved aside to" in messages[0]
+    moved = [p for p in tmp_path.iterdir() if ".corrupt-" in p.name]
+    assert sorted(p.name.endswith("-wal") for p in moved) == [False, True]
+    assert next(p for p in moved if not p.name.endswith("-wal")).read_bytes() == garbage
+    assert "moved aside" in db.layers[0].problem
+    db.record(decision())
+    assert db2.lookup(decision().key) is not None
+    db.close(), db2.close()
+
+
+def test_truncated_user_db_is_moved_aside(tmp_path):
+    path = tmp_path / "user.db"
+    with open_db(path) as db:
+        for i in range(300):
+            db.record(decision(op=f"op.{i}"))
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+    with pytest.warns(RuntimeWarning, match="corrupt"):
+        db = open_db(path)
+    moved = [p for p in tmp_path.glob("user.db.corrupt-*") if not p.name.endswith(("-wal", "-shm"))]
+    assert [p.read_bytes() for p in moved] == [data[: len(data) // 2]]
+    db.record(decision())
+    assert db.layers[0].rows == 1
+    db.close()
+
+
+def test_corrupt_shipped_db_is_skipped_with_a_warning(tmp_path):
+    folder = tmp_path / "ship"
+    good = shipped_db(folder / "b-good.db", decision())
+    bad = folder / "a-bad.db"
+    bad.write_bytes(b"\0garbage" * 512)
+    with pytest.warns(RuntimeWarning, match="a-bad.db is unreadable") as record:
+        db = open_db(tmp_path / "user.db", folder)
+    assert len(runtime_warnings(record)) == 1
+    assert [layer.path for layer in db.layers] == [str(tmp_path / "user.db"), str(good)]
+    assert db.lookup(decision().key)[1].path == str(good)
+    assert bad.read_bytes() == b"\0garbage" * 512
+    db.close()
+
+
+def test_uncreatable_location_keeps_decisions_in_memory(tmp_path):
+    # Tests run as root, where chmod does not stop writes: a path under a regular file cannot be created.
+    (tmp_path / "afile").write_text("x")
+    with pytest.warns(RuntimeWarning, match="kept in memory") as record:
+        db = open_db(tmp_path / "afile" / "db.sqlite")
+    assert len(runtime_warnings(record)) == 1
+    assert db.layers[0].path == ":memory:" and db.layers[0].kind == "memory" and db.layers[0].problem
+    assert db.record(decision()).kind == "memory"
+    assert db.lookup(decision().key)[0] == decision()
+    with db.lease("nvidia-sm_90", "norm.rms", "eager") as took:
+        assert took
+    db.close()
+
+
+def test_foreign_sqlite_file_is_left_untouched(tmp_path):
+    path = tmp_path / "user.db"
+    with sqlite3.connect(path) as conn:
+        conn.execute("CREATE TABLE photos (id INTEGER)")
+    before = sha(path)
+    with pytest.warns(RuntimeWarning, match="not an autosel tuning DB"):
+        db = open_db(path)
+    assert db.record(decision()).kind == "memory"
+    db.close()
+    assert sha(path) == before
+
+
+def test_newer_schema_is_read_only_and_names_the_writer(tmp_path):
+    path = tmp_path / "user.db"
+    with open_db(path) as db:
+        db.record(decision())
+    with sqlite3.connect(path) as conn:
+        conn.execute("PRAGMA user_version = 7")
+        conn.execute("UPDATE meta SET value = '9.9.0' WHERE key = 'schema_written_by'")
+    before = sha(path)
+    with pytest.warns(RuntimeWarning, match=r"schema 7 written by autosel 9\.9\.0") as record:
+        db = open_db(path)
+    assert len(runtime_warnings(record)) == 1
+    assert [(layer.kind, layer.writable) for layer in db.layers] == [("memory", True), ("user", False)]
+    assert db.lookup(decision().key)[1].kind == "user"
+    assert db.record(decision(op="new.op")).kind == "memory"
+    db.close()
+    assert sha(path) == before
+
+
+def test_old_schema_is_migrated_in_place(tmp_path, monkeypatch):
+    path = tmp_path / "user.db"
+    with open_db(path) as db:
+        db.record(decision())
+    monkeypatch.setattr(db_tools, "SCHEMA_VERSION", 2)
+    monkeypatch.setitem(db_tools.MIGRATIONS, 2, lambda d: d["decisions"].add_column("note", str))
+    with open_db(path) as db:
+        assert db.layers[0].schema_version == 2 and db.lookup(decision().key) is not None
+    with sqlite3.connect(path) as conn:
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == 2
+        assert "note" in [r[1] for r in conn.execute("PRAGMA table_info(decisions)")]
+
+
+HOLD_LEASE = """
+import sys, time
+from pathlib import Path
+from autosel.db import TuningDB
+db = TuningDB.open(Path(sys.argv[1]), include_package=False)
+with db.lease("nvidia-sm_90", "norm.rms", "eager") as took:
+    print("held", took, flush=True)
+    time.sleep(60)
+"""
+
+WAIT_LEASE = """
+import sys, time
+from pathlib import Path
+from autosel.db import TuningDB
+db = TuningDB.open(Path(sys.argv[1]), include_package=False)
+print("started", flush=True)
+start = time.monotonic()
+with db.lease("nvidia-sm_90", "norm.rms", "eager", poll_s=0.05) as took:
+    print(took, round(time.monotonic() - start, 2), flush=True)
+"""
+
+
+def test_lease_second_process_waits_for_the_holder(tmp_path):
+    path = tmp_path / "user.db"
+    db = open_db(path)
+    with db.lease("nvidia-sm_90", "norm.rms", "eager") as took:
+        assert took
+        child = run_python(WAIT_LEASE, path)
+        assert child.stdout.readline().strip() == "started"
+        time.sleep(0.8)
+        db.record(decision())
+    out, err = child.communicate(timeout=30)
+    took, waited_s = out.split()
+    assert (took, child.returncode, err) == ("False", 0, "")
+    assert float(waited_s) >= 0.5
+    db.close()
+
+
+def test_lease_of_a_killed_process_is_taken_over_at_once(tmp_path):
+    path = tmp_path / "user.db"
+    open_db(path).close()
+    child = run_python(HOLD_LEASE, path)
+    assert child.stdout.readline().strip() == "held True"
+    child.send_signal(signal.SIGKILL)
+    child.wait()
+    db = open_db(path)
+    start = time.monotonic()
+    with db.lease("nvidia-sm_90", "norm.rms", "eager", wait_s=30) as took:
+        assert took and time.monotonic() - start < 1.0
+    db.close()
+
+
+@pytest.mark.parametrize("host, expires_in_s, wait_s, expect_warning", [
+    ("other-host", -1.0, 30.0, False),    # expired: taken over at once
+    ("other-host", 600.0, 0.3, True),     # live but waited past wait_s: taken over with a warning
+])
+def test_lease_expiry_and_wait_limit(tmp_path, host, expires_in_s, wait_s, expect_warning):
+    path = tmp_path / "user.db"
+    with open_db(path) as db, sqlite3.connect(path) as conn:
+        conn.execute("INSERT INTO leases VALUES ('p', 'op', 'eager', ?, 1, 'tok', ?)", (host, time.time() + expires_in_s))
+        conn.commit()
+        with warnings.catch_warnings(record=True) as record:
+            warnings.simplefilter("always")
+            with db.lease("p", "op", "eager", wait_s=wait_s, poll_s=0.05) as took:
+                assert took
+        assert bool(runtime_warnings(record)) == expect_warning
+        assert conn.execute("SELECT count(*) FROM leases").fetchone()[0] == 0  # released on exit
+
+
+WRITER = """
+import sys
+from pathlib import Path
+from autosel.db import TuningDB
+from autosel.decisions import Decision
+db = TuningDB.open(Path(sys.argv[1]), include_package=False)
+for i in range(int(sys.argv[3])):
+    db.record(Decision(op=f"op.{sys.argv[2]}.{i}", mode="eager", bucket="*", winner="torch",
+                       platform_key="p", versions={}, candidates=(), margin=0.0))
+"""
+
+
+def test_sixteen_processes_write_3200_decisions_without_loss(tmp_path):
+    path = tmp_path / "user.db"
+    procs = [run_python(WRITER, path, n, 200) for n in range(16)]
+    results = [(p.communicate(timeout=120), p.returncode) for p in procs]
+    assert [(rc, err) for (_, err), rc in results] == [(0, "")] * 16
+    with sqlite3.connect(path) as conn:
+        assert conn.execute("SELECT count(*) FROM decisions").fetchone()[0] == 3200
+        assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+
+
+def test_merge_reports_conflicts_and_leaves_them_out(tmp_path):
+    a = shipped_db(tmp_path / "a.db", decision(winner="triton"), decision(op="gemm.mm", created_at="2025-01-01"))
+    b = tmp_path / "b.jsonl"
+    export_decisions([decision(winner="cuda"), decision(op="gemm.mm", created_at="2025-06-01")], b, fmt="jsonl")
+    report = merge([a, b], tmp_path / "out.db")
+    assert report.rows == 1 and report.sources == (str(a), str(b))
+    assert [(c.key.op, c.winners) for c in report.conflicts] == [("norm.rms", ((str(a), "triton"), (str(b), "cuda")))]
+    assert [(d.op, d.created_at) for d in read_decisions(tmp_path / "out.db")] == [("gemm.mm", "2025-06-01")]
+    kept = merge([a, b], tmp_path / "first.jsonl", prefer="first")
+    assert kept.rows == 2 and len(kept.conflicts) == 1
+    assert {d.winner for d in read_decisions(tmp_path / "first.jsonl") if d.op == "norm.rms"} == {"triton"}
+
+
+def test_export_jsonl_is_sorted_and_reimportable(tmp_path):
+    rows = [decision(op=op) for op in ("z.last", "a.first", "m.middle")]
+    out = tmp_path / "out.jsonl"
+    assert export_decisions(rows, out, fmt="jsonl") == 3
+    lines = out.read_text().splitlines()
+    assert [json.loads(line)["op"] for line in lines] == ["a.first", "m.middle", "z.last"]
+    assert read_decisions(out) == sorted(rows, key=lambda d: d.op)
+    with open_db(tmp_path / "user.db") as db:
+        for d in read_decisions(out):
+            db.record(d)
+        assert len(db.decisions()) == 3
+
+
+def test_export_sqlite_ships_as_a_single_file(tmp_path):
+    out = tmp_path / "ship.db"
+    export_decisions([decision()], out, fmt="sqlite")
+    with sqlite3.connect(out) as conn:
+        assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "delete"
+    assert [p.name for p in tmp_path.iterdir()] == ["ship.db"]
+    assert read_decisions(out) == [decision()]
+
+
+@pytest.mark.parametrize("fmt", ["sqlite", "jsonl"])
+def test_export_refuses_to_overwrite(tmp_path, fmt):
+    out = tmp_path / "out"
+    out.write_text("keep me")
+    with pytest.raises(DatabaseError, match="already exists; not overwriting"):
+        export_decisions([decision()], out, fmt=fmt)
+    assert out.read_text() == "keep me"
+    assert export_decisions([decision()], out, fmt=fmt, overwrite=True) == 1
+    assert read_decisions(out) == [decision()]
+
+
+def test_layer_is_a_frozen_value():
+    layer = Layer(":memory:", "memory", True, 1, 0, None)
+    with pytest.raises(AttributeError):
+        layer.rows = 3
