@@ -1,0 +1,46 @@
+"""Correctness checks: dtype-aware tolerances, NaN/Inf never pass, in-place ops compared by their arguments."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from autosel.checks import compare, outputs_of, tolerances
+
+
+@pytest.mark.parametrize("dtype, rtol, atol", [
+    (torch.float32, 1e-4, 1e-5), (torch.bfloat16, 2e-2, 2e-2), (torch.float16, 1e-2, 1e-2), (torch.int64, 0, 0),
+])
+def test_default_tolerances(dtype, rtol, atol):
+    assert tolerances(dtype) == (rtol, atol)
+
+
+def test_within_tolerance_passes_and_reports_errors():
+    ref = torch.ones(8, dtype=torch.bfloat16)
+    outcome = compare((ref + 0.0078125,), (ref,))
+    assert outcome.ok and outcome.max_abs_err == pytest.approx(0.0078125)
+
+
+def test_outside_tolerance_fails_with_the_values():
+    ref = torch.zeros(4)
+    outcome = compare((torch.tensor([0.0, 0.31, 0.0, 0.0]),), (ref,))
+    assert not outcome.ok
+    assert outcome.reason.startswith("output differs from the reference: max abs error 0.31 (at flat index 1")
+
+
+@pytest.mark.parametrize("bad, word", [(float("nan"), "NaN"), (float("inf"), "Inf")])
+def test_non_finite_never_passes(bad, word):
+    ref = torch.full((3,), bad)  # even a reference with the same value does not make it pass
+    outcome = compare((ref.clone(),), (ref,))
+    assert not outcome.ok and word in outcome.reason
+
+
+def test_shape_and_dtype_mismatch():
+    assert "reference is torch.float32 [4]" in compare((torch.zeros(2),), (torch.zeros(4),)).reason
+    assert "torch.float16 [4]" in compare((torch.zeros(4, dtype=torch.float16),), (torch.zeros(4),)).reason
+
+
+def test_in_place_ops_are_compared_by_their_tensor_arguments():
+    x, y = torch.zeros(2), torch.ones(2)
+    assert outputs_of(None, (x, 3, y)) == (x, y)
+    assert outputs_of((x, y), ()) == (x, y)

@@ -1,0 +1,48 @@
+"""Every AUTOSEL_* variable: defaults, parsing, and errors that name the variable and the allowed values."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from autosel.config import read_settings
+from autosel.errors import ConfigError
+from autosel.spec import KernelBackend as B
+
+
+def test_defaults():
+    settings = read_settings({})
+    assert settings.tune == "auto" and settings.mode is None and settings.forced_backend is None
+    assert settings.db.name == "tuning.db" and "autosel" in str(settings.db)
+    assert settings.db_path == () and settings.record is None and settings.budget_s == 30.0
+
+
+def test_values_are_parsed():
+    settings = read_settings({"AUTOSEL_DB": "/tmp/x.db", "AUTOSEL_DB_PATH": "/a.db:/b", "AUTOSEL_TUNE": "OFF",
+                              "AUTOSEL_MODE": "graph", "AUTOSEL_BUDGET_S": "12.5", "AUTOSEL_RECORD": "/tmp/r.jsonl"})
+    assert settings.db == Path("/tmp/x.db") and settings.db_path == (Path("/a.db"), Path("/b"))
+    assert (settings.tune, settings.mode, settings.budget_s) == ("off", "graph", 12.5)
+    assert settings.record == Path("/tmp/r.jsonl")
+
+
+def test_forced_backend_global_and_per_op():
+    assert read_settings({"AUTOSEL_BACKEND": "triton"}).forced_backend_for("x.y") == (B.TRITON, False)
+    settings = read_settings({"AUTOSEL_BACKEND": "a.b=torch, c.d=flashinfer"})
+    assert settings.forced_backend_for("c.d") == (B.FLASHINFER, True)
+    assert settings.forced_backend_for("x.y") == (None, False)
+
+
+@pytest.mark.parametrize("env, message", [
+    ({"AUTOSEL_TUNE": "yes"}, "AUTOSEL_TUNE='yes' is not valid; allowed values: auto, off, force"),
+    ({"AUTOSEL_MODE": "prefill"}, "AUTOSEL_MODE='prefill' is not valid; allowed values: eager, graph"),
+    ({"AUTOSEL_LOG": "loud"}, "AUTOSEL_LOG='loud' is not valid; allowed values: debug, info, warning, error"),
+    ({"AUTOSEL_BACKEND": "cuda"}, "AUTOSEL_BACKEND: unknown kernel backend 'cuda'"),
+    ({"AUTOSEL_BACKEND": "a.b=torch,c.d"}, "AUTOSEL_BACKEND item 'c.d' is not 'op=backend'"),
+    ({"AUTOSEL_BUDGET_S": "-1"}, "AUTOSEL_BUDGET_S='-1' is not a positive number of seconds"),
+])
+def test_bad_values_name_the_variable_and_what_is_allowed(env, message):
+    with pytest.raises(ConfigError) as info:
+        read_settings(env)
+    assert str(info.value).startswith(message)
+    assert isinstance(info.value, ValueError)  # callers catching ValueError keep working

@@ -1,0 +1,50 @@
+"""Platform detection and keys: detect() never raises, keys separate SKUs, version vectors are per op."""
+
+from __future__ import annotations
+
+import pytest
+
+from autosel.platforms import PlatformInfo, normalise_device_name, version_vector
+from autosel.spec import KernelBackend as B, KernelSpec
+
+
+def test_detect_on_this_machine_is_a_cpu_with_versions():
+    platform = PlatformInfo.detect()
+    assert platform.device_type in ("cpu", "cuda", "hip", "mps")
+    assert "torch" in platform.version_map
+    assert platform.multiprocessor_count > 0
+
+
+def test_detect_never_raises(monkeypatch):
+    import autosel.platforms as platforms
+
+    def broken():
+        raise RuntimeError("driver exploded")
+
+    monkeypatch.setattr(platforms, "_detect", broken)
+    assert PlatformInfo.detect().device_type == "cpu"
+
+
+@pytest.mark.parametrize("name, normal", [
+    ("NVIDIA H200", "NVIDIA_H200"), ("NVIDIA H20-3e", "NVIDIA_H20-3e"), ("  ", "unknown"),
+    ("AMD Instinct MI300X", "AMD_Instinct_MI300X"),
+])
+def test_device_names_are_normalised(name, normal):
+    assert normalise_device_name(name) == normal
+
+
+def test_platform_key_has_type_arch_name_and_sm_count():
+    h200 = PlatformInfo("cuda", 9, 0, arch="sm_90", device_name="NVIDIA H200", multiprocessor_count=132)
+    h100 = PlatformInfo("cuda", 9, 0, arch="sm_90", device_name="NVIDIA H100 80GB HBM3", multiprocessor_count=132)
+    assert h200.key == "cuda/sm_90/NVIDIA_H200/132"
+    assert h200.key != h100.key  # one arch spans several SKUs
+
+
+def test_version_vector_holds_base_versions_and_candidate_packages_only():
+    platform = PlatformInfo("cpu", versions=(("torch", "2.13.0"), ("flashinfer-python", "0.7"), ("cuda", "13.0")))
+    specs = [KernelSpec("a.b", B.TORCH, "autosel.ops.torch_impl:rmsnorm", requires=("torch",)),
+             KernelSpec("a.b", B.JIT, "json:dumps", requires=("json",))]
+    versions = version_vector(platform, specs)
+    assert versions["cuda"] == "13.0" and "flashinfer-python" not in versions  # not a candidate's package
+    assert versions["torch"]  # from installed metadata
+    assert "autosel" in versions  # own kernels change with autosel releases

@@ -1,0 +1,98 @@
+"""KernelSpec, CapabilityRequirement and OpDefinition: eligibility is a pure function of (spec, platform)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from autosel.platforms import PlatformInfo
+from autosel.spec import CapabilityRequirement as Cap, DeviceType, KernelBackend as B, KernelSpec
+
+CPU = PlatformInfo("cpu")
+SM80 = PlatformInfo("cuda", 8, 0)
+SM90 = PlatformInfo("cuda", 9, 0)
+SM100 = PlatformInfo("cuda", 10, 0)
+HIP = PlatformInfo("hip", arch="gfx942")
+
+
+@pytest.mark.parametrize("cap, platform, reason", [
+    (Cap.CUDA, CPU, "needs cuda, device is cpu"),
+    (Cap.CUDA, SM90, None),
+    (Cap.CUDA, HIP, "needs cuda, device is hip"),
+    (Cap.HIP, HIP, None),
+    (Cap.cuda(min_sm=(10, 0)), SM90, "needs sm_100 or newer, device is sm_90"),
+    (Cap.cuda(min_sm=(10, 0)), SM100, None),
+    (Cap.cuda(max_sm=(9, 0)), SM100, "needs sm_90 or older, device is sm_100"),
+    (Cap.cuda(min_sm=(9, 0), max_sm=(9, 0)), SM90, None),
+    (Cap.cuda(min_sm=(9, 0)), PlatformInfo("cuda"), None),  # unknown arch: bounds cannot be checked
+])
+def test_capability_reasons_name_both_sides(cap, platform, reason):
+    assert cap.unmet_reason(platform) == reason
+    assert cap.is_satisfied_by(platform) is (reason is None)
+
+
+@pytest.mark.parametrize("caps, platform, ok", [
+    (frozenset({Cap.CUDA, Cap.HIP}), SM90, True),
+    (frozenset({Cap.CUDA, Cap.HIP}), HIP, True),
+    (frozenset({Cap.CUDA, Cap.HIP}), CPU, False),
+    (frozenset(), CPU, True),  # empty means anywhere
+    (Cap.CUDA, SM90, True),    # a single requirement is accepted and wrapped
+])
+def test_capability_sets_are_an_or(caps, platform, ok):
+    assert KernelSpec("a.b", B.TRITON, "m:f", capabilities=caps).is_available(platform) is ok
+
+
+def test_shortcuts_equal_their_long_forms():
+    assert Cap.CUDA == Cap(device=DeviceType.CUDA)
+    assert Cap.cuda(min_sm=(10, 0)) == Cap(device=DeviceType.CUDA, min_cuda_arch=(10, 0))
+    assert {Cap.CUDA, Cap.HIP} == {Cap.HIP, Cap.CUDA}
+
+
+def test_unavailable_reason_lists_every_unmet_capability():
+    spec = KernelSpec("a.b", B.TRITON, "m:f", capabilities={Cap.CUDA, Cap.HIP})
+    assert spec.unavailable_reason(CPU) == "needs cuda, device is cpu; or needs hip, device is cpu"
+
+
+def test_missing_package_reason_names_the_pip_package():
+    spec = KernelSpec("a.b", B.SGL_KERNEL, "sgl_kernel:rmsnorm", requires=("sgl_kernel",))
+    assert spec.unavailable_reason(CPU) == "package 'sgl_kernel' is not installed (pip install sgl-kernel)"
+
+
+def test_is_available_never_imports(monkeypatch):
+    import builtins
+
+    real_import = builtins.__import__
+
+    def guarded(name, *args, **kwargs):
+        assert not name.startswith("json"), "is_available imported the package"
+        return real_import(name, *args, **kwargs)
+
+    spec = KernelSpec("a.b", B.TORCH, "json:dumps", requires=("json",))
+    import sys
+
+    monkeypatch.delitem(sys.modules, "json", raising=False)
+    monkeypatch.setattr(builtins, "__import__", guarded)
+    assert spec.is_available(CPU)
+
+
+def test_load_follows_dotted_attributes():
+    assert KernelSpec("a.b", B.TORCH, "math:sqrt").load() is math.sqrt
+    assert KernelSpec("a.b", B.TORCH, "os:path.join").load().__name__ == "join"
+
+
+@pytest.mark.parametrize("target", ["no-colon", "module:", ":attr"])
+def test_malformed_target_is_a_value_error(target):
+    with pytest.raises(ValueError, match=r"KernelSpec.target must be 'module:attr', got"):
+        KernelSpec("a.b", B.TORCH, target)
+
+
+def test_backend_strings_are_parsed_and_unknown_ones_rejected():
+    assert KernelSpec("a.b", "flashinfer", "m:f").backend is B.FLASHINFER
+    with pytest.raises(ValueError, match="unknown kernel backend 'cuda_magic'"):
+        KernelSpec("a.b", "cuda_magic", "m:f")
+
+
+def test_group_and_name():
+    spec = KernelSpec("layernorm.rmsnorm", B.TORCH, "m:f")
+    assert (spec.group, spec.name) == ("layernorm", "rmsnorm")
