@@ -10,7 +10,23 @@ import torch
 from autosel.ops import torch_impl
 
 rmsnorm = torch.compile(torch_impl.rmsnorm, dynamic=True)
-fused_add_rmsnorm = torch.compile(torch_impl.fused_add_rmsnorm, dynamic=True)
+
+
+def _add_rmsnorm_into_residual(x, residual, weight, eps):
+    summed = x.float() + residual.float()
+    residual.copy_(summed)
+    return summed * torch.rsqrt(summed.pow(2).mean(-1, keepdim=True) + eps) * weight.float()
+
+
+_add_rmsnorm_compiled = torch.compile(_add_rmsnorm_into_residual, dynamic=True)
+
+
+def fused_add_rmsnorm(x, residual, weight, eps) -> None:
+    # Inductor (torch 2.13, CPU) fails with "KeyError: 'buf1'" on a graph that writes both inputs around a
+    # reduction, so the graph writes the residual and x is written back by one extra copy outside it.
+    x.copy_(_add_rmsnorm_compiled(x, residual, weight, eps))
+
+
 silu_and_mul = torch.compile(torch_impl.silu_and_mul, dynamic=True)
 gelu_and_mul = torch.compile(torch_impl.gelu_and_mul, dynamic=True)
 rope = torch.compile(torch_impl.rope, dynamic=True)

@@ -1,0 +1,107 @@
+"""The built-in ops on this CPU: declarations are well formed, torch_compile agrees with the reference, and
+`select_kernel` really chooses between the CPU-eligible backends."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from autosel import checks, selector
+from autosel.ops import GROUPS, register_builtin_ops
+from autosel.platforms import PlatformInfo
+from autosel.registry import KernelRegistry
+from autosel.spec import KernelBackend as B
+
+CPU = PlatformInfo("cpu", arch="x86_64", device_name="test cpu", multiprocessor_count=2)
+SPECS = [spec for group in GROUPS for spec in group.SPECS]
+DEFINITIONS = {d.op: d for group in GROUPS for d in group.DEFINITIONS}
+
+
+def test_import_autosel_and_its_ops_imports_no_torch_triton_or_backend():
+    code = ("import sys, autosel, autosel.ops; autosel.ops.register_builtin_ops(); "
+            "print(sorted(m for m in ('torch', 'triton', 'flashinfer', 'sgl_kernel') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize("spec", SPECS, ids=lambda s: f"{s.op}-{s.backend.value}")
+def test_every_spec_is_well_formed(spec):
+    assert spec.op in DEFINITIONS and spec.op.count(".") == 1
+    if spec.target.startswith("autosel."):
+        import importlib.util
+
+        assert importlib.util.find_spec(spec.target.partition(":")[0]) is not None
+
+
+@pytest.mark.parametrize("op, eligible", [
+    ("layernorm.rmsnorm", ["torch", "torch_compile"]),
+    ("gemm.mm", ["torch", "torch_compile"]),
+])
+def test_cpu_eligibility(op, eligible):
+    assert [s.backend.value for s in SPECS if s.op == op and s.is_available(CPU)] == eligible
+
+
+def test_gpu_only_backends_say_why_on_cpu():
+    reasons = {s.backend.value: s.unavailable_reason(CPU) for s in SPECS if s.op == "layernorm.rmsnorm"}
+    assert reasons["triton"] == "needs cuda, device is cpu; or needs hip, device is cpu"
+    assert reasons["flashinfer"] == "needs cuda, device is cpu"
+
+
+@pytest.mark.parametrize("op", sorted(DEFINITIONS))
+def test_shape_of_inverts_make_inputs(op):
+    definition = DEFINITIONS[op]
+    shape = definition.shapes_for(CPU)[-1]
+    recorded = definition.shape_of(*definition.make_inputs(shape, "cpu"))
+    assert {k: v for k, v in recorded.items() if k != "dtype"} == {
+        k: (1 << (v - 1).bit_length() if k in ("tokens", "m") else v) for k, v in shape.items()}
+    assert recorded["dtype"] == "bfloat16"
+
+
+def _small(op: str) -> list[dict]:
+    """Two small shapes per op, so torch.compile's first compile dominates the test, not the math."""
+    shapes = DEFINITIONS[op].shapes_for(CPU)
+    small = []
+    for shape in shapes[:2]:
+        shape = dict(shape)
+        for key, cap in (("hidden", 256), ("intermediate", 256), ("n", 256), ("k", 256), ("tokens", 7), ("m", 7)):
+            if key in shape:
+                shape[key] = min(shape[key], cap)
+        small.append(shape)
+    return small
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("op", sorted(DEFINITIONS))
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_torch_compile_agrees_with_the_reference(op, dtype):
+    definition = DEFINITIONS[op]
+    reference = next(s for s in SPECS if s.op == op and s.backend == B.TORCH).load()
+    compiled = next(s for s in SPECS if s.op == op and s.backend == B.TORCH_COMPILE).load()
+    for index, shape in enumerate(_small(op)):
+        torch.manual_seed(index)
+        args = definition.make_inputs(dict(shape, dtype=dtype), "cpu")
+        ref_args, got_args = checks.clone_args(args), checks.clone_args(args)
+        expected = checks.outputs_of(reference(*ref_args), ref_args)
+        outcome = checks.compare(checks.outputs_of(compiled(*got_args), got_args), expected)
+        assert outcome.ok, f"{op} {shape}: {outcome.reason}"
+
+
+@pytest.mark.compile
+def test_select_kernel_tunes_a_builtin_op_between_cpu_backends(monkeypatch):
+    fresh = KernelRegistry()
+    register_builtin_ops(fresh)
+    monkeypatch.setattr(selector, "registry", fresh)
+    monkeypatch.setattr(selector, "_platform", lambda: CPU)
+    monkeypatch.setenv("AUTOSEL_BUDGET_S", "20")
+    spec = selector.select_kernel("activation.silu_and_mul")
+    decision, layer = selector.database().decisions("activation.silu_and_mul")[0]
+    assert spec.backend.value == decision.winner and layer.kind == "user"
+    measured = {c.backend: c for c in decision.candidates}
+    assert set(measured) == {"torch", "torch_compile"}
+    for candidate in measured.values():
+        assert candidate.status in ("ok", "dropped"), candidate.reason
+        assert all(s.max_abs_err is not None for s in candidate.shapes)
+    assert measured["torch"].shapes[0].timing.median_us > 0
