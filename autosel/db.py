@@ -191,11 +191,14 @@ def _newer(path: Path, version: int, written_by: str) -> list[_Open]:
 
 def _open_shipped(path: Path) -> _Open | None:
     try:
+        with open(path, "rb") as f:  # a copy of a live WAL-mode DB keeps rows in a -wal that immutable never reads
+            wal = f.read(20)[18:20] == b"\x02\x02"
         conn = connect(ro_uri(path, immutable=True), uri=True)  # immutable: no -wal/-shm, no locks, no writes
         version, written_by, tables = inspect(conn)
         if "decisions" not in tables:
-            raise Corrupt("it has no decisions table; it is not an autosel tuning DB")
-    except (sqlite3.Error, Corrupt) as exc:
+            raise Corrupt("WAL-mode file: its tables are in a -wal that is not read" if wal
+                          else "it has no decisions table; it is not an autosel tuning DB")
+    except (OSError, sqlite3.Error, Corrupt) as exc:
         warn_once(path, "shipped", f"shipped tuning DB {path} is unreadable ({exc}); skipped. Replace it with a "
                   "file from `autosel export --fmt sqlite`, or remove it from AUTOSEL_DB_PATH.")
         return None
@@ -204,6 +207,10 @@ def _open_shipped(path: Path) -> _Open | None:
         problem = f"schema {version} written by autosel {written_by} is newer than this autosel's {db_tools.SCHEMA_VERSION}"
         warn_once(path, "newer", f"shipped tuning DB {path} has {problem}; reading the rows that parse. "
                   f"Upgrade autosel to {written_by} or later.")
+    if wal or not conn.execute("SELECT count(*) FROM decisions").fetchone()[0]:
+        problem = "WAL-mode file: rows still in a -wal next to it are not read" if wal else "no decisions in it"
+        warn_once(path, "empty", f"shipped tuning DB {path}: {problem}. Ship a file made by "
+                  "`autosel export --fmt sqlite` (a single file in DELETE journal mode), not a copy of a user DB.")
     return _Open(str(path), "shipped", conn, writable=False, schema_version=version, problem=problem)
 
 
@@ -243,20 +250,31 @@ def _pid_alive(pid: int) -> bool:
 class TuningDB:
     """The user layer first, then shipped layers; reads go down the layers, writes go to the user layer only."""
 
-    def __init__(self, layers: list[_Open]):
-        self._layers = layers
-        self._lock = threading.RLock()
+    def __init__(self, opener: Callable[[], list[_Open]]):
+        self._opener, self._pid, self._layers = opener, os.getpid(), opener()
+        self._lock, self._inherited = threading.RLock(), []
 
     @classmethod
     def open(cls, user: Path | None, shipped: Sequence[Path] = (), *, include_package: bool = True) -> "TuningDB":
-        layers = _open_user(Path(user).expanduser()) if user is not None else [_memory()]
-        seen = {os.path.realpath(layer.path) for layer in layers}
-        for path in _shipped_paths(shipped, include_package):
-            if os.path.realpath(path) not in seen:
-                seen.add(os.path.realpath(path))
-                opened = _open_shipped(path)
-                layers += [opened] if opened else []
-        return cls(layers)
+        def opener() -> list[_Open]:
+            layers = _open_user(Path(user).expanduser()) if user is not None else [_memory()]
+            seen = {os.path.realpath(layer.path) for layer in layers}
+            for path in _shipped_paths(shipped, include_package):
+                if os.path.realpath(path) not in seen:
+                    seen.add(os.path.realpath(path))
+                    opened = _open_shipped(path)
+                    layers += [opened] if opened else []
+            return layers
+
+        return cls(opener)
+
+    def _here(self) -> list[_Open]:
+        # SQLite connections must not cross fork(): a child (DataLoader, forked workers) opens its own.
+        # The inherited ones are kept unclosed: closing them in the child could disturb the parent's locks.
+        if os.getpid() != self._pid:
+            self._inherited.append(self._layers)
+            self._pid, self._layers = os.getpid(), self._opener()
+        return self._layers
 
     @classmethod
     def from_settings(cls, settings: "Settings") -> "TuningDB":
@@ -271,7 +289,7 @@ class TuningDB:
     @property
     def layers(self) -> list[Layer]:
         with self._lock:
-            return [layer.layer() for layer in self._layers]
+            return [layer.layer() for layer in self._here()]
 
     def lookup(self, key: DecisionKey, usable: Callable[[str], bool] = lambda backend: True
                ) -> tuple[Decision, Layer] | None:
@@ -279,7 +297,7 @@ class TuningDB:
         where = "WHERE " + " AND ".join(f"{c} = ?" for c in KEY_COLUMNS)
         params = (key.platform_key, key.op, key.mode, key.bucket, key.versions_hash)
         with self._lock:
-            for layer in self._layers:
+            for layer in self._here():
                 for row in layer.select(where, params):
                     decision = parse_row(layer.path, row)
                     if decision is None:
@@ -291,7 +309,7 @@ class TuningDB:
         return None
 
     def _writable(self) -> _Open:
-        for layer in self._layers:
+        for layer in self._here():
             if layer.writable and not layer.broken:
                 return layer
         self._layers.insert(0, _memory("no writable layer left; decisions kept in memory"))
@@ -318,7 +336,7 @@ class TuningDB:
         """Every valid row of every layer, user layer first (for `autosel show`)."""
         out = []
         with self._lock:
-            for layer in self._layers:
+            for layer in self._here():
                 rows = layer.select("WHERE op GLOB ?", (op_glob,)) if op_glob else layer.select()
                 snapshot = layer.layer()
                 out += [(d, snapshot) for d in (parse_row(layer.path, r) for r in rows) if d is not None]
@@ -328,7 +346,7 @@ class TuningDB:
         """Delete writable-layer rows that are invalid or for which is_current is False; returns how many."""
         removed = 0
         with self._lock:
-            for layer in (lay for lay in self._layers if lay.writable and not lay.broken):
+            for layer in (lay for lay in self._here() if lay.writable and not lay.broken):
                 stale = [r[: len(KEY_COLUMNS)] for r in layer.select()
                          if (d := parse_row(layer.path, r)) is None or not is_current(d)]
                 with immediate(layer.conn):
@@ -343,7 +361,7 @@ class TuningDB:
               poll_s: float = 0.2) -> Iterator[bool]:
         """True: this process holds the tuning lease (tune, record, release on exit). False: another holder
         finished while we waited; look up again."""
-        layer = next((lay for lay in self._layers if lay.kind == "user" and lay.writable and not lay.broken), None)
+        layer = next((lay for lay in self._here() if lay.kind == "user" and lay.writable and not lay.broken), None)
         if layer is None:  # nobody to coordinate with through a file
             yield True
             return
@@ -389,6 +407,6 @@ class TuningDB:
 
     def close(self) -> None:
         with self._lock:
-            for layer in self._layers:
+            for layer in self._layers if os.getpid() == self._pid else []:
                 layer.conn.close()
-            self._layers = []
+            self._layers, self._opener = [], list

@@ -349,6 +349,48 @@ def test_sixteen_processes_write_3200_decisions_without_loss(tmp_path):
         assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
 
 
+def _record_in_child(db: TuningDB) -> None:
+    db.record(decision(op="child.op"))
+    os._exit(0 if db.lookup(decision().key) else 1)
+
+
+def test_forked_child_opens_its_own_connections(tmp_path):
+    # A DB opened before fork (the selector caches one) must not share SQLite connections with the child.
+    import multiprocessing
+
+    db = open_db(tmp_path / "user.db")
+    db.record(decision())
+    child = multiprocessing.get_context("fork").Process(target=_record_in_child, args=(db,))
+    child.start()
+    child.join(30)
+    assert child.exitcode == 0
+    assert sorted(d.op for d, _ in db.decisions()) == ["child.op", "norm.rms"]
+    db.close()
+
+
+@pytest.mark.parametrize("make, problem", [
+    (lambda p: export_decisions([], p, fmt="sqlite"), "no decisions in it"),
+    (lambda p: open_db(p).record(decision()), "WAL-mode file"),  # a live user DB copied in: rows sit in -wal
+])
+def test_shipped_db_that_would_read_as_empty_warns(tmp_path, make, problem):
+    ship = tmp_path / "ship.db"
+    make(ship)
+    with pytest.warns(RuntimeWarning, match=problem):
+        db = open_db(None, ship)
+    assert db.lookup(decision().key) is None
+    db.close()
+
+
+def test_stress_tool_small_run(tmp_path):
+    out = subprocess.run([sys.executable, str(REPO / "tools" / "db_stress.py"), "--procs", "3", "--writes", "20",
+                          "--kills", "3", "--db", str(tmp_path / "s.db"), "--json"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stdout + out.stderr
+    figures = json.loads(out.stdout)
+    assert [(f["lost"], f["errors"], f["integrity"]) for f in figures] == [(0, 0, "ok")] * 2
+    assert figures[0]["rows"] == 60 and figures[1]["kills"] == 3
+
+
 def test_merge_reports_conflicts_and_leaves_them_out(tmp_path):
     a = shipped_db(tmp_path / "a.db", decision(winner="triton"), decision(op="gemm.mm", created_at="2025-01-01"))
     b = tmp_path / "b.jsonl"
