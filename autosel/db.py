@@ -150,8 +150,9 @@ def _open_user(path: Path) -> list[_Open]:
             conn.execute("PRAGMA journal_mode = WAL")
             conn.execute("PRAGMA synchronous = NORMAL")  # WAL + NORMAL: a killed process loses nothing committed
             migrate(conn)
-            return [_Open(str(path), "user", conn, writable=True, schema_version=db_tools.SCHEMA_VERSION, problem=problem)]
-        except (sqlite3.Error, Corrupt) as exc:
+            return [_Open(str(path), "user", conn, writable=True, schema_version=db_tools.SCHEMA_VERSION,
+                          problem=problem)]
+        except (OSError, sqlite3.Error, Corrupt) as exc:
             if conn is not None:
                 conn.close()
             if not is_corrupt(exc) or attempt:
@@ -180,8 +181,12 @@ def _readonly(path: Path, reason: str, *, ro: bool = True) -> list[_Open]:
     return layers
 
 
+def _newer_problem(version: int, written_by: str) -> str:
+    return f"schema {version} written by autosel {written_by} is newer than this autosel's {db_tools.SCHEMA_VERSION}"
+
+
 def _newer(path: Path, version: int, written_by: str) -> list[_Open]:
-    problem = f"schema {version} written by autosel {written_by} is newer than this autosel's {db_tools.SCHEMA_VERSION}"
+    problem = _newer_problem(version, written_by)
     warn_once(path, "newer", f"tuning DB {path} has {problem}; reading it without changing it, and keeping new "
               f"decisions in memory. Upgrade autosel to {written_by} or later, or set AUTOSEL_DB to another file.")
     conn = connect(ro_uri(path, immutable=False), uri=True)
@@ -204,7 +209,7 @@ def _open_shipped(path: Path) -> _Open | None:
         return None
     problem = None
     if version > db_tools.SCHEMA_VERSION:
-        problem = f"schema {version} written by autosel {written_by} is newer than this autosel's {db_tools.SCHEMA_VERSION}"
+        problem = _newer_problem(version, written_by)
         warn_once(path, "newer", f"shipped tuning DB {path} has {problem}; reading the rows that parse. "
                   f"Upgrade autosel to {written_by} or later.")
     if wal or not conn.execute("SELECT count(*) FROM decisions").fetchone()[0]:

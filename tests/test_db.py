@@ -317,7 +317,8 @@ def test_lease_of_a_killed_process_is_taken_over_at_once(tmp_path):
 def test_lease_expiry_and_wait_limit(tmp_path, host, expires_in_s, wait_s, expect_warning):
     path = tmp_path / "user.db"
     with open_db(path) as db, sqlite3.connect(path) as conn:
-        conn.execute("INSERT INTO leases VALUES ('p', 'op', 'eager', ?, 1, 'tok', ?)", (host, time.time() + expires_in_s))
+        conn.execute("INSERT INTO leases VALUES ('p', 'op', 'eager', ?, 1, 'tok', ?)",
+                     (host, time.time() + expires_in_s))
         conn.commit()
         with warnings.catch_warnings(record=True) as record:
             warnings.simplefilter("always")
