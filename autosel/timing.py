@@ -63,7 +63,7 @@ class CudaGraphTimer:
 
     method = "cuda:do_bench_cudagraph"
 
-    def __init__(self, rep_ms: float = 40) -> None:
+    def __init__(self, rep_ms: float = 20) -> None:
         self.rep_ms = rep_ms
 
     def measure(self, fn, *, backend: str, shape: dict) -> list[float]:
