@@ -1,0 +1,271 @@
+"""The HTML report of tuning decisions: one self-contained page, plots drawn as inline SVG (no JS, no network)."""
+
+from __future__ import annotations
+
+import html
+import json
+import math
+from dataclasses import dataclass
+from typing import Iterable, Sequence
+
+from autosel.decisions import CandidateResult, Decision
+
+# Tableau 10: distinguishable in print and for the common colour-vision deficiencies.
+PALETTE = ("#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07aa1", "#ff9da7",
+           "#9c755f", "#bab0ac")
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One stored decision as this machine sees it: where it came from and whether selection would use it."""
+
+    decision: Decision
+    layer_path: str
+    layer_kind: str  # "user" | "shipped" | "memory"
+    status: str  # "in use", "shadowed", "stale", "unusable", "unknown op"
+    detail: str = ""
+
+
+# --- numbers ----------------------------------------------------------------------------------------------
+
+def geomean(values: Sequence[float]) -> float:
+    return math.exp(sum(math.log(v) for v in values) / len(values))
+
+
+def candidate_median_us(candidate: CandidateResult | None) -> float | None:
+    """Geometric mean over the shapes of the candidate's per-shape median time; None if it was never timed."""
+    if candidate is None:
+        return None
+    medians = [s.timing.median_us for s in candidate.shapes if s.timing is not None and s.timing.median_us > 0]
+    return geomean(medians) if medians else None
+
+
+def format_us(value: float | None) -> str:
+    if value is None:
+        return "-"
+    if value >= 1e6:
+        return f"{value / 1e6:.3g} s"
+    if value >= 1e3:
+        return f"{value / 1e3:.3g} ms"
+    return f"{value:.3g} µs"
+
+
+def format_lead(decision: Decision) -> str:
+    """How much slower the runner-up is than the winner (negative: a tie inside the noise, default kept)."""
+    lead = decision.lead_over_runner_up
+    return "-" if lead is None else f"{lead:+.1%}"
+
+
+def shape_label(shape: dict) -> str:
+    return "×".join(str(v) for v in shape.values())
+
+
+# --- the plot ---------------------------------------------------------------------------------------------
+
+def _log_ticks(lo: float, hi: float) -> tuple[float, float, list[tuple[float, bool]]]:
+    """Axis bounds in log10 and the ticks: (value, major). Minor 2x and 5x ticks when the range is narrow."""
+    lo_exp, hi_exp = math.floor(math.log10(lo)), math.ceil(math.log10(hi))
+    if hi_exp == lo_exp:
+        hi_exp += 1
+    ticks = []
+    for exp in range(lo_exp, hi_exp + 1):
+        ticks.append((10.0 ** exp, True))
+        if hi_exp - lo_exp <= 3 and exp < hi_exp:
+            ticks += [(2 * 10.0 ** exp, False), (5 * 10.0 ** exp, False)]
+    return lo_exp, hi_exp, ticks
+
+
+def svg_chart(decision: Decision, *, width: int = 880, height: int = 340) -> str:
+    """Time per call of each timed backend across the shapes, log scale; the winner drawn thick and starred,
+    each shape's own winner ringed, p20-p80 as whiskers, a tooltip (<title>) on every point."""
+    timed = [c for c in decision.candidates if any(s.timing for s in c.shapes)]
+    if not timed:
+        return '<p class="muted">No candidate was timed, so there is nothing to plot.</p>'
+    shapes = [s.shape for s in timed[0].shapes]
+    per_shape_winner = {shape: backend for shape, backend in decision.per_shape_winners}
+    values = [v for c in timed for s in c.shapes if s.timing
+              for v in (s.timing.median_us, s.timing.p20_us, s.timing.p80_us) if v > 0]
+    lo_exp, hi_exp, ticks = _log_ticks(min(values), max(values))
+    left, right, top = 78, 190, 16
+    labels = [shape_label(s) for s in shapes]
+    rotate = max(len(t) for t in labels) * 7 > (width - left - right) / max(len(shapes), 1)
+    bottom = 96 if rotate else 58
+    plot_w, plot_h = width - left - right, height - top - bottom
+
+    def x(i: int) -> float:
+        return left + (i + 0.5) * plot_w / len(shapes)
+
+    def y(v: float) -> float:
+        return top + plot_h * (1 - (math.log10(v) - lo_exp) / (hi_exp - lo_exp))
+
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+           f'viewBox="0 0 {width} {height}" role="img" aria-label="time per backend for '
+           f'{html.escape(decision.op)} ({html.escape(decision.mode)} mode), log scale">',
+           f'<rect x="{left}" y="{top}" width="{plot_w}" height="{plot_h}" fill="#fafafa" stroke="#ccc"/>']
+    for value, major in ticks:
+        ty = y(value)
+        out.append(f'<line x1="{left}" x2="{left + plot_w}" y1="{ty:.1f}" y2="{ty:.1f}" stroke="#ddd" '
+                   f'stroke-dasharray="{"none" if major else "3,3"}"/>')
+        out.append(f'<text x="{left - 6}" y="{ty + 4:.1f}" text-anchor="end" class="tick">'
+                   f'{html.escape(format_us(value))}</text>')
+    for i, label in enumerate(labels):
+        if rotate:
+            out.append(f'<text transform="translate({x(i):.1f},{top + plot_h + 12}) rotate(-35)" '
+                       f'text-anchor="end" class="tick">{html.escape(label)}</text>')
+        else:
+            out.append(f'<text x="{x(i):.1f}" y="{top + plot_h + 18}" text-anchor="middle" class="tick">'
+                       f'{html.escape(label)}</text>')
+    keys = " × ".join(shapes[0].keys()) if shapes else "shape"
+    out.append(f'<text x="{left + plot_w / 2:.1f}" y="{height - 8}" text-anchor="middle" class="axis">'
+               f'shape ({html.escape(keys)})</text>')
+    out.append(f'<text transform="translate(16,{top + plot_h / 2:.1f}) rotate(-90)" text-anchor="middle" '
+               'class="axis">time per call (log scale)</text>')
+    order = {c.backend: n for n, c in enumerate(decision.candidates)}
+    for candidate in sorted(timed, key=lambda c: c.backend == decision.winner):  # the winner on top
+        color = PALETTE[order[candidate.backend] % len(PALETTE)]
+        is_winner = candidate.backend == decision.winner
+        points = [(i, s.timing) for i, s in enumerate(candidate.shapes) if s.timing and s.timing.median_us > 0]
+        dash = "" if candidate.ok else ' stroke-dasharray="6,4"'
+        path = " ".join(f"{x(i):.1f},{y(t.median_us):.1f}" for i, t in points)
+        out.append(f'<polyline points="{path}" fill="none" stroke="{color}" '
+                   f'stroke-width="{3.5 if is_winner else 1.6}"{dash}/>')
+        for i, t in points:
+            cx, cy = x(i), y(t.median_us)
+            if t.p20_us > 0 and t.p80_us > 0:
+                out.append(f'<line x1="{cx:.1f}" x2="{cx:.1f}" y1="{y(t.p80_us):.1f}" y2="{y(t.p20_us):.1f}" '
+                           f'stroke="{color}" stroke-width="1"/>')
+            shape_winner = per_shape_winner.get(json.dumps(shapes[i], sort_keys=True)) == candidate.backend
+            ring = ' stroke="#111" stroke-width="2"' if shape_winner else ""
+            tip = (f"{candidate.backend} at {_shape_text(shapes[i])}: median {format_us(t.median_us)} "
+                   f"(p20 {format_us(t.p20_us)}, p80 {format_us(t.p80_us)}, {t.samples} samples)"
+                   + ("; fastest at this shape" if shape_winner else ""))
+            out.append(f'<circle cx="{cx:.1f}" cy="{cy:.1f}" r="{6 if shape_winner else 3.5}" fill="{color}"{ring}>'
+                       f'<title>{html.escape(tip)}</title></circle>')
+    legend_x, legend_y = left + plot_w + 16, top + 8
+    for n, candidate in enumerate(timed):
+        color = PALETTE[order[candidate.backend] % len(PALETTE)]
+        ly = legend_y + n * 22
+        name = candidate.backend + (" ★ winner" if candidate.backend == decision.winner else "")
+        name += "" if candidate.ok else f" ({candidate.status})"
+        weight = ' font-weight="bold"' if candidate.backend == decision.winner else ""
+        dash = "" if candidate.ok else ' stroke-dasharray="6,4"'
+        out.append(f'<line x1="{legend_x}" x2="{legend_x + 22}" y1="{ly}" y2="{ly}" stroke="{color}" '
+                   f'stroke-width="{3.5 if candidate.backend == decision.winner else 1.6}"{dash}/>')
+        out.append(f'<text x="{legend_x + 28}" y="{ly + 4}" class="legend"{weight}>{html.escape(name)}</text>')
+    note_y = legend_y + len(timed) * 22 + 10
+    out.append(f'<circle cx="{legend_x + 11}" cy="{note_y}" r="6" fill="#fff" stroke="#111" stroke-width="2"/>')
+    out.append(f'<text x="{legend_x + 28}" y="{note_y + 4}" class="legend">fastest at that shape</text>')
+    out.append("</svg>")
+    return "\n".join(out)
+
+
+def _shape_text(shape: dict) -> str:
+    return ", ".join(f"{k}={v}" for k, v in shape.items())
+
+
+# --- the page ---------------------------------------------------------------------------------------------
+
+CSS = """
+body { font: 14px/1.45 system-ui, -apple-system, "Segoe UI", Roboto, sans-serif; color: #222; margin: 0; }
+main { max-width: 1140px; margin: 0 auto; padding: 20px 28px 48px; }
+h1 { font-size: 22px; margin: 0 0 4px; } h2 { font-size: 18px; margin: 28px 0 6px; }
+h3 { font-size: 15px; margin: 16px 0 6px; }
+section.op { border-top: 2px solid #ddd; margin-top: 26px; padding-top: 4px; }
+table { border-collapse: collapse; margin: 6px 0 10px; }
+th, td { border-bottom: 1px solid #e5e5e5; padding: 3px 10px 3px 0; text-align: left; vertical-align: top; }
+th { font-weight: 600; color: #555; } td.num { text-align: right; font-variant-numeric: tabular-nums; }
+.muted { color: #777; } .winner { font-weight: 700; }
+.badge { display: inline-block; padding: 0 7px; border-radius: 9px; font-size: 12px; background: #e8e8e8; }
+.badge.in-use { background: #d8f0d8; } .badge.stale, .badge.unusable { background: #f6dcdc; }
+.badge.shadowed { background: #eee; } .reason { color: #8a2a2a; }
+dl.facts { display: grid; grid-template-columns: max-content 1fr; gap: 2px 14px; margin: 6px 0; }
+dl.facts dt { color: #555; } dl.facts dd { margin: 0; }
+svg text.tick { font-size: 11px; fill: #555; } svg text.axis { font-size: 12px; fill: #333; }
+svg text.legend { font-size: 12px; fill: #222; }
+code { font-size: 12.5px; }
+"""
+
+
+def _e(value: object) -> str:
+    return html.escape(str(value))
+
+
+def _facts(pairs: Iterable[tuple[str, object]]) -> str:
+    rows = "".join(f"<dt>{_e(k)}</dt><dd>{_e(v)}</dd>" for k, v in pairs)
+    return f'<dl class="facts">{rows}</dl>'
+
+
+def _candidates_table(decision: Decision) -> str:
+    rows = []
+    for c in decision.candidates:
+        cls = ' class="winner"' if c.backend == decision.winner else ""
+        mark = " ★" if c.backend == decision.winner else ""
+        reason = f'<span class="reason">{_e(c.reason)}</span>' if c.reason else ""
+        score = "-" if c.score is None else f"{c.score:.3f}"
+        rows.append(f"<tr><td{cls}>{_e(c.backend)}{mark}</td><td>{_e(c.status)}</td>"
+                    f'<td class="num">{_e(format_us(candidate_median_us(c)))}</td><td class="num">{score}</td>'
+                    f"<td>{reason}</td></tr>")
+    return ("<table><tr><th>backend</th><th>status</th><th>median*</th><th>score†</th><th>reason</th></tr>"
+            + "".join(rows) + "</table>")
+
+
+def _per_shape_table(decision: Decision) -> str:
+    timed = [c for c in decision.candidates if any(s.timing for s in c.shapes)]
+    if not timed:
+        return ""
+    winners = dict(decision.per_shape_winners)
+    head = "".join(f"<th>{_e(c.backend)}</th>" for c in timed)
+    rows = []
+    for i, shape in enumerate(s.shape for s in timed[0].shapes):
+        winner = winners.get(json.dumps(shape, sort_keys=True), "-")
+        cells = []
+        for c in timed:
+            timing = c.shapes[i].timing if i < len(c.shapes) else None
+            cls = "num winner" if c.backend == winner else "num"
+            cells.append(f'<td class="{cls}">{_e(format_us(timing.median_us if timing else None))}</td>')
+        rows.append(f"<tr><td><code>{_e(_shape_text(shape))}</code></td><td>{_e(winner)}</td>{''.join(cells)}</tr>")
+    return (f"<table><tr><th>shape</th><th>fastest here</th>{head}</tr>" + "".join(rows) + "</table>")
+
+
+def _op_section(entry: Entry) -> str:
+    d = entry.decision
+    badge = entry.status.replace(" ", "-")
+    detail = f' <span class="muted">{_e(entry.detail)}</span>' if entry.detail else ""
+    winner_median = format_us(candidate_median_us(d.candidate(d.winner)))
+    facts = _facts([
+        ("winner", f"{d.winner} ({winner_median} median*)"),
+        ("runner-up", f"{d.runner_up or '-'} (margin {format_lead(d)}; a challenger had to win by {d.margin:.1%})"),
+        ("from", f"{entry.layer_kind} layer {entry.layer_path}"),
+        ("timed with", f"{d.method or '-'} in {d.tune_s:.1f} s, {d.created_at or '-'} by autosel "
+                       f"{d.autosel_version or '-'}"),
+        ("platform key", d.platform_key),
+        ("versions", ", ".join(f"{k} {v}" for k, v in sorted(d.versions.items())) or "-"),
+    ])
+    return (f'<section class="op"><h2>{_e(d.op)} <span class="muted">({_e(d.mode)} mode)</span> '
+            f'<span class="badge {badge}">{_e(entry.status)}</span>{detail}</h2>{facts}'
+            f"<h3>Time per backend across the shapes</h3>{svg_chart(d)}"
+            f"<h3>Candidates</h3>{_candidates_table(d)}"
+            f"<h3>Per-shape winners</h3>{_per_shape_table(d)}</section>")
+
+
+def render_report(entries: Sequence[Entry], *, platform_facts: Sequence[tuple[str, str]],
+                  layers: Sequence[tuple[str, str]] = (), generated_at: str = "", autosel_version: str = "") -> str:
+    """The whole page as one string. platform_facts and layers are (label, value) pairs shown at the top."""
+    ordered = sorted(entries, key=lambda e: (e.decision.op, e.decision.mode, e.status != "in use"))
+    toc = "".join(f"<li>{_e(e.decision.op)} ({_e(e.decision.mode)}): <b>{_e(e.decision.winner)}</b> "
+                  f'<span class="badge {e.status.replace(" ", "-")}">{_e(e.status)}</span></li>' for e in ordered)
+    body = "".join(_op_section(e) for e in ordered) or '<p class="muted">No decisions to show.</p>'
+    return f"""<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8"><title>autosel tuning report</title>
+<meta name="viewport" content="width=device-width, initial-scale=1"><style>{CSS}</style></head>
+<body><main>
+<h1>autosel tuning report</h1>
+<p class="muted">Generated {_e(generated_at)} by autosel {_e(autosel_version)}. * median: geometric mean over the
+shapes of each shape's median time per call. † score: geometric mean over the shapes of time relative to the
+fastest candidate at that shape (1.000 = fastest everywhere). Margin: how much slower the runner-up's score is.</p>
+<h2>Platform</h2>{_facts(platform_facts)}
+<h2>Tuning DB layers</h2>{_facts(layers) if layers else '<p class="muted">-</p>'}
+<h2>Decisions</h2><ul>{toc}</ul>
+{body}
+</main></body></html>
+"""

@@ -1,0 +1,431 @@
+"""The `autosel` command line, run as a user would: exit codes, stdout/stderr, JSON, files written.
+
+Toy CPU ops in a fresh registry keep every test to about a second; no test tunes a built-in op.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from autosel import cli, selector
+from autosel.decisions import CandidateResult, Decision, Measurement, ShapeResult
+from autosel.platforms import PlatformInfo
+from autosel.registry import KernelRegistry
+from autosel.spec import CapabilityRequirement as Cap, KernelBackend as B, KernelSpec, OpDefinition
+
+HERE = Path(__file__).parent
+ROOT = HERE.parent
+CPU = PlatformInfo("cpu", arch="x86_64", device_name="test cpu", multiprocessor_count=2)
+OTHER_CPU = PlatformInfo("cpu", arch="x86_64", device_name="other cpu", multiprocessor_count=64)
+COMMANDS = sorted(cli.main.commands)
+
+
+class FakeTimer:
+    """Fixed times per backend: CLI tests check what the CLI does with a decision, not CPU timing noise."""
+
+    method = "fake"
+    SPEED_US = {"torch": 100.0, "triton": 10.0}
+
+    def measure(self, fn, *, backend: str, shape: dict) -> list[float]:
+        fn()
+        base = self.SPEED_US.get(backend, 50.0) * shape.get("n", 1024) / 1024
+        return [base * (1 + 0.001 * i) for i in range(5)]
+
+
+@pytest.fixture
+def reg(monkeypatch):
+    import autosel.timing
+
+    fresh = KernelRegistry()
+    monkeypatch.setattr(selector, "registry", fresh)
+    monkeypatch.setattr(selector, "_platform", lambda: CPU)
+    monkeypatch.setattr(autosel.timing, "timer_for", lambda device, mode: FakeTimer())
+    monkeypatch.syspath_prepend(str(HERE))
+    return fresh
+
+
+def toy(reg, *backends, op="toy.double"):
+    import toy_kernels
+
+    targets = {B.TORCH: "slow", B.TRITON: "fast", B.AOT: "wrong_but_fast", B.JIT: "raises"}
+    for backend in backends:
+        reg.register(KernelSpec(op, backend, f"toy_kernels:{targets[backend]}"))
+    reg.define(OpDefinition(op, shapes=toy_kernels.SHAPES, make_inputs=toy_kernels.inputs))
+
+
+def run(*args: str):
+    return CliRunner().invoke(cli.main, [str(a) for a in args])
+
+
+def decision(op="toy.double", winner="triton", *, platform=CPU, versions=None, created_at="2026-01-01T00:00:00+00:00"):
+    timing = Measurement(median_us=10.0, p20_us=9.0, p80_us=11.0, samples=20, method="fake")
+    shapes = (ShapeResult(shape={"n": 4}, timing=timing),)
+    return Decision(op=op, mode="eager", bucket="*", winner=winner, platform_key=platform.key,
+                    versions=versions or {}, margin=0.03, runner_up="torch", lead_over_runner_up=0.5,
+                    candidates=(CandidateResult("torch", "ok", score=1.5, shapes=shapes),
+                                CandidateResult("triton", "ok", score=1.0, shapes=shapes)),
+                    created_at=created_at)
+
+
+def store(*decisions, db: Path | None = None):
+    settings = cli._settings(str(db) if db else None, full=False)
+    for d in decisions:
+        selector.database(settings).record(d)
+
+
+# --- every command: --help with an example, listed in the reference ---------------------------------------
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_every_command_has_help_with_an_example_and_is_in_the_reference(command):
+    result = run(command, "--help")
+    assert result.exit_code == 0
+    assert "Example" in result.output and f"autosel {command} " in result.output
+    reference = (ROOT / "docs" / "cli-reference.md").read_text()
+    assert f"### `autosel {command}`" in reference and f"autosel {command}" in reference
+
+
+def test_usage_errors_exit_2():
+    assert run("tune", "--budget-s", "0").exit_code == 2
+    assert run("export", "--out", "x.db", "--format", "xml").exit_code == 2
+    assert run("frobnicate").exit_code == 2
+
+
+def test_python_dash_m_is_the_same_cli():
+    result = subprocess.run([sys.executable, "-m", "autosel", "--help"], capture_output=True, text=True)
+    assert result.returncode == 0
+    assert result.stdout.startswith("Usage: autosel [OPTIONS] COMMAND")
+    assert all(command in result.stdout for command in COMMANDS)
+
+
+def test_installed_autosel_doctor_runs(tmp_path):
+    script = Path(sys.executable).parent / "autosel"
+    command = [str(script)] if script.exists() else [sys.executable, "-m", "autosel"]
+    result = subprocess.run(command + ["doctor", "--json"], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["ok"] and report["platform"]["key"]
+    ops = {item["op"]: item for item in report["ops"]}
+    assert "activation.silu_and_mul" in ops
+    flashinfer = next(b for b in ops["activation.silu_and_mul"]["backends"] if b["backend"] == "flashinfer")
+    assert flashinfer["reason"]  # no CUDA device or no flashinfer package here: the reason says which
+    assert report["layers"][0] == {"path": os.environ["AUTOSEL_DB"], "kind": "user", "writable": True,
+                                   "schema_version": 1, "rows": 0, "problem": None}
+
+
+def test_without_torch_the_db_commands_work_and_tune_says_to_install_it(tmp_path):
+    block = "import sys; sys.modules['torch'] = None; from autosel.cli import main; main(prog_name='autosel')"
+    base = [sys.executable, "-c", block]
+    doctor = subprocess.run(base + ["doctor"], capture_output=True, text=True)
+    assert doctor.returncode == 0, doctor.stderr
+    assert "pip install torch" in doctor.stdout  # built-in backends need torch: that is their reason
+    show = subprocess.run(base + ["show"], capture_output=True, text=True)
+    assert show.returncode == 0 and "No stored decisions" in show.stdout
+    tune = subprocess.run(base + ["tune"], capture_output=True, text=True)
+    assert tune.returncode == 1
+    assert tune.stderr.startswith("Error: tuning runs the kernels, which needs PyTorch") and "pip install torch" in tune.stderr
+
+
+# --- tune -------------------------------------------------------------------------------------------------
+
+def test_tune_times_contested_ops_and_prints_the_table(reg):
+    toy(reg, B.TORCH, B.AOT, B.JIT, B.TRITON)
+    result = run("tune", "--budget-s", "10")
+    assert result.exit_code == 0, result.output
+    assert "toy.double" in result.stdout and "tuned" in result.stdout and "triton" in result.stdout
+    assert "aot: output differs from the reference: max abs error" in result.stdout
+    assert "jit: raised RuntimeError: illegal memory access (simulated)" in result.stdout
+    assert "geometric mean over the shapes" in result.stdout
+    assert "toy.double: triton chosen" in result.stderr  # progress lines go to stderr
+
+
+def test_tune_json_and_rerun_is_stored_without_timing(reg, monkeypatch):
+    toy(reg, B.TORCH, B.TRITON)
+    first = json.loads(run("tune", "--json").stdout)
+    outcome = first["outcomes"][0]
+    assert (outcome["op"], outcome["mode"], outcome["status"], outcome["winner"]) == ("toy.double", "eager", "tuned", "triton")
+    assert outcome["runner_up"] is None  # torch, 10x slower, was dropped after the first round
+    assert outcome["rejected"][0]["backend"] == "torch" and outcome["rejected"][0]["status"] == "dropped"
+    assert outcome["median_us"] == pytest.approx((640 * 160) ** 0.5 * 1.002)  # geomean of the medians
+
+    import autosel.tuner
+
+    monkeypatch.setattr(autosel.tuner.Tuner, "tune", lambda *a, **k: pytest.fail("timed a stored decision"))
+    second = run("tune", "--json")
+    assert second.exit_code == 0
+    assert json.loads(second.stdout)["outcomes"][0]["status"] == "stored"
+
+
+def test_tune_force_retunes(reg):
+    toy(reg, B.TORCH, B.TRITON)
+    assert run("tune").exit_code == 0
+    result = run("tune", "--force", "--json")
+    assert json.loads(result.stdout)["outcomes"][0]["status"] == "tuned"
+
+
+def test_tune_into_db_path(reg, tmp_path):
+    toy(reg, B.TORCH, B.TRITON)
+    target = tmp_path / "build.db"
+    assert run("tune", "--db", target).exit_code == 0
+    assert sqlite3.connect(target).execute("SELECT op, winner FROM decisions").fetchall() == [("toy.double", "triton")]
+    assert not Path(os.environ["AUTOSEL_DB"]).exists()
+
+
+def test_tune_op_glob_that_matches_nothing_names_the_registered_ops(reg):
+    toy(reg, B.TORCH, B.TRITON)
+    result = run("tune", "--op", "nope.*")
+    assert result.exit_code == 1
+    assert result.stderr == "Error: no registered op matches --op 'nope.*'; registered ops: toy.double\n"
+
+
+def test_tune_op_with_one_eligible_backend_says_why_nothing_is_tuned(reg):
+    toy(reg, B.TORCH)
+    reg.register(KernelSpec("toy.double", B.FLASHINFER, "m:x", capabilities=frozenset({Cap.CUDA})))
+    result = run("tune", "--op", "toy.*")
+    assert result.exit_code == 1
+    assert "toy.double: torch eligible" in result.stderr and "autosel doctor" in result.stderr
+
+
+def test_tune_failure_is_exit_1_after_the_table(reg):
+    toy(reg, B.TORCH, B.JIT, B.AOT)  # the only correct one is torch... plus a wrong and a raising one
+    reg.register(KernelSpec("toy.broken", B.JIT, "toy_kernels:raises"))
+    reg.register(KernelSpec("toy.broken", B.AOT, "toy_kernels:raises"))
+    import toy_kernels
+
+    reg.define(OpDefinition("toy.broken", shapes=toy_kernels.SHAPES, make_inputs=toy_kernels.inputs,
+                            reference=toy_kernels.fast))
+    result = run("tune")
+    assert result.exit_code == 1
+    assert "toy.broken" in result.stdout and "failed" in result.stdout
+    assert result.stderr.splitlines()[-1].startswith("Error: 1 of 2 op/mode pairs could not be tuned: toy.broken")
+
+
+def test_tune_shapes_file_tunes_only_its_ops_on_its_shapes(reg, tmp_path):
+    toy(reg, B.TORCH, B.TRITON)
+    toy(reg, B.TORCH, B.TRITON, op="toy.other")
+    shapes = tmp_path / "shapes.json"
+    shapes.write_text(json.dumps({"toy.double": [{"n": 1024}, {"n": 2048}]}))
+    result = run("tune", "--shapes", shapes, "--json")
+    assert result.exit_code == 0, result.output
+    [outcome] = json.loads(result.stdout)["outcomes"]
+    assert outcome["op"] == "toy.double"
+    assert [s["shape"] for s in outcome["decision"]["candidates"][0]["shapes"]] == [{"n": 1024}, {"n": 2048}]
+
+
+@pytest.mark.parametrize("text, message", [
+    ("{not json", "is not valid JSON (line 1, column 2"),
+    ("[1, 2]", "must hold a JSON object mapping op names to lists of shapes"),
+    ('{"toy.double": {"n": 4}}', "op 'toy.double' must map to a non-empty list of shape objects"),
+])
+def test_bad_shapes_file_is_a_clear_error(reg, tmp_path, text, message):
+    toy(reg, B.TORCH, B.TRITON)
+    shapes = tmp_path / "shapes.json"
+    shapes.write_text(text)
+    result = run("tune", "--shapes", shapes)
+    assert result.exit_code == 1 and message in result.stderr and result.stderr.startswith("Error: ")
+
+
+def test_tune_from_record_tunes_exactly_the_recorded_shapes_deduplicated(reg, tmp_path):
+    toy(reg, B.TORCH, B.TRITON)
+    toy(reg, B.TORCH, B.TRITON, op="toy.other")
+    record = tmp_path / "record.jsonl"
+    lines = [{"op": "toy.double", "shape": {"n": 512}, "mode": "eager"},
+             {"op": "toy.double", "shape": {"n": 256}, "mode": "eager"},
+             {"op": "toy.double", "shape": {"n": 512}, "mode": "eager"},
+             {"op": "not.registered", "shape": {"n": 1}, "mode": "eager"}]
+    record.write_text("\n".join(json.dumps(line) for line in lines) + "\n\n")
+    result = run("tune", "--from-record", record, "--json")
+    assert result.exit_code == 0, result.output
+    [outcome] = json.loads(result.stdout)["outcomes"]
+    assert outcome["op"] == "toy.double"
+    assert [s["shape"] for s in outcome["decision"]["candidates"][0]["shapes"]] == [{"n": 512}, {"n": 256}]
+    assert "Warning: op 'not.registered' is not registered here" in result.stderr
+
+
+@pytest.mark.parametrize("line, problem", [
+    ("{oops", "not valid JSON (Expecting property name enclosed in double quotes at column 2)"),
+    ("[1]", "not a JSON object"),
+    ('{"shape": {"n": 1}}', "'op' is missing or not a string"),
+    ('{"op": "toy.double", "shape": [1]}', "'shape' is missing or not an object"),
+    ('{"op": "toy.double", "shape": {"n": 1}, "mode": "warp"}', "'mode' is 'warp', not one of eager, graph"),
+])
+def test_malformed_record_line_names_the_line(reg, tmp_path, line, problem):
+    toy(reg, B.TORCH, B.TRITON)
+    record = tmp_path / "record.jsonl"
+    record.write_text('{"op": "toy.double", "shape": {"n": 8}, "mode": "eager"}\n' + line + "\n")
+    result = run("tune", "--from-record", record)
+    assert result.exit_code == 1
+    assert result.stderr.startswith(f"Error: {record}:2: {problem}; each line must be a JSON object like ")
+
+
+def test_shapes_and_record_together_is_a_usage_error(reg, tmp_path):
+    path = tmp_path / "x.json"
+    path.write_text("{}")
+    assert run("tune", "--shapes", path, "--from-record", path).exit_code == 2
+
+
+def test_tune_without_torch_says_to_install_it(reg, monkeypatch):
+    monkeypatch.setattr(cli, "_torch_missing", lambda: True)
+    result = run("tune")
+    assert result.exit_code == 1 and "pip install torch" in result.stderr
+
+
+# --- show -------------------------------------------------------------------------------------------------
+
+def test_show_marks_in_use_stale_and_unknown_rows(reg):
+    toy(reg, B.TORCH, B.TRITON)
+    store(decision(), decision(platform=OTHER_CPU), decision(versions={"torch": "1.0"}),
+          decision(op="gone.op"))
+    result = run("show", "--json")
+    assert result.exit_code == 0
+    rows = {(r["decision"]["platform_key"], r["op"], tuple(r["decision"]["versions"].items())): r
+            for r in json.loads(result.stdout)["decisions"]}
+    assert rows[(CPU.key, "toy.double", ())]["status"] == "in use"
+    assert rows[(CPU.key, "toy.double", ())]["layer"]["kind"] == "user"
+    other = rows[(OTHER_CPU.key, "toy.double", ())]
+    assert other["status"] == "stale" and other["status_detail"] == f"tuned on {OTHER_CPU.key}, this machine is {CPU.key}"
+    old = rows[(CPU.key, "toy.double", (("torch", "1.0"),))]
+    assert old["status"] == "stale" and old["status_detail"] == "versions differ: torch 1.0 -> (none)"
+    assert rows[(CPU.key, "gone.op", ())]["status"] == "unknown op"
+    text = run("show", "--op", "toy.*")
+    assert text.exit_code == 0 and "in use" in text.stdout and "stale" in text.stdout and "gone.op" not in text.stdout
+    assert "triton *: 10 µs, 1.00x" in text.stdout
+
+
+def test_show_with_no_decisions_says_what_to_do(reg, tmp_path):
+    result = run("show", "--db", tmp_path / "empty.db")
+    assert result.exit_code == 0 and "run `autosel tune`" in result.stdout
+
+
+# --- doctor -----------------------------------------------------------------------------------------------
+
+def test_doctor_gives_each_backends_reason(reg):
+    toy(reg, B.TORCH, B.TRITON)
+    reg.register(KernelSpec("toy.double", B.FLASHINFER, "flashinfer.x:y", requires=("flashinfer",)))
+    reg.register(KernelSpec("toy.double", B.SGL_KERNEL, "m:x", capabilities=frozenset({Cap.cuda(min_sm=(9, 0))})))
+    result = run("doctor", "--json")
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    [op] = report["ops"]
+    reasons = {b["backend"]: b["reason"] for b in op["backends"]}
+    assert reasons["torch"] is None and reasons["triton"] is None
+    assert reasons["flashinfer"] == "package 'flashinfer' is not installed (pip install flashinfer-python)"
+    assert reasons["sgl_kernel"] == "needs cuda, device is cpu"
+    assert op["selection"] == "measured among torch, triton on 2 shapes"
+    assert {v["name"] for v in report["environment"]} >= {"AUTOSEL_DB", "AUTOSEL_TUNE", "AUTOSEL_RECORD"}
+    text = run("doctor")
+    assert "no: package 'flashinfer' is not installed (pip install flashinfer-python)" in text.stdout
+    assert "OK: nothing blocks selection." in text.stdout
+
+
+def test_doctor_op_with_no_eligible_backend_is_not_blocking(reg):
+    reg.register(KernelSpec("gpu.only", B.FLASHINFER, "m:a", capabilities=frozenset({Cap.CUDA})))
+    reg.register(KernelSpec("gpu.only", B.SGL_KERNEL, "m:b", capabilities=frozenset({Cap.CUDA})))
+    result = run("doctor")
+    assert result.exit_code == 0
+    assert "no backend eligible here: only explicit backend=... calls work" in result.stdout
+
+
+def test_doctor_bad_variable_is_blocking(reg, monkeypatch):
+    monkeypatch.setenv("AUTOSEL_TUNE", "sometimes")
+    result = run("doctor")
+    assert result.exit_code == 1
+    assert "sometimes" in result.stdout  # the environment table still shows it
+    assert result.stderr.startswith("Error: selection is blocked: AUTOSEL_TUNE='sometimes' is not valid; "
+                                    "allowed values: auto, off, force")
+
+
+def test_doctor_plugin_error_is_blocking(reg, monkeypatch):
+    import importlib
+
+    monkeypatch.setitem(importlib.import_module("autosel.registry").plugin_errors, "broken",
+                        "ModuleNotFoundError: No module named 'broken_ops'")
+    result = run("doctor", "--json")
+    assert result.exit_code == 1
+    assert json.loads(result.stdout)["plugin_errors"] == {"broken": "ModuleNotFoundError: No module named 'broken_ops'"}
+    assert "plug-in 'broken' failed to load" in result.stderr
+
+
+# --- export, merge, prune ---------------------------------------------------------------------------------
+
+def test_export_jsonl_and_sqlite(reg, tmp_path):
+    toy(reg, B.TORCH, B.TRITON)
+    store(decision(), decision(op="toy.other"))
+    jsonl = tmp_path / "out.jsonl"
+    result = run("export", "--out", jsonl, "--op", "toy.double")
+    assert result.exit_code == 0 and result.stdout == f"Exported 1 decision(s) to {jsonl} (jsonl).\n"
+    assert [json.loads(line)["op"] for line in jsonl.read_text().splitlines()] == ["toy.double"]
+    db = tmp_path / "out.db"
+    assert run("export", "--out", db, "--json").exit_code == 0
+    assert sqlite3.connect(db).execute("SELECT count(*) FROM decisions").fetchone() == (2,)
+    again = run("export", "--out", db)
+    assert again.exit_code == 1 and "already exists" in again.stderr and "--force" in again.stderr
+    assert run("export", "--out", db, "--force").exit_code == 0
+
+
+def test_export_with_nothing_to_export_writes_nothing(reg, tmp_path):
+    out = tmp_path / "empty.jsonl"
+    result = run("export", "--out", out)
+    assert result.exit_code == 1 and "run `autosel tune` first" in result.stderr
+    assert not out.exists()
+
+
+def test_merge_reports_conflicts_and_exits_1_when_left_out(reg, tmp_path):
+    a, b = tmp_path / "a.db", tmp_path / "b.db"
+    store(decision(winner="triton"), db=a)
+    store(decision(winner="torch", created_at="2026-02-01T00:00:00+00:00"), decision(op="toy.other"), db=b)
+    result = run("merge", a, b, "--out", tmp_path / "m.db")
+    assert result.exit_code == 1
+    assert "Merged 2 input(s)" in result.stdout and "Merged 2 input(s) into" in result.stdout
+    assert f"Conflict: toy.double (eager, {CPU.key}): {a} -> triton, {b} -> torch; left out" in result.stdout
+    assert result.stderr.startswith("Error: 1 conflicting decision(s) were left out")
+    kept = run("merge", a, b, "--out", tmp_path / "n.jsonl", "--prefer", "newest", "--json")
+    assert kept.exit_code == 0
+    report = json.loads(kept.stdout)
+    assert report["rows"] == 2 and len(report["conflicts"]) == 1 and not report["conflicts_left_out"]
+    winners = {json.loads(line)["op"]: json.loads(line)["winner"] for line in (tmp_path / "n.jsonl").read_text().splitlines()}
+    assert winners == {"toy.double": "torch", "toy.other": "triton"}
+
+
+def test_merge_missing_input_is_a_usage_error(tmp_path):
+    assert run("merge", tmp_path / "nope.db", "--out", tmp_path / "m.db").exit_code == 2
+
+
+def test_prune_removes_only_this_machines_stale_rows(reg):
+    toy(reg, B.TORCH, B.TRITON)
+    store(decision(), decision(versions={"torch": "1.0"}), decision(platform=OTHER_CPU, versions={"torch": "1.0"}))
+    dry = run("prune", "--dry-run")
+    assert dry.exit_code == 0
+    assert dry.stdout.splitlines()[-1] == "Would remove 1 stale decision(s) (run without --dry-run to remove them)."
+    assert "versions differ: torch 1.0 -> (none)" in dry.stdout
+    assert len(selector.database(cli._settings(None, full=False)).decisions()) == 3
+    result = run("prune", "--json")
+    assert json.loads(result.stdout)["removed"] == 1
+    left = {(d.platform_key, tuple(d.versions.items())) for d, _ in
+            selector.database(cli._settings(None, full=False)).decisions()}
+    assert left == {(CPU.key, ()), (OTHER_CPU.key, (("torch", "1.0"),))}
+
+
+# --- report -----------------------------------------------------------------------------------------------
+
+def test_report_after_a_tune_is_one_self_contained_page(reg, tmp_path):
+    toy(reg, B.TORCH, B.TRITON, B.JIT)
+    assert run("tune").exit_code == 0
+    out = tmp_path / "report.html"
+    result = run("report", "--out", out)
+    assert result.exit_code == 0 and result.stdout == f"Wrote {out}: 1 decision(s).\n"
+    page = out.read_text()
+    assert "<svg" in page and "toy.double" in page and "raised RuntimeError" in page and CPU.key in page
+    assert "<script" not in page and "<link" not in page and "http" not in page.replace('xmlns="http://www.w3.org/2000/svg"', "")
+
+
+def test_report_with_no_decisions_is_an_error(reg, tmp_path):
+    result = run("report", "--out", tmp_path / "r.html")
+    assert result.exit_code == 1 and "run `autosel tune` first" in result.stderr

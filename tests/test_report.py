@@ -1,0 +1,114 @@
+"""The HTML report: self-contained, log-scale inline SVG, the winner marked, reasons escaped."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from autosel.decisions import CandidateResult, Decision, Measurement, ShapeResult
+from autosel.report import Entry, candidate_median_us, format_us, render_report, svg_chart
+
+SHAPES = [{"tokens": 1, "hidden": 4096}, {"tokens": 512, "hidden": 4096}]
+
+
+def timing(median: float) -> Measurement:
+    return Measurement(median_us=median, p20_us=median * 0.9, p80_us=median * 1.1, samples=10, method="fake")
+
+
+def candidate(backend: str, medians: list[float] | None, status: str = "ok", reason: str | None = None):
+    shapes = tuple(ShapeResult(shape=dict(s), timing=timing(m) if medians else None)
+                   for s, m in zip(SHAPES, medians or [0.0] * len(SHAPES)))
+    return CandidateResult(backend=backend, status=status, reason=reason, score=1.0 if medians else None,
+                           shapes=shapes)
+
+
+def decision(**overrides) -> Decision:
+    fields = dict(
+        op="layernorm.rmsnorm", mode="eager", bucket="*", winner="triton", platform_key="cpu/x86_64/test/2",
+        versions={"torch": "2.13.0"}, margin=0.03, runner_up="torch", lead_over_runner_up=0.42,
+        candidates=(candidate("torch", [8.0, 400.0]), candidate("triton", [5.0, 300.0]),
+                    candidate("aot", None, "rejected", "max abs error 0.31 > atol 0.02 at tokens=64 <b>")),
+        per_shape_winners=(('{"hidden": 4096, "tokens": 1}', "triton"), ('{"hidden": 4096, "tokens": 512}', "triton")),
+        method="fake", created_at="2026-01-01T00:00:00+00:00", autosel_version="0.1.0",
+    )
+    fields.update(overrides)
+    return Decision(**fields)
+
+
+def page(*decisions: Decision, status: str = "in use") -> str:
+    entries = [Entry(d, "/tmp/user.db", "user", status) for d in decisions]
+    return render_report(entries, platform_facts=[("key", "cpu/x86_64/test/2"), ("versions", "torch 2.13.0")],
+                         layers=[("user", "/tmp/user.db (writable, 1 rows)")], generated_at="now",
+                         autosel_version="0.1.0")
+
+
+def test_page_is_self_contained():
+    html = page(decision())
+    assert html.startswith("<!DOCTYPE html>") and "<style>" in html
+    without_svg_namespace = html.replace('xmlns="http://www.w3.org/2000/svg"', "")
+    assert not re.search(r"<script|<link|<img|@import|url\(|https?:", without_svg_namespace)
+
+
+def test_page_has_the_platform_layers_and_each_ops_evidence():
+    html = page(decision(), decision(op="gemm.mm", winner="torch"))
+    assert "cpu/x86_64/test/2" in html and "/tmp/user.db (writable, 1 rows)" in html
+    assert html.index("gemm.mm") < html.index("layernorm.rmsnorm <span")  # ops in order
+    assert "margin +42.0%" in html and "torch 2.13.0" in html
+    assert html.count("<svg") == 2
+
+
+def test_rejection_reasons_are_shown_and_escaped():
+    html = page(decision())
+    assert "max abs error 0.31 &gt; atol 0.02 at tokens=64 &lt;b&gt;" in html
+    assert "<b>" not in html.split("<body>")[1].replace("<b>triton</b>", "").replace("<b>torch</b>", "")
+
+
+def test_chart_is_log_scale_with_the_winner_marked():
+    svg = svg_chart(decision())
+    assert "log scale" in svg
+    ticks = re.findall(r'class="tick">([^<]+)</text>', svg)
+    for label in ("1 µs", "10 µs", "100 µs", "1 ms"):
+        assert label in ticks
+    assert "triton ★ winner" in svg
+    # the winner's line is drawn thicker than the others, and last (on top)
+    widths = re.findall(r'<polyline points="[^"]+" fill="none" stroke="[^"]+" stroke-width="([\d.]+)"', svg)
+    assert widths == ["1.6", "3.5"]
+    assert "fastest at this shape" in svg and "triton at tokens=512, hidden=4096: median 300 µs" in svg
+
+
+def test_rejected_candidates_are_not_plotted():
+    svg = svg_chart(decision())
+    assert "aot" not in svg
+
+
+def test_dropped_candidate_is_dashed_and_labelled():
+    d = decision(candidates=(candidate("torch", [80.0, 4000.0], "dropped", "dropped after the first round"),
+                             candidate("triton", [5.0, 300.0])))
+    svg = svg_chart(d)
+    assert 'stroke-dasharray="6,4"' in svg and "torch (dropped)" in svg
+
+
+def test_no_timings_says_so_instead_of_an_empty_plot():
+    d = decision(candidates=(candidate("torch", None, "rejected", "raised"),))
+    assert svg_chart(d) == '<p class="muted">No candidate was timed, so there is nothing to plot.</p>'
+
+
+def test_per_shape_winners_table():
+    html = page(decision())
+    assert "<code>tokens=1, hidden=4096</code></td><td>triton</td>" in html
+
+
+def test_stale_entries_are_badged():
+    assert '<span class="badge stale">stale</span>' in page(decision(), status="stale")
+
+
+@pytest.mark.parametrize("value, text", [(0.5, "0.5 µs"), (12.34, "12.3 µs"), (2500.0, "2.5 ms"),
+                                         (3.2e6, "3.2 s"), (None, "-")])
+def test_format_us(value, text):
+    assert format_us(value) == text
+
+
+def test_candidate_median_is_the_geomean_of_per_shape_medians():
+    assert candidate_median_us(candidate("torch", [8.0, 200.0])) == pytest.approx(40.0)
+    assert candidate_median_us(candidate("aot", None)) is None
