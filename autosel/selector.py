@@ -146,7 +146,7 @@ def _decide(op: str, eligible: list[KernelSpec], platform: PlatformInfo, mode: s
 
 def tune_and_record(definition: OpDefinition, eligible: list[KernelSpec], *, platform: PlatformInfo, mode: str,
                     db, budget_s: float, force: bool = False, shapes: list[dict] | None = None,
-                    on_event: Callable | None = None) -> Decision:
+                    on_event: Callable | None = None, isolate_timeout_s: float | None = None) -> Decision:
     """Tune under the DB's lease for (platform, op, mode), so processes on one device time it once; record it."""
     from autosel import __version__
     from autosel.timing import timer_for
@@ -161,7 +161,7 @@ def tune_and_record(definition: OpDefinition, eligible: list[KernelSpec], *, pla
             if hit is not None:
                 return hit[0]
         tuner = Tuner(timer=timer_for(platform.torch_device, mode), device=platform.torch_device,
-                      budget_s=budget_s, on_event=on_event)
+                      budget_s=budget_s, on_event=on_event, isolate_timeout_s=isolate_timeout_s)
         decision = tuner.tune(definition, eligible, reference=reference_for(definition, eligible),
                               shapes=shapes or definition.shapes_for(platform), mode=mode,
                               platform_key=platform.key, versions=version_vector(platform, eligible),
@@ -279,8 +279,12 @@ def modes_for(platform: PlatformInfo) -> list[str]:
 
 def tune_ops(patterns: list[str] | None = None, *, force: bool = False, budget_s: float | None = None,
              shapes: dict[str, list[dict]] | None = None, modes: list[str] | None = None,
-             on_event: Callable | None = None, settings: config.Settings | None = None) -> list[TuneOutcome]:
-    """Tune every contested op (or those matching `patterns`) in every mode; stored decisions are reused."""
+             on_event: Callable | None = None, settings: config.Settings | None = None,
+             isolate_timeout_s: float | None = None) -> list[TuneOutcome]:
+    """Tune every contested op (or those matching `patterns`) in every mode; stored decisions are reused.
+
+    isolate_timeout_s: check each candidate first in a child process killed after this many seconds.
+    """
     settings = settings or config.settings()
     platform, db = _platform(), database(settings)
     outcomes = []
@@ -300,7 +304,8 @@ def tune_ops(patterns: list[str] | None = None, *, force: bool = False, budget_s
             try:
                 decision = tune_and_record(definition, eligible, platform=platform, mode=mode, db=db,
                                            budget_s=budget_s or settings.budget_s, force=force,
-                                           shapes=op_shapes, on_event=on_event)
+                                           shapes=op_shapes, on_event=on_event,
+                                           isolate_timeout_s=isolate_timeout_s)
             except TuningError as exc:
                 outcomes.append(TuneOutcome(op, mode, "failed", None, str(exc)))
                 continue

@@ -101,6 +101,24 @@ CapabilityRequirement.HIP = CapabilityRequirement(DeviceType.HIP)  # type: ignor
 CapabilityRequirement.NPU = CapabilityRequirement(DeviceType.NPU)  # type: ignore[attr-defined]
 
 
+def resolve_target(target: str) -> Any:
+    """Import the module of a "module:attr" target and follow the dotted attribute path."""
+    module_name, _, attr = target.partition(":")
+    obj: Any = importlib.import_module(module_name)
+    for part in attr.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def target_of(obj: Any) -> str | None:
+    """The "module:attr" target that resolves back to `obj`, or None (lambdas, closures, locals)."""
+    target = f"{getattr(obj, '__module__', '')}:{getattr(obj, '__qualname__', '')}"
+    try:
+        return target if "<" not in target and resolve_target(target) is obj else None
+    except (ImportError, AttributeError, ValueError):
+        return None
+
+
 def _as_capabilities(caps: Any) -> frozenset[CapabilityRequirement]:
     if isinstance(caps, CapabilityRequirement):
         return frozenset([caps])
@@ -161,9 +179,8 @@ class KernelSpec:
 
     def load(self) -> Callable[..., Any]:
         """Import the target module and follow the dotted attribute path."""
-        module_name, _, attr = self.target.partition(":")
         try:
-            obj: Any = importlib.import_module(module_name)
+            return resolve_target(self.target)
         except ImportError as exc:
             missing = self.missing_packages()
             if missing:
@@ -173,9 +190,6 @@ class KernelSpec:
                     name=missing[0],
                 ) from exc
             raise
-        for part in attr.split("."):
-            obj = getattr(obj, part)
-        return obj
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,7 @@ ROUNDS = 3
 
 @dataclass(frozen=True)
 class TuneEvent:
-    """What the tuner is doing, for progress bars and logs. kind: started, rejected, dropped, measured, chosen."""
+    """What the tuner is doing, for progress bars and logs. kind: started, rejected, dropped, progress, chosen."""
 
     kind: str
     op: str
@@ -84,13 +84,50 @@ def _margin(measurements: Sequence[Measurement], floor: float) -> float:
     return max([floor] + [m.spread / 2 for m in measurements])
 
 
+@dataclass
+class CheckReport:
+    errors: dict[int, tuple[float | None, float | None]]  # shape index -> (max abs, max rel) error
+    first_call_s: dict[int, float]  # includes compilation on the first shape
+    reason: str | None = None  # why it failed, or None
+
+
+def check_candidate(fn: Callable[..., Any], definition: OpDefinition, reference: Callable[..., Any],
+                    shapes: Sequence[dict], *, device: str, seed: int = 0) -> CheckReport:
+    """Run `fn` and the reference on the same fresh random inputs of every shape; stop at the first failure."""
+    import torch
+
+    report = CheckReport({}, {})
+    for index, shape in enumerate(shapes):
+        torch.manual_seed(seed + index)
+        args = definition.make_inputs(dict(shape), device)
+        ref_args, call_args = checks.clone_args(args), checks.clone_args(args)
+        expected = checks.outputs_of(reference(*ref_args), ref_args)
+        began = time.perf_counter()
+        try:
+            result = fn(*call_args)
+            synchronize(device)
+        except Exception as exc:
+            report.reason = f"raised {type(exc).__name__}: {exc} at {shape_text(shape)}"
+            return report
+        report.first_call_s[index] = time.perf_counter() - began
+        outcome = checks.compare(checks.outputs_of(result, call_args), expected, rtol=definition.rtol,
+                                 atol=definition.atol)
+        report.errors[index] = (outcome.max_abs_err, outcome.max_rel_err)
+        if not outcome.ok:
+            report.reason = f"{outcome.reason} at {shape_text(shape)}"
+            return report
+    return report
+
+
 class Tuner:
     """Tunes one op on one device in one execution mode. The timer is injected (tests pass a fake)."""
 
     def __init__(self, *, timer: Timer, device: str, rounds: int = ROUNDS, margin_floor: float = MARGIN_FLOOR,
                  drop_factor: float = DROP_FACTOR, budget_s: float = 30.0, seed: int = 0,
-                 on_event: Callable[[TuneEvent], None] | None = None) -> None:
+                 on_event: Callable[[TuneEvent], None] | None = None, isolate_timeout_s: float | None = None) -> None:
+        """isolate_timeout_s: check each candidate first in a child process that is killed after this long."""
         self.timer, self.device, self.rounds = timer, device, rounds
+        self.isolate_timeout_s = isolate_timeout_s
         self.margin_floor, self.drop_factor, self.budget_s, self.seed = margin_floor, drop_factor, budget_s, seed
         self.on_event = on_event or (lambda event: None)
 
@@ -105,6 +142,8 @@ class Tuner:
         for candidate in candidates:
             if candidate.fn is None:
                 self._emit("rejected", op, candidate.backend, candidate.reason or "")
+        if self.isolate_timeout_s is not None:
+            self._probe_isolated(definition, candidates, reference, shapes)
         self._check(definition, candidates, reference, shapes)
         self._time(definition, [c for c in candidates if c.status == "ok"], shapes, started)
         return self._decide(definition, candidates, shapes, mode=mode, platform_key=platform_key,
@@ -122,34 +161,28 @@ class Tuner:
             candidate.reject("rejected", f"could not load {candidate.spec.target!r}: {type(exc).__name__}: {exc}")
         return candidate
 
+    def _probe_isolated(self, definition: OpDefinition, candidates: list[_Candidate], reference, shapes) -> None:
+        from autosel.isolate import probe
+
+        for candidate in candidates:
+            if candidate.status != "ok":
+                continue
+            reason = probe(candidate.spec, definition, reference, shapes, device=self.device, seed=self.seed,
+                           timeout_s=self.isolate_timeout_s)
+            if reason:
+                candidate.reject("rejected", f"in isolation: {reason}")
+                self._emit("rejected", definition.op, candidate.backend, candidate.reason)
+
     def _check(self, definition: OpDefinition, candidates: list[_Candidate], reference, shapes) -> None:
         """Every candidate must match the reference on fresh random inputs of every shape before it is timed."""
-        import torch
-
-        for index, shape in enumerate(shapes):
-            torch.manual_seed(self.seed + index)
-            args = definition.make_inputs(dict(shape), self.device)
-            ref_args = checks.clone_args(args)
-            expected = checks.outputs_of(reference(*ref_args), ref_args)
-            for candidate in candidates:
-                if candidate.status != "ok":
-                    continue
-                call_args = checks.clone_args(args)
-                began = time.perf_counter()
-                try:
-                    result = candidate.fn(*call_args)
-                    synchronize(self.device)
-                except Exception as exc:
-                    candidate.reject("rejected", f"raised {type(exc).__name__}: {exc} at {shape_text(shape)}")
-                    self._emit("rejected", definition.op, candidate.backend, candidate.reason)
-                    continue
-                candidate.first_call_s[index] = time.perf_counter() - began
-                outcome = checks.compare(checks.outputs_of(result, call_args), expected,
-                                         rtol=definition.rtol, atol=definition.atol)
-                candidate.errors[index] = (outcome.max_abs_err, outcome.max_rel_err)
-                if not outcome.ok:
-                    candidate.reject("rejected", f"{outcome.reason} at {shape_text(shape)}")
-                    self._emit("rejected", definition.op, candidate.backend, candidate.reason)
+        for candidate in candidates:
+            if candidate.status != "ok":
+                continue
+            report = check_candidate(candidate.fn, definition, reference, shapes, device=self.device, seed=self.seed)
+            candidate.errors, candidate.first_call_s = report.errors, report.first_call_s
+            if report.reason:
+                candidate.reject("rejected", report.reason)
+                self._emit("rejected", definition.op, candidate.backend, candidate.reason)
 
     def _time(self, definition: OpDefinition, alive: list[_Candidate], shapes, started: float) -> None:
         """Interleaved rounds (A B C A B C ...), rotating the order each round so no one always goes first.

@@ -166,3 +166,20 @@ def test_real_cpu_timer_tells_a_64x_slower_kernel_apart(toy):
     fast = decision.candidate("triton").shapes[0].timing
     assert fast.samples >= 1 and fast.p20_us <= fast.median_us <= fast.p80_us
     assert decision.method == "cpu:torch.utils.benchmark"
+
+
+def test_isolation_records_crashes_and_hangs_and_the_others_go_on(toy):
+    definition, kernels = toy
+    candidates = specs(torch="fast", aot="segfaults", jit="hangs", triton="fast")
+    decision = run(definition, kernels, candidates, FakeTimer({"torch": 100.0, "triton": 50.0}),
+                   isolate_timeout_s=12)
+    assert decision.winner == "triton"
+    assert decision.candidate("aot").reason == "in isolation: crashed the process (SIGSEGV)"
+    assert decision.candidate("jit").reason == "in isolation: hung: no answer from its check within 12 s (killed)"
+
+
+def test_isolation_needs_importable_input_factories(toy):
+    definition, kernels = toy
+    local = OpDefinition(OP, shapes=kernels.SHAPES, make_inputs=lambda shape, device: kernels.inputs(shape, device))
+    with pytest.raises(TuningError, match="its make_inputs is not an importable module-level function"):
+        run(local, kernels, specs(torch="fast", triton="fast"), FakeTimer({}), isolate_timeout_s=5)

@@ -34,3 +34,17 @@ def inputs(shape: dict, device: str) -> tuple:
 
 
 SHAPES = [{"n": SIZE}, {"n": SIZE // 4}]
+
+
+def segfaults(x: torch.Tensor) -> torch.Tensor:
+    import ctypes
+
+    ctypes.string_at(0)  # reads address 0: SIGSEGV, as a kernel with a bad pointer would
+    return x
+
+
+def hangs(x: torch.Tensor) -> torch.Tensor:
+    import time
+
+    time.sleep(3600)
+    return x
