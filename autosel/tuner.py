@@ -228,9 +228,11 @@ class Tuner:
 
     def _drop_far_behind(self, op: str, alive: list[_Candidate], n_shapes: int) -> None:
         scores = _scores(alive, n_shapes)
+        best = min(scores.values())  # relative to the best score, so the leader itself is never dropped
         for candidate in alive:
-            if scores[candidate.backend] > self.drop_factor:
-                candidate.reject("dropped", f"dropped after the first round: {scores[candidate.backend]:.2f}x "
+            behind = scores[candidate.backend] / best
+            if behind > self.drop_factor:
+                candidate.reject("dropped", f"dropped after the first round: {behind:.2f}x "
                                             f"the best candidate's time (threshold {self.drop_factor:g}x)")
                 self._emit("dropped", op, candidate.backend, candidate.reason)
 

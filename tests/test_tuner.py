@@ -183,3 +183,13 @@ def test_isolation_needs_importable_input_factories(toy):
     local = OpDefinition(OP, shapes=kernels.SHAPES, make_inputs=lambda shape, device: kernels.inputs(shape, device))
     with pytest.raises(TuningError, match="its make_inputs is not an importable module-level function"):
         run(local, kernels, specs(torch="fast", triton="fast"), FakeTimer({}), isolate_timeout_s=5)
+
+
+def test_the_leader_is_never_dropped_even_when_every_score_is_far_from_one(toy):
+    # Used to drop both: each was 10x behind on one shape, so both geometric means exceeded 3.
+    definition, kernels = toy
+    n1, n2 = kernels.SHAPES[0]["n"], kernels.SHAPES[1]["n"]
+    timer = FakeTimer({"torch": 100.0, "triton": 100.0}, noise=0.0001,
+                      shape_factor={("torch", n1): 10.0, ("triton", n2): 12.0})
+    decision = run(definition, kernels, specs(torch="fast", triton="fast"), timer)
+    assert decision.candidate("torch").status == "ok"
