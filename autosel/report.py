@@ -86,7 +86,9 @@ def svg_chart(decision: Decision, *, width: int = 880, height: int = 340) -> str
     values = [v for c in timed for s in c.shapes if s.timing
               for v in (s.timing.median_us, s.timing.p20_us, s.timing.p80_us) if v > 0]
     lo_exp, hi_exp, ticks = _log_ticks(min(values), max(values))
-    left, right, top = 78, 190, 16
+    legend_chars = max(len(c.backend) + (9 if c.backend == decision.winner else 0) + (0 if c.ok else len(c.status) + 3)
+                       for c in timed)
+    left, right, top = 78, max(190, 50 + 8 * legend_chars), 16
     labels = [shape_label(s) for s in shapes]
     rotate = max(len(t) for t in labels) * 7 > (width - left - right) / max(len(shapes), 1)
     bottom = 96 if rotate else 58
@@ -224,7 +226,10 @@ def _per_shape_table(decision: Decision) -> str:
             cls = "num winner" if c.backend == winner else "num"
             cells.append(f'<td class="{cls}">{_e(format_us(timing.median_us if timing else None))}</td>')
         rows.append(f"<tr><td><code>{_e(_shape_text(shape))}</code></td><td>{_e(winner)}</td>{''.join(cells)}</tr>")
-    return (f"<table><tr><th>shape</th><th>fastest here</th>{head}</tr>" + "".join(rows) + "</table>")
+    note = ('<p class="muted">Chosen here: the winner at that shape among the candidates measured to the end; '
+            "a dropped candidate's first-round times are shown but it cannot win.</p>"
+            if any(c.status == "dropped" for c in timed) else "")
+    return (f"<table><tr><th>shape</th><th>chosen here</th>{head}</tr>" + "".join(rows) + "</table>" + note)
 
 
 def _op_section(entry: Entry) -> str:
@@ -234,7 +239,9 @@ def _op_section(entry: Entry) -> str:
     winner_median = format_us(candidate_median_us(d.candidate(d.winner)))
     facts = _facts([
         ("winner", f"{d.winner} ({winner_median} median*)"),
-        ("runner-up", f"{d.runner_up or '-'} (margin {format_lead(d)}; a challenger had to win by {d.margin:.1%})"),
+        ("runner-up", f"{d.runner_up} (margin {format_lead(d)})" if d.runner_up
+         else "none measured to the end (the others were rejected or dropped)"),
+        ("noise margin", f"a challenger had to beat the default by {d.margin:.1%} (from the measured p20-p80 spread)"),
         ("from", f"{entry.layer_kind} layer {entry.layer_path}"),
         ("timed with", f"{d.method or '-'} in {d.tune_s:.1f} s, {d.created_at or '-'} by autosel "
                        f"{d.autosel_version or '-'}"),
