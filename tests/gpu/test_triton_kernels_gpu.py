@@ -1,0 +1,63 @@
+"""GPU tests for autosel.ops.triton_kernels: the checks of tests/test_triton_kernels.py at model-sized shapes."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU to compile Triton kernels")
+
+DTYPES = [torch.float32, torch.bfloat16, torch.float16]
+
+
+@pytest.fixture(scope="module")
+def cases():
+    # Imported lazily so that a machine without CUDA only skips, never runs the CPU module's interpreter setup.
+    tests_dir = str(Path(__file__).resolve().parents[1])
+    if tests_dir not in sys.path:
+        sys.path.insert(0, tests_dir)
+    return importlib.import_module("test_triton_kernels")
+
+
+# 40000 columns exceed the one-pass row limit for every dtype, so the chunked path runs too; 128 is a
+# per-head norm, where several rows share one program.
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(1, 4096), (257, 8192), (513, 128), (3, 40000)])
+def test_rmsnorm(cases, shape, dtype):
+    cases.check_rmsnorm(shape, dtype, "cuda")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(1, 4096), (257, 8192), (513, 128), (3, 40000)])
+def test_fused_add_rmsnorm(cases, shape, dtype):
+    cases.check_fused_add_rmsnorm(shape, dtype, "cuda")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(1, 2 * 14336), (300, 2 * 11008)])
+@pytest.mark.parametrize("gelu", [False, True], ids=["silu", "gelu"])
+def test_act_and_mul(cases, gelu, shape, dtype):
+    fn, ref = ((cases.tk.gelu_and_mul, cases.ref_gelu_and_mul) if gelu
+               else (cases.tk.silu_and_mul, cases.ref_silu_and_mul))
+    cases.check_act_and_mul(fn, ref, shape, dtype, "cuda")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("is_neox", [True, False], ids=["neox", "gptj"])
+@pytest.mark.parametrize(
+    "n_tokens, n_q_heads, n_kv_heads, head_size, rotary_dim",
+    [(300, 32, 8, 128, 128), (64, 40, 8, 128, 64), (7, 8, 1, 80, 80)],
+)
+def test_rope(cases, n_tokens, n_q_heads, n_kv_heads, head_size, rotary_dim, is_neox, dtype):
+    cases.check_rope(n_tokens=n_tokens, n_q_heads=n_q_heads, n_kv_heads=n_kv_heads, head_size=head_size,
+                     rotary_dim=rotary_dim, is_neox=is_neox, dtype=dtype, device="cuda", max_pos=4096)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("m, n, k", [(1, 4096, 4096), (257, 1000, 999)])
+def test_mm(cases, m, n, k, dtype):
+    cases.check_mm(m, n, k, dtype, "cuda")

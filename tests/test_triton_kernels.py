@@ -1,0 +1,264 @@
+"""Tests for autosel.ops.triton_kernels against plain-torch references, under Triton's CPU interpreter when there is no GPU."""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+
+import pytest
+import torch
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+_INTERPRET = DEVICE == "cpu"
+_KERNELS = "autosel.ops.triton_kernels"
+
+
+def _import_kernels():
+    if not _INTERPRET:
+        return importlib.import_module(_KERNELS)
+    # @triton.jit fixes interpret mode at decoration, so import a private copy under the variable, then put back both
+    # the variable and any copy other test modules imported, leaving their view of triton untouched.
+    saved_module = sys.modules.pop(_KERNELS, None)
+    saved_env = os.environ.get("TRITON_INTERPRET")
+    os.environ["TRITON_INTERPRET"] = "1"
+    try:
+        return importlib.import_module(_KERNELS)
+    finally:
+        if saved_env is None:
+            del os.environ["TRITON_INTERPRET"]
+        else:
+            os.environ["TRITON_INTERPRET"] = saved_env
+        if saved_module is None:
+            sys.modules.pop(_KERNELS, None)
+        else:
+            sys.modules[_KERNELS] = saved_module
+
+
+tk = _import_kernels()
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _interpreter_env():
+    # The interpreter also reads the variable while launching (triton imports gluon lazily and asserts it).
+    if not _INTERPRET:
+        yield
+        return
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("TRITON_INTERPRET", "1")
+        yield
+
+
+DTYPES = [torch.float32, torch.bfloat16, torch.float16]
+# (rtol, atol) per dtype: about one or two ulps of the output dtype.
+TOL = {torch.float32: (1e-5, 1e-5), torch.bfloat16: (2e-2, 2e-2), torch.float16: (1e-2, 1e-2)}
+EPS = 1e-6
+
+
+def assert_close(actual: torch.Tensor, expected: torch.Tensor, dtype: torch.dtype) -> None:
+    assert actual.dtype == expected.dtype and actual.shape == expected.shape
+    rtol, atol = TOL[dtype]
+    torch.testing.assert_close(actual, expected, rtol=rtol, atol=atol, equal_nan=False)
+
+
+def randn(*shape: int, dtype: torch.dtype, device: str, scale: float = 1.0) -> torch.Tensor:
+    return (torch.randn(*shape, dtype=torch.float32) * scale).to(dtype=dtype, device=device)
+
+
+# --------------------------------------------------------------------------------------------------
+# Plain-torch references.
+
+
+def ref_rmsnorm(x, weight, eps):
+    xf = x.float()
+    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype) * weight
+
+
+def ref_fused_add_rmsnorm(x, residual, weight, eps):
+    new_residual = (x.float() + residual.float()).to(residual.dtype)
+    return ref_rmsnorm(new_residual, weight, eps), new_residual
+
+
+def ref_silu_and_mul(x):
+    a, b = x.float().chunk(2, dim=-1)
+    return (torch.nn.functional.silu(a) * b).to(x.dtype)
+
+
+def ref_gelu_and_mul(x):
+    a, b = x.float().chunk(2, dim=-1)
+    return (torch.nn.functional.gelu(a, approximate="none") * b).to(x.dtype)
+
+
+def ref_rope(positions, query, key, head_size, cos_sin_cache, is_neox):
+    rotary_dim = cos_sin_cache.shape[-1]
+    half = rotary_dim // 2
+    cos, sin = cos_sin_cache[positions].float()[:, None, :].split(half, dim=-1)
+
+    def rotate(t):
+        heads = t.float().reshape(t.shape[0], -1, head_size)
+        rot, rest = heads[..., :rotary_dim], heads[..., rotary_dim:]
+        x1, x2 = (rot[..., :half], rot[..., half:]) if is_neox else (rot[..., 0::2], rot[..., 1::2])
+        o1, o2 = x1 * cos - x2 * sin, x2 * cos + x1 * sin
+        rot = torch.cat([o1, o2], dim=-1) if is_neox else torch.stack([o1, o2], dim=-1).flatten(-2)
+        return torch.cat([rot, rest], dim=-1).reshape(t.shape).to(t.dtype)
+
+    return rotate(query), rotate(key)
+
+
+def ref_mm(a, b):
+    return (a.float() @ b.float().T).to(a.dtype)
+
+
+# --------------------------------------------------------------------------------------------------
+# Checks shared with tests/gpu/test_triton_kernels_gpu.py, which runs them at bigger shapes.
+
+
+def check_rmsnorm(shape, dtype, device):
+    x = randn(*shape, dtype=dtype, device=device, scale=3.0)
+    weight = randn(shape[-1], dtype=dtype, device=device)
+    x_before = x.clone()
+    out = tk.rmsnorm(x, weight, EPS)
+    assert out.device == x.device
+    assert_close(out, ref_rmsnorm(x_before, weight, EPS), dtype)
+    assert torch.equal(x, x_before)
+
+
+def check_fused_add_rmsnorm(shape, dtype, device):
+    x = randn(*shape, dtype=dtype, device=device)
+    residual = randn(*shape, dtype=dtype, device=device, scale=2.0)
+    weight = randn(shape[-1], dtype=dtype, device=device)
+    expected_x, expected_residual = ref_fused_add_rmsnorm(x, residual, weight, EPS)
+    assert tk.fused_add_rmsnorm(x, residual, weight, EPS) is None
+    if _INTERPRET and dtype == torch.bfloat16:
+        # The interpreter truncates fp32 -> bf16 where GPUs round to nearest even: one ulp apart at most.
+        assert_close(residual, expected_residual, dtype)
+    else:
+        # Both sides round the same fp32 sum to the same dtype, so the residual must match bit for bit.
+        torch.testing.assert_close(residual, expected_residual, rtol=0, atol=0)
+    assert_close(x, expected_x, dtype)
+
+
+def check_act_and_mul(fn, ref, shape, dtype, device):
+    x = randn(*shape, dtype=dtype, device=device, scale=2.0)
+    out = fn(x)
+    assert out.shape == (*shape[:-1], shape[-1] // 2)
+    assert_close(out, ref(x), dtype)
+
+
+def check_rope(*, n_tokens, n_q_heads, n_kv_heads, head_size, rotary_dim, is_neox, dtype, device, max_pos=64):
+    positions = torch.randint(0, max_pos, (n_tokens,), dtype=torch.int64).to(device)
+    inv_freq = 1.0 / (10000 ** (torch.arange(0, rotary_dim, 2, dtype=torch.float32) / rotary_dim))
+    freqs = torch.outer(torch.arange(max_pos, dtype=torch.float32), inv_freq)
+    cos_sin_cache = torch.cat([freqs.cos(), freqs.sin()], dim=-1).to(device)
+    query = randn(n_tokens, n_q_heads * head_size, dtype=dtype, device=device)
+    key = randn(n_tokens, n_kv_heads * head_size, dtype=dtype, device=device)
+    expected_q, expected_k = ref_rope(positions, query, key, head_size, cos_sin_cache, is_neox)
+    assert tk.rope(positions, query, key, head_size, cos_sin_cache, is_neox) is None
+    assert_close(query, expected_q, dtype)
+    assert_close(key, expected_k, dtype)
+
+
+def check_mm(m, n, k, dtype, device):
+    # Scaling by K^-1/4 keeps outputs near unit size, so one tolerance fits every K.
+    a = randn(m, k, dtype=dtype, device=device, scale=k**-0.25)
+    b = randn(n, k, dtype=dtype, device=device, scale=k**-0.25)
+    assert_close(tk.mm(a, b), ref_mm(a, b), dtype)
+
+
+# --------------------------------------------------------------------------------------------------
+# Tiny, non-power-of-two shapes: the interpreter runs every program in numpy.
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(1, 8), (5, 96), (3, 200), (2, 3, 40)])
+def test_rmsnorm(shape, dtype):
+    check_rmsnorm(shape, dtype, DEVICE)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(1, 8), (5, 96), (3, 200), (2, 3, 40)])
+def test_fused_add_rmsnorm(shape, dtype):
+    check_fused_add_rmsnorm(shape, dtype, DEVICE)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("fused", [False, True])
+def test_rmsnorm_two_pass_path(monkeypatch, fused, dtype):
+    # The chunked path only starts past 16K columns, too slow to interpret; shrink its thresholds instead.
+    monkeypatch.setattr(tk, "_MAX_ROW_BYTES", 64)
+    monkeypatch.setattr(tk, "_CHUNK_COLS", 16)
+    check = check_fused_add_rmsnorm if fused else check_rmsnorm
+    check((3, 50), dtype, DEVICE)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(1, 16), (7, 80), (3, 2200), (2, 3, 48)])
+@pytest.mark.parametrize("fn, ref", [(tk.silu_and_mul, ref_silu_and_mul), (tk.gelu_and_mul, ref_gelu_and_mul)],
+                         ids=["silu", "gelu"])
+def test_act_and_mul(fn, ref, shape, dtype):
+    check_act_and_mul(fn, ref, shape, dtype, DEVICE)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("is_neox", [True, False], ids=["neox", "gptj"])
+@pytest.mark.parametrize(
+    "n_q_heads, n_kv_heads, head_size, rotary_dim",
+    [(4, 2, 16, 16), (3, 1, 24, 8), (2, 2, 12, 12), (5, 3, 20, 12)],
+)
+def test_rope(n_q_heads, n_kv_heads, head_size, rotary_dim, is_neox, dtype):
+    check_rope(n_tokens=5, n_q_heads=n_q_heads, n_kv_heads=n_kv_heads, head_size=head_size,
+               rotary_dim=rotary_dim, is_neox=is_neox, dtype=dtype, device=DEVICE)
+
+
+def test_rope_accepts_3d_query_and_key():
+    positions = torch.tensor([0, 3, 1], dtype=torch.int64, device=DEVICE)
+    cos_sin_cache = torch.randn(4, 8, dtype=torch.float32, device=DEVICE)
+    query = torch.randn(3, 2, 8, device=DEVICE)
+    key = torch.randn(3, 1, 8, device=DEVICE)
+    expected_q, expected_k = ref_rope(positions, query, key, 8, cos_sin_cache, True)
+    tk.rope(positions, query, key, 8, cos_sin_cache, True)
+    assert_close(query, expected_q, torch.float32)
+    assert_close(key, expected_k, torch.float32)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("m, n, k", [(1, 8, 16), (5, 33, 40), (37, 20, 70)])
+def test_mm(m, n, k, dtype):
+    check_mm(m, n, k, dtype, DEVICE)
+
+
+def test_mm_keeps_leading_dims():
+    a = torch.randn(2, 3, 24, device=DEVICE)
+    b = torch.randn(10, 24, device=DEVICE)
+    assert_close(tk.mm(a, b), ref_mm(a.reshape(-1, 24), b).reshape(2, 3, 10), torch.float32)
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda: tk.rmsnorm(torch.empty(0, 32, device=DEVICE), torch.ones(32, device=DEVICE), EPS),
+        lambda: tk.silu_and_mul(torch.empty(0, 32, device=DEVICE)),
+        lambda: tk.mm(torch.empty(0, 32, device=DEVICE), torch.empty(8, 32, device=DEVICE)),
+    ],
+    ids=["rmsnorm", "silu_and_mul", "mm"],
+)
+def test_zero_tokens_return_empty_without_launching(call):
+    assert call().shape[0] == 0
+
+
+@pytest.mark.parametrize(
+    "call, message",
+    [
+        (lambda: tk.rmsnorm(torch.ones(2, 8), torch.ones(6), EPS), "last dim 8, expected 6"),
+        (lambda: tk.silu_and_mul(torch.ones(2, 7)), "must be even"),
+        (lambda: tk.mm(torch.ones(2, 8), torch.ones(3, 8, dtype=torch.float16)), "cast one so both match"),
+        (lambda: tk.rope(torch.zeros(2, dtype=torch.int64), torch.ones(2, 8), torch.ones(2, 8), 4,
+                         torch.ones(4, 8), True), "must be even and <= head_size 4"),
+        (lambda: tk.fused_add_rmsnorm(torch.ones(4, 8).T, torch.ones(4, 8).T, torch.ones(4), EPS),
+         "cannot be viewed"),
+    ],
+    ids=["rmsnorm-width", "odd-width", "mm-dtypes", "rope-rotary-dim", "in-place-needs-view"],
+)
+def test_bad_arguments_name_the_values(call, message):
+    with pytest.raises(ValueError, match=message):
+        call()
