@@ -79,9 +79,17 @@ def choose(order: Sequence[str], score: dict[str, float], margin: float) -> str:
     return incumbent
 
 
+def relative_standard_error(m: Measurement) -> float:
+    """Of a median: 1.253 sigma / sqrt(n), with sigma estimated as (p80 - p20) / 1.683 (as for a normal)."""
+    return 0.745 * m.spread / math.sqrt(max(1, m.samples))
+
+
 def _margin(measurements: Sequence[Measurement], floor: float) -> float:
-    """Half the relative p20-p80 spread of the noisiest candidate, never below the floor."""
-    return max([floor] + [m.spread / 2 for m in measurements])
+    """Twice the typical (median) relative standard error of the medians compared, never below the floor.
+
+    The median over measurements, not the worst, so one disturbed shape does not freeze every decision.
+    """
+    return max(floor, 2 * statistics.median(relative_standard_error(m) for m in measurements))
 
 
 @dataclass
