@@ -360,8 +360,12 @@ def _nothing_to_tune(selector, platform, ops: tuple[str, ...]) -> str:
 @click.option("--force", is_flag=True, help="Re-tune ops that already have a stored decision.")
 @click.option("--budget-s", type=click.FloatRange(min=0, min_open=True), default=120.0, show_default=True,
               help="Time budget per op and mode, in seconds.")
+@click.option("--isolate", is_flag=True,
+              help="Check each candidate first in a child process, so a crash or hang becomes a rejection reason.")
+@click.option("--isolate-timeout-s", type=click.FloatRange(min=0, min_open=True), default=300.0, show_default=True,
+              help="With --isolate: kill a candidate's child process after this many seconds.")
 @click.option("--json", "as_json", is_flag=True, help="Write the outcome as JSON on stdout.")
-def tune(ops, shapes_file, record_file, db, force, budget_s, as_json):
+def tune(ops, shapes_file, record_file, db, force, budget_s, isolate, isolate_timeout_s, as_json):
     """Time the eligible backends of every op that has several, and store the winners.
 
     Ops already decided for this machine and these versions are reused (status "stored") and not timed again
@@ -371,6 +375,7 @@ def tune(ops, shapes_file, record_file, db, force, budget_s, as_json):
     Examples:
       autosel tune
       autosel tune --op 'activation.*' --budget-s 20 --db build.db
+      autosel tune --isolate --isolate-timeout-s 60
       AUTOSEL_RECORD=shapes.jsonl python serve.py ...; autosel tune --from-record shapes.jsonl
     """
     if shapes_file and record_file:
@@ -400,7 +405,8 @@ def tune(ops, shapes_file, record_file, db, force, budget_s, as_json):
     with _TuneProgress(total) as progress:
         for patterns, shapes, modes in runs:
             outcomes += selector.tune_ops(patterns, force=force, budget_s=budget_s, shapes=shapes, modes=modes,
-                                          on_event=progress.on_event, settings=settings)
+                                          on_event=progress.on_event, settings=settings,
+                                          isolate_timeout_s=isolate_timeout_s if isolate else None)
     if as_json:
         _echo_json({"db": str(settings.db), "platform_key": platform.key, "budget_s": budget_s,
                     "median": MEDIAN_NOTE, "outcomes": [

@@ -163,6 +163,16 @@ def test_tune_json_and_rerun_is_stored_without_timing(reg, monkeypatch):
     assert json.loads(second.stdout)["outcomes"][0]["status"] == "stored"
 
 
+def test_tune_isolate_turns_a_crash_into_a_reason(reg):
+    toy(reg, B.TORCH, B.TRITON, B.JIT)
+    result = run("tune", "--isolate", "--isolate-timeout-s", "60", "--json")
+    assert result.exit_code == 0, result.output
+    [outcome] = json.loads(result.stdout)["outcomes"]
+    assert outcome["winner"] == "triton"
+    assert [r["backend"] for r in outcome["rejected"] if r["status"] == "rejected"] == ["jit"]
+    assert outcome["rejected"][-1]["reason"].startswith("in isolation: raised RuntimeError: illegal memory access")
+
+
 def test_tune_force_retunes(reg):
     toy(reg, B.TORCH, B.TRITON)
     assert run("tune").exit_code == 0
