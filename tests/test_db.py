@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shutil
 import os
 import signal
 import sqlite3
@@ -369,9 +370,17 @@ def test_forked_child_opens_its_own_connections(tmp_path):
     db.close()
 
 
+def _copy_of_a_live_db(path: Path) -> None:
+    # Used to be flaky: an unreferenced TuningDB closed at once and checkpointed its rows into the copy.
+    live = open_db(path.with_name("live.db"))
+    live.record(decision())
+    shutil.copyfile(path.with_name("live.db"), path)  # the main file only, while the writer is open
+    live.close()
+
+
 @pytest.mark.parametrize("make, problem", [
     (lambda p: export_decisions([], p, fmt="sqlite"), "no decisions in it"),
-    (lambda p: open_db(p).record(decision()), "WAL-mode file"),  # a live user DB copied in: rows sit in -wal
+    (lambda p: _copy_of_a_live_db(p), "WAL-mode file"),  # a live user DB copied in: rows sit in its -wal
 ])
 def test_shipped_db_that_would_read_as_empty_warns(tmp_path, make, problem):
     ship = tmp_path / "ship.db"
