@@ -291,7 +291,7 @@ class _TuneProgress:
     def on_event(self, event) -> None:
         if event.kind == "started":
             self.started += 1
-            mode = event.detail.rsplit(", ", 1)[-1]
+            mode = f"{event.mode} mode"
             if self.task is not None:
                 self.bar.remove_task(self.task)
             self.task = self.bar.add_task(f"[{self.started}/{self.total}] {event.op} ({mode})", total=1.0)

@@ -205,7 +205,7 @@ def _open_shipped(path: Path) -> _Open | None:
                           else "it has no decisions table; it is not an autosel tuning DB")
     except (OSError, sqlite3.Error, Corrupt) as exc:
         warn_once(path, "shipped", f"shipped tuning DB {path} is unreadable ({exc}); skipped. Replace it with a "
-                  "file from `autosel export --fmt sqlite`, or remove it from AUTOSEL_DB_PATH.")
+                  "file from `autosel export --format sqlite`, or remove it from AUTOSEL_DB_PATH.")
         return None
     problem = None
     if version > db_tools.SCHEMA_VERSION:
@@ -215,7 +215,7 @@ def _open_shipped(path: Path) -> _Open | None:
     if wal or not conn.execute("SELECT count(*) FROM decisions").fetchone()[0]:
         problem = "WAL-mode file: rows still in a -wal next to it are not read" if wal else "no decisions in it"
         warn_once(path, "empty", f"shipped tuning DB {path}: {problem}. Ship a file made by "
-                  "`autosel export --fmt sqlite` (a single file in DELETE journal mode), not a copy of a user DB.")
+                  "`autosel export --format sqlite` (a single file in DELETE journal mode), not a copy of a user DB.")
     return _Open(str(path), "shipped", conn, writable=False, schema_version=version, problem=problem)
 
 

@@ -35,6 +35,7 @@ class TuneEvent:
     backend: str | None = None
     detail: str = ""
     fraction: float = 0.0  # of the op's work done so far, 0..1
+    mode: str = ""  # the execution mode being tuned
 
 
 @dataclass
@@ -142,7 +143,7 @@ class Tuner:
     def tune(self, definition: OpDefinition, specs: Sequence[KernelSpec], *, reference: Callable[..., Any],
              shapes: Sequence[dict], mode: str, platform_key: str, versions: dict[str, str],
              bucket: str = OP_LEVEL_BUCKET, autosel_version: str = "") -> Decision:
-        op, started = definition.op, time.perf_counter()
+        op, started, self._mode = definition.op, time.perf_counter(), mode
         if not shapes:
             raise TuningError(f"op {op!r} has no representative shapes to tune on; pass shapes= to register_op")
         self._emit("started", op, detail=f"{len(specs)} candidates, {len(shapes)} shapes, {mode} mode")
@@ -160,7 +161,7 @@ class Tuner:
 
     def _emit(self, kind: str, op: str, backend: str | None = None, detail: str = "", fraction: float = 0.0):
         log.debug("tune %s %s %s %s", op, kind, backend or "", detail)
-        self.on_event(TuneEvent(kind, op, backend, detail, fraction))
+        self.on_event(TuneEvent(kind, op, backend, detail, fraction, getattr(self, "_mode", "")))
 
     def _load(self, candidate: _Candidate) -> _Candidate:
         try:

@@ -88,7 +88,7 @@ def test_every_command_has_help_with_an_example_and_is_in_the_reference(command)
     result = run(command, "--help")
     assert result.exit_code == 0
     assert "Example" in result.output and f"autosel {command} " in result.output
-    reference = (ROOT / "docs" / "cli-reference.md").read_text()
+    reference = (ROOT / "README.md").read_text()
     assert f"### `autosel {command}`" in reference and f"autosel {command}" in reference
 
 
