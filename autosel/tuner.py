@@ -137,6 +137,7 @@ class Tuner:
         """isolate_timeout_s: check each candidate first in a child process that is killed after this long."""
         self.timer, self.device, self.rounds = timer, device, rounds
         self.isolate_timeout_s = isolate_timeout_s
+        self._mode = ""  # of the tune in progress, for events
         self.margin_floor, self.drop_factor, self.budget_s, self.seed = margin_floor, drop_factor, budget_s, seed
         self.on_event = on_event or (lambda event: None)
 
@@ -161,7 +162,7 @@ class Tuner:
 
     def _emit(self, kind: str, op: str, backend: str | None = None, detail: str = "", fraction: float = 0.0):
         log.debug("tune %s %s %s %s", op, kind, backend or "", detail)
-        self.on_event(TuneEvent(kind, op, backend, detail, fraction, getattr(self, "_mode", "")))
+        self.on_event(TuneEvent(kind, op, backend, detail, fraction, self._mode))
 
     def _load(self, candidate: _Candidate) -> _Candidate:
         try:
