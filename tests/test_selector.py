@@ -295,3 +295,23 @@ def test_mode_is_eager_on_cpu_and_validated():
     assert selector.resolve_mode("graph", SM90) == "graph"
     with pytest.raises(ValueError, match="mode='fast' is not valid; allowed values: eager, graph"):
         selector.resolve_mode("fast", SM90)
+
+
+def test_record_appends_each_shape_bucket_once_per_process(reg, monkeypatch, tmp_path):
+    import json
+
+    import torch
+    import toy_kernels
+
+    reg.register(KernelSpec("toy.double", B.TORCH, "toy_kernels:fast"))
+    reg.define(OpDefinition("toy.double", shapes=toy_kernels.SHAPES, make_inputs=toy_kernels.inputs,
+                            shape_of=lambda x: {"n": 1 << (x.numel() - 1).bit_length()}))
+    record = tmp_path / "record.jsonl"
+    monkeypatch.setenv("AUTOSEL_RECORD", str(record))
+    monkeypatch.setattr(selector, "_recorded", set())
+    double = selector.get_kernel("toy.double")
+    for n in (100, 100, 120, 300):
+        assert torch.equal(double(torch.ones(n)), torch.full((n,), 2.0))
+    lines = [json.loads(line) for line in record.read_text().splitlines()]
+    assert lines == [{"op": "toy.double", "shape": {"n": 128}, "mode": "eager"},
+                     {"op": "toy.double", "shape": {"n": 512}, "mode": "eager"}]
