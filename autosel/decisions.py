@@ -25,6 +25,7 @@ class Measurement:
     p80_us: float
     samples: int
     method: str
+    mad_us: float = 0.0  # median absolute deviation: a spread that a few descheduled samples cannot inflate
 
     @property
     def spread(self) -> float:

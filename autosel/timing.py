@@ -23,8 +23,9 @@ def summarize(samples_us: list[float], method: str) -> Measurement:
     else:
         deciles = statistics.quantiles(ordered, n=10, method="inclusive")
         p20, p80 = deciles[1], deciles[7]
-    return Measurement(median_us=statistics.median(ordered), p20_us=p20, p80_us=p80,
-                       samples=len(ordered), method=method)
+    median = statistics.median(ordered)
+    return Measurement(median_us=median, p20_us=p20, p80_us=p80, samples=len(ordered), method=method,
+                       mad_us=statistics.median(abs(t - median) for t in ordered))
 
 
 class CpuTimer:

@@ -81,8 +81,11 @@ def choose(order: Sequence[str], score: dict[str, float], margin: float) -> str:
 
 
 def relative_standard_error(m: Measurement) -> float:
-    """Of a median: 1.253 sigma / sqrt(n), with sigma estimated as (p80 - p20) / 1.683 (as for a normal)."""
-    return 0.745 * m.spread / math.sqrt(max(1, m.samples))
+    """Of a median: 1.253 sigma / sqrt(n), with sigma estimated robustly as 1.4826 x the median absolute
+    deviation, so the heavy tail of a shared machine (a few descheduled samples) does not swamp it."""
+    if m.median_us <= 0:
+        return 0.0
+    return 1.253 * 1.4826 * m.mad_us / m.median_us / math.sqrt(max(1, m.samples))
 
 
 def _margin(measurements: Sequence[Measurement], floor: float) -> float:

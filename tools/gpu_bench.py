@@ -90,6 +90,78 @@ def stability(first, second) -> tuple[str, dict]:
     return "\n".join(lines + [""] + notes) + "\n", counts
 
 
+def plain_picks(outcomes) -> dict[tuple[str, str, str], str]:
+    """What a plain tuner picks: one timer call per candidate and shape (a do_bench median), the minimum wins."""
+    import statistics
+
+    import torch
+
+    from autosel.checks import clone_args
+    from autosel.registry import registry
+    from autosel.timing import timer_for
+
+    platform = current_platform()
+    picks = {}
+    for outcome in outcomes:
+        decision = outcome.decision
+        if decision is None:
+            continue
+        definition = registry.definition(decision.op)
+        fns = {c.backend: registry.get_backend(decision.op, c.backend).load()
+               for c in decision.candidates if c.status == "ok"}
+        timer = timer_for(platform.torch_device, decision.mode)
+        for shape_json, _ in decision.per_shape_winners:
+            shape = json.loads(shape_json)
+            torch.manual_seed(0)
+            base = definition.make_inputs(dict(shape), platform.torch_device)
+            medians = {}
+            for backend, fn in fns.items():
+                args = clone_args(base)
+                medians[backend] = statistics.median(timer.measure(lambda: fn(*args), backend=backend, shape=shape))
+            picks[(decision.op, decision.mode, shape_json)] = min(medians, key=medians.get)
+    return picks
+
+
+def pick_quality(first, second, plain1, plain2) -> str:
+    """Slowdown of each picker's per-shape choice against the pooled medians of both autosel tunes (6 rounds)."""
+    import math
+
+    second_by_key = {(o.op, o.mode): o.decision for o in second if o.decision}
+    rows = {"autosel": [], "plain": []}
+    plain_agree = plain_total = 0
+    for outcome in first:
+        a = outcome.decision
+        b = second_by_key.get((outcome.op, outcome.mode))
+        if a is None or b is None:
+            continue
+        for index, (shape_json, winner) in enumerate(a.per_shape_winners):
+            truth = {}
+            for c in a.candidates:
+                cb = b.candidate(c.backend)
+                ta = c.shapes[index].timing if c.status == "ok" else None
+                tb = cb.shapes[index].timing if cb is not None and cb.status == "ok" else None
+                if ta and tb:
+                    truth[c.backend] = (ta.median_us + tb.median_us) / 2
+            if not truth:
+                continue
+            best = min(truth.values())
+            key = (a.op, a.mode, shape_json)
+            if winner in truth:
+                rows["autosel"].append(truth[winner] / best)
+            if plain1.get(key) in truth:
+                rows["plain"].append(truth[plain1[key]] / best)
+            if key in plain1 and key in plain2:
+                plain_total += 1
+                plain_agree += plain1[key] == plain2[key]
+    lines = ["| picker | shapes | geomean slowdown vs best | worst |", "|---|---|---|---|"]
+    for name, values in rows.items():
+        if values:
+            geo = math.exp(sum(math.log(v) for v in values) / len(values))
+            lines.append(f"| {name} | {len(values)} | {geo:.3f}x | {max(values):.2f}x |")
+    lines.append(f"\nPlain tuner agreed with itself on {plain_agree} of {plain_total} shapes.")
+    return "\n".join(lines) + "\n"
+
+
 def _inside_margin(decision, shape, a, b) -> bool:
     """Whether, in the first tune's own evidence, a and b were within its margin of each other."""
     ca, cb = decision.candidate(a), decision.candidate(b)
@@ -111,6 +183,7 @@ def main() -> int:
     parser.add_argument("--op", action="append", help="glob of ops to tune (repeatable); default all")
     parser.add_argument("--budget-s", type=float, default=60.0)
     parser.add_argument("--once", action="store_true", help="one tune only (no stability comparison)")
+    parser.add_argument("--plain", action="store_true", help="also run a plain tuner twice and compare picks")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     platform = current_platform()
@@ -130,6 +203,9 @@ def main() -> int:
     if len(runs) == 2:
         text, counts = stability(runs[0][0], runs[1][0])
         results["stability"] = counts
+        if args.plain:
+            picks = [plain_picks(runs[0][0]) for _ in range(2)]
+            text += "\n" + pick_quality(runs[0][0], runs[1][0], *picks)
         (args.out / "stability.md").write_text(header + text)
         print(text, flush=True)
     (args.out / "results.json").write_text(json.dumps(results, indent=1))
