@@ -50,7 +50,7 @@ class CudaEventTimer:
 
     method = "cuda:do_bench"
 
-    def __init__(self, warmup_ms: float = 10, rep_ms: float = 40) -> None:
+    def __init__(self, warmup_ms: float = 5, rep_ms: float = 25) -> None:
         self.warmup_ms, self.rep_ms = warmup_ms, rep_ms
 
     def measure(self, fn, *, backend: str, shape: dict) -> list[float]:
@@ -64,7 +64,7 @@ class CudaGraphTimer:
 
     method = "cuda:do_bench_cudagraph"
 
-    def __init__(self, rep_ms: float = 20) -> None:
+    def __init__(self, rep_ms: float = 10) -> None:
         self.rep_ms = rep_ms
 
     def measure(self, fn, *, backend: str, shape: dict) -> list[float]:

@@ -194,12 +194,15 @@ def main() -> int:
         db.unlink(missing_ok=True)
         print(f"== tune {index} into {db}", flush=True)
         runs.append(tune_once(db, args.op, args.budget_s))
-    results = {"platform": platform.key, "versions": platform.version_map,
-               "tune_s": [round(s, 1) for _, s in runs],
-               "decisions": [o.decision.to_dict() if o.decision else {"op": o.op, "mode": o.mode, "failed": o.detail}
-                             for o in runs[0][0]]}
-    header = f"Platform `{platform.key}`, versions {platform.version_map}; tune took {results['tune_s']} s.\n"
-    (args.out / "tables.md").write_text(header + table(runs[0][0]))
+        if index == 1:  # written at once, so a run cut short by its time limit still leaves the tables
+            results = {"platform": platform.key, "versions": platform.version_map,
+                       "tune_s": round(runs[0][1], 1),
+                       "decisions": [o.decision.to_dict() if o.decision else
+                                     {"op": o.op, "mode": o.mode, "failed": o.detail} for o in runs[0][0]]}
+            header = f"Platform `{platform.key}`, versions {platform.version_map}; tune took {results['tune_s']} s.\n"
+            (args.out / "tables.md").write_text(header + table(runs[0][0]))
+            (args.out / "results.json").write_text(json.dumps(results, indent=1))
+            print((args.out / "tables.md").read_text(), flush=True)
     if len(runs) == 2:
         text, counts = stability(runs[0][0], runs[1][0])
         results["stability"] = counts
@@ -208,8 +211,7 @@ def main() -> int:
             text += "\n" + pick_quality(runs[0][0], runs[1][0], *picks)
         (args.out / "stability.md").write_text(header + text)
         print(text, flush=True)
-    (args.out / "results.json").write_text(json.dumps(results, indent=1))
-    print((args.out / "tables.md").read_text(), flush=True)
+        (args.out / "results.json").write_text(json.dumps(results, indent=1))
     return 0
 
 

@@ -47,5 +47,5 @@ def rope_shape(positions, query, key, head_size, cos_sin_cache, is_neox=True) ->
 
 SPECS = standard_specs("embeddings.rope", "rope",
                        flashinfer="flashinfer.rope:apply_rope_with_cos_sin_cache_inplace",
-                       sgl_kernel="sgl_kernel:apply_rope_with_cos_sin_cache_inplace")
+                       sgl_kernel="autosel.ops.vendor:sgl_rope")
 DEFINITIONS = [OpDefinition("embeddings.rope", shapes=SHAPES, make_inputs=rope_inputs, shape_of=rope_shape)]

@@ -40,9 +40,10 @@ def rmsnorm_shape(x, *rest) -> dict:
 
 SPECS = [
     *standard_specs("layernorm.rmsnorm", "rmsnorm", flashinfer="flashinfer.norm:rmsnorm",
-                    sgl_kernel="sgl_kernel:rmsnorm"),
+                    sgl_kernel="autosel.ops.vendor:sgl_rmsnorm"),
     *standard_specs("layernorm.fused_add_rmsnorm", "fused_add_rmsnorm",
-                    flashinfer="flashinfer.norm:fused_add_rmsnorm", sgl_kernel="sgl_kernel:fused_add_rmsnorm"),
+                    flashinfer="flashinfer.norm:fused_add_rmsnorm",
+                    sgl_kernel="autosel.ops.vendor:sgl_fused_add_rmsnorm"),
 ]
 DEFINITIONS = [
     OpDefinition("layernorm.rmsnorm", shapes=SHAPES, make_inputs=rmsnorm_inputs, shape_of=rmsnorm_shape),
