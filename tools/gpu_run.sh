@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The whole GPU session in one command, on the H200 (device tool): install what travels, run the GPU tests,
-# then tune every built-in op twice in both modes (tools/gpu_bench.py). Results land in $OUT.
+# then tune every built-in op twice in both modes (tools/stability_bench.py). Results land in $OUT.
 #   run: bash tools/gpu_run.sh        carry: [".whl", ".gpu"]   (.gpu from tools/fetch_gpu_packages.sh)
 set -uo pipefail
 export PYTHONUNBUFFERED=1
@@ -18,6 +18,6 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | t
 python3 -c "import autosel.platforms as p; print(p.current_platform())" | tee -a "$OUT/gpu.txt"
 timeout ${TESTS_TIMEOUT_S:-150} python3 -m pytest ${GPU_TESTS:-tests/gpu} -q -p no:cacheprovider 2>&1 | tail -40 \
     | tee "$OUT/gpu_tests.txt"
-timeout ${BENCH_TIMEOUT_S:-300} python3 tools/gpu_bench.py --out "$OUT" --budget-s ${BUDGET_S:-40} ${BENCH_ARGS:-} \
+timeout ${BENCH_TIMEOUT_S:-300} python3 tools/stability_bench.py --out "$OUT" --budget-s ${BUDGET_S:-40} ${BENCH_ARGS:-} \
     2>&1 | tee "$OUT/bench.log" | grep -v "^  \[" | tail -60
 rm -f "$OUT/tune2.db"   # $OUT returns at most 8 files; tune1.db holds the decisions

@@ -4,8 +4,8 @@ Outputs (under --out): tune1.db / tune2.db (the two DBs), results.json (every de
 tables.md (op, shape, each backend's median per mode, the winner) and stability.md (how many decisions the
 two fresh tunes agree on, and whether the disagreements lay inside the margin).
 
-    python tools/gpu_bench.py --out "$OUT"                       # on the H200, all ops
-    python tools/gpu_bench.py --out /tmp/b --op 'activation.*'   # anywhere, a subset
+    python tools/stability_bench.py --out "$OUT"                       # on the H200, all ops
+    python tools/stability_bench.py --out /tmp/b --op 'activation.*'   # anywhere, a subset
 """
 
 from __future__ import annotations
