@@ -5,32 +5,18 @@ from __future__ import annotations
 import html
 import json
 import math
-from dataclasses import dataclass
 from typing import Iterable, Sequence
 
 from autosel.decisions import CandidateResult, Decision
+from autosel.inventory import Entry
+from autosel.tuner import geomean, shape_text
 
 # Tableau 10: distinguishable in print and for the common colour-vision deficiencies.
 PALETTE = ("#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07aa1", "#ff9da7",
            "#9c755f", "#bab0ac")
 
 
-@dataclass(frozen=True)
-class Entry:
-    """One stored decision as this machine sees it: where it came from and whether selection would use it."""
-
-    decision: Decision
-    layer_path: str
-    layer_kind: str  # "user" | "shipped" | "memory"
-    status: str  # "in use", "shadowed", "stale", "unusable", "unknown op"
-    detail: str = ""
-
-
 # --- numbers ----------------------------------------------------------------------------------------------
-
-def geomean(values: Sequence[float]) -> float:
-    return math.exp(sum(math.log(v) for v in values) / len(values))
-
 
 def candidate_median_us(candidate: CandidateResult | None) -> float | None:
     """Geometric mean over the shapes of the candidate's per-shape median time; None if it was never timed."""
@@ -138,7 +124,7 @@ def svg_chart(decision: Decision, *, width: int = 880, height: int = 340) -> str
                            f'stroke="{color}" stroke-width="1"/>')
             shape_winner = per_shape_winner.get(json.dumps(shapes[i], sort_keys=True)) == candidate.backend
             ring = ' stroke="#111" stroke-width="2"' if shape_winner else ""
-            tip = (f"{candidate.backend} at {_shape_text(shapes[i])}: median {format_us(t.median_us)} "
+            tip = (f"{candidate.backend} at {shape_text(shapes[i])}: median {format_us(t.median_us)} "
                    f"(p20 {format_us(t.p20_us)}, p80 {format_us(t.p80_us)}, {t.samples} samples)"
                    + ("; fastest at this shape" if shape_winner else ""))
             out.append(f'<circle cx="{cx:.1f}" cy="{cy:.1f}" r="{6 if shape_winner else 3.5}" fill="{color}"{ring}>'
@@ -159,10 +145,6 @@ def svg_chart(decision: Decision, *, width: int = 880, height: int = 340) -> str
     out.append(f'<text x="{legend_x + 28}" y="{note_y + 4}" class="legend">fastest at that shape</text>')
     out.append("</svg>")
     return "\n".join(out)
-
-
-def _shape_text(shape: dict) -> str:
-    return ", ".join(f"{k}={v}" for k, v in shape.items())
 
 
 # --- the page ---------------------------------------------------------------------------------------------
@@ -225,7 +207,7 @@ def _per_shape_table(decision: Decision) -> str:
             timing = c.shapes[i].timing if i < len(c.shapes) else None
             cls = "num winner" if c.backend == winner else "num"
             cells.append(f'<td class="{cls}">{_e(format_us(timing.median_us if timing else None))}</td>')
-        rows.append(f"<tr><td><code>{_e(_shape_text(shape))}</code></td><td>{_e(winner)}</td>{''.join(cells)}</tr>")
+        rows.append(f"<tr><td><code>{_e(shape_text(shape))}</code></td><td>{_e(winner)}</td>{''.join(cells)}</tr>")
     note = ('<p class="muted">Chosen here: the winner at that shape among the candidates measured to the end; '
             "a dropped candidate's first-round times are shown but it cannot win.</p>"
             if any(c.status == "dropped" for c in timed) else "")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import enum
 import importlib
 import importlib.util
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 if TYPE_CHECKING:

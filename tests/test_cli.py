@@ -282,7 +282,7 @@ def test_shapes_and_record_together_is_a_usage_error(reg, tmp_path):
 
 
 def test_tune_without_torch_says_to_install_it(reg, monkeypatch):
-    monkeypatch.setattr(cli, "_torch_missing", lambda: True)
+    monkeypatch.setattr(cli._tune, "_torch_missing", lambda: True)
     result = run("tune")
     assert result.exit_code == 1 and "pip install torch" in result.stderr
 

@@ -7,7 +7,8 @@ import re
 import pytest
 
 from autosel.decisions import CandidateResult, Decision, Measurement, ShapeResult
-from autosel.report import Entry, candidate_median_us, format_us, render_report, svg_chart
+from autosel.inventory import Entry
+from autosel.report import candidate_median_us, format_us, render_report, svg_chart
 
 SHAPES = [{"tokens": 1, "hidden": 4096}, {"tokens": 512, "hidden": 4096}]
 

@@ -1,0 +1,129 @@
+"""`autosel export`, `merge` and `prune`: moving decisions between DBs for images, and clearing stale rows."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from autosel.cli import _echo_json, _matches, _settings, main
+from autosel.inventory import Inventory
+
+
+# --- export, merge, prune ---------------------------------------------------------------------------------
+
+@main.command()
+@click.option("--out", required=True, type=click.Path(dir_okay=False, path_type=Path), help="The file to write.")
+@click.option("--format", "fmt", type=click.Choice(["sqlite", "jsonl"]),
+              help="sqlite (to ship) or jsonl (to review in a pull request); default: from --out's suffix.")
+@click.option("--op", "ops", multiple=True, metavar="GLOB", help="Only ops matching this glob (repeatable).")
+@click.option("--db", metavar="PATH", help="Export this DB instead of the default user DB.")
+@click.option("--all-layers", is_flag=True, help="Also export rows of the read-only shipped layers.")
+@click.option("--force", is_flag=True, help="Overwrite --out if it exists.")
+@click.option("--json", "as_json", is_flag=True, help="Write a summary as JSON on stdout.")
+def export(out, fmt, ops, db, all_layers, force, as_json):
+    """Export the user DB's decisions to a SQLite file or JSON Lines text.
+
+    \b
+    Examples:
+      autosel export --db build.db --out tuning_db/nvidia-h200-sm_90.db
+      autosel export --out decisions.jsonl --op 'gemm.*'
+    """
+    from autosel import selector
+    from autosel.db_tools import export_decisions
+
+    fmt = fmt or ("jsonl" if out.suffix == ".jsonl" else "sqlite")
+    settings = _settings(db, full=False)
+    pairs = [(d, layer) for d, layer in selector.database(settings).decisions()
+             if _matches(d.op, ops) and (all_layers or layer.kind != "shipped")]
+    if not pairs:
+        where = "any layer" if all_layers else f"the user DB {settings.db}"
+        raise click.ClickException(f"no decisions{' for ' + ', '.join(ops) if ops else ''} in {where}, so {out} "
+                                   "was not written; run `autosel tune` first (or pass --all-layers)")
+    rows = export_decisions([d for d, _ in pairs], out, fmt=fmt, overwrite=force)
+    if as_json:
+        _echo_json({"out": str(out), "format": fmt, "rows": rows})
+    else:
+        click.echo(f"Exported {rows} decision(s) to {out} ({fmt}).")
+
+
+@main.command()
+@click.argument("inputs", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--out", required=True, type=click.Path(dir_okay=False, path_type=Path),
+              help="The merged file (.jsonl: JSON Lines, else SQLite).")
+@click.option("--prefer", type=click.Choice(["newest", "first"]),
+              help="Keep one row of each conflict: the newest, or the first input's. Default: leave conflicts out.")
+@click.option("--force", is_flag=True, help="Overwrite --out if it exists.")
+@click.option("--json", "as_json", is_flag=True, help="Write the merge report as JSON on stdout.")
+def merge(inputs, out, prefer, force, as_json):
+    """Merge tuning DBs or JSON Lines exports into one file.
+
+    A conflict is one key (platform, op, mode, versions) with different winners. Without --prefer conflicts
+    are left out of --out and the command exits 1 after writing the rest.
+
+    \b
+    Examples:
+      autosel merge host1.db host2.db --out fleet.db
+      autosel merge a.jsonl b.jsonl --out merged.jsonl --prefer newest
+    """
+    from autosel.db_tools import merge as merge_files, read_decisions
+
+    if not any(read_decisions(p) for p in inputs):
+        raise click.ClickException(f"none of {', '.join(map(str, inputs))} holds a decision, so {out} was not "
+                                   "written; check the inputs (autosel export writes them)")
+    report = merge_files(list(inputs), out, prefer=prefer, overwrite=force)
+    conflicts = [{"op": c.key.op, "mode": c.key.mode, "bucket": c.key.bucket, "platform_key": c.key.platform_key,
+                  "versions_hash": c.key.versions_hash,
+                  "winners": [{"source": src, "winner": w} for src, w in c.winners]} for c in report.conflicts]
+    left_out = bool(report.conflicts) and prefer is None
+    if as_json:
+        _echo_json({"out": str(out), "rows": report.rows, "sources": list(report.sources), "prefer": prefer,
+                    "conflicts": conflicts, "conflicts_left_out": left_out})
+    else:
+        click.echo(f"Merged {len(report.sources)} input(s) into {out}: {report.rows} decision(s).")
+        action = "left out" if prefer is None else f"kept the {prefer} row"
+        for c in conflicts:
+            winners = ", ".join(f"{w['source']} -> {w['winner']}" for w in c["winners"])
+            click.echo(f"Conflict: {c['op']} ({c['mode']}, {c['platform_key']}): {winners}; {action}")
+    if left_out:
+        raise click.ClickException(f"{len(conflicts)} conflicting decision(s) were left out of {out}; pass "
+                                   "--prefer newest or --prefer first to keep one of each, or re-tune those ops")
+
+
+@main.command()
+@click.option("--db", metavar="PATH", help="Prune this DB instead of the default user DB.")
+@click.option("--dry-run", is_flag=True, help="List what would be removed, remove nothing.")
+@click.option("--json", "as_json", is_flag=True, help="Write the removed (or would-be removed) rows as JSON.")
+def prune(db, dry_run, as_json):
+    """Remove user-DB decisions whose versions no longer match this machine's.
+
+    A row of this machine's platform is stale when its version vector differs from the current one for its
+    op (torch, triton, CUDA, the backends' packages). Rows of other platforms and of ops not registered here
+    are kept: they cannot be judged from this machine. Shipped layers are read-only and never pruned.
+
+    \b
+    Examples:
+      autosel prune --dry-run
+      autosel prune --db build.db
+    """
+    from autosel import selector
+
+    settings = _settings(db, full=False)
+    platform = selector._platform()
+    selector.load_plugins()
+    stale = Inventory(platform, selector.registry).prunable
+    database = selector.database(settings)
+    found = [(d, layer, reason) for d, layer in database.decisions()
+             if layer.writable and (reason := stale(d))]
+    removed = 0 if dry_run else database.prune(lambda d: stale(d) is None)
+    if as_json:
+        _echo_json({"dry_run": dry_run, "removed": removed, "rows": [
+            {"op": d.op, "mode": d.mode, "winner": d.winner, "layer": layer.path, "reason": reason}
+            for d, layer, reason in found]})
+        return
+    verb = "Would remove" if dry_run else "Removed"
+    for d, layer, reason in found:
+        click.echo(f"{verb}: {d.op} ({d.mode}) winner {d.winner} from {layer.path}: {reason}")
+    count = len(found) if dry_run else removed
+    click.echo(f"{verb} {count} stale decision(s)" + (" (run without --dry-run to remove them)." if dry_run and count
+                                                       else "."))

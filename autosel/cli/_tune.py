@@ -1,0 +1,243 @@
+"""`autosel tune`: offline pre-warm of the tuning DB, from representative, given or recorded shapes."""
+
+from __future__ import annotations
+
+import fnmatch
+import glob
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import click
+
+from autosel.cli import (MARGIN_NOTE, MEDIAN_NOTE, RECORD_EXAMPLE, _console, _decision_summary, _echo_json, _matches,
+                         _rejected_text, _runner_up_text, _settings, _table, main)
+from autosel.report import candidate_median_us, format_lead, format_us
+
+
+# --- tune -------------------------------------------------------------------------------------------------
+
+def _torch_missing() -> bool:
+    return importlib.util.find_spec("torch") is None
+
+
+def read_shapes_file(path: Path) -> dict[str, list[dict]]:
+    """{op: [shape, ...]} from a JSON file, or a ClickException that says what is wrong and how it should look."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise click.ClickException(f"{path} is not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg}); "
+                                   'write it as {"op": [{"tokens": 64, "hidden": 4096}, ...]}') from None
+    if not isinstance(data, dict) or not data:
+        raise click.ClickException(f"{path} must hold a JSON object mapping op names to lists of shapes, e.g. "
+                                   '{"layernorm.rmsnorm": [{"tokens": 64, "hidden": 4096}]}')
+    for op, shapes in data.items():
+        if not isinstance(shapes, list) or not shapes or not all(isinstance(s, dict) for s in shapes):
+            raise click.ClickException(f"{path}: op {op!r} must map to a non-empty list of shape objects, "
+                                       'e.g. [{"tokens": 64, "hidden": 4096}]')
+    return data
+
+
+def read_record(path: Path) -> dict[str, dict[str, list[dict]]]:
+    """An AUTOSEL_RECORD file as {mode: {op: [shape, ...]}}, grouped by op and deduplicated, in file order."""
+    from autosel.config import EXECUTION_MODES
+
+    grouped: dict[str, dict[str, list[dict]]] = {}
+    seen: set[tuple[str, str, str]] = set()
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise click.ClickException(f"cannot read {path} ({exc}); pass the file AUTOSEL_RECORD wrote") from None
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            item = json.loads(line)
+        except json.JSONDecodeError as exc:
+            problem = f"not valid JSON ({exc.msg} at column {exc.colno})"
+        else:
+            problem = None
+            if not isinstance(item, dict):
+                problem = "not a JSON object"
+            elif not isinstance(item.get("op"), str) or not item["op"]:
+                problem = "'op' is missing or not a string"
+            elif not isinstance(item.get("shape"), dict):
+                problem = "'shape' is missing or not an object"
+            elif item.get("mode", "eager") not in EXECUTION_MODES:
+                problem = f"'mode' is {item.get('mode')!r}, not one of {', '.join(EXECUTION_MODES)}"
+        if problem:
+            raise click.ClickException(f"{path}:{number}: {problem}; each line must be a JSON object like "
+                                       f"{RECORD_EXAMPLE} (as AUTOSEL_RECORD writes them)")
+        mode = item.get("mode", "eager")
+        text = json.dumps(item["shape"], sort_keys=True)
+        if (mode, item["op"], text) not in seen:
+            seen.add((mode, item["op"], text))
+            grouped.setdefault(mode, {}).setdefault(item["op"], []).append(item["shape"])
+    if not grouped:
+        raise click.ClickException(f"{path} records no shapes; run the engine with AUTOSEL_RECORD={path} first")
+    return grouped
+
+
+class _TuneProgress:
+    """A rich progress bar on stderr for the op being tuned; rejections and choices are printed above it."""
+
+    def __init__(self, total: int) -> None:
+        from rich.progress import BarColumn, Progress, SpinnerColumn, TaskProgressColumn, TextColumn, TimeElapsedColumn
+
+        self.total, self.started, self.task = total, 0, None
+        self.bar = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), TaskProgressColumn(),
+                            TimeElapsedColumn(), console=_console(stderr=True), transient=True)
+
+    def __enter__(self) -> "_TuneProgress":
+        self.bar.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.bar.stop()
+
+    def say(self, text: str) -> None:
+        self.bar.console.print(text, markup=False, highlight=False)
+
+    def on_event(self, event) -> None:
+        if event.kind == "started":
+            self.started += 1
+            mode = f"{event.mode} mode"
+            if self.task is not None:
+                self.bar.remove_task(self.task)
+            self.task = self.bar.add_task(f"[{self.started}/{self.total}] {event.op} ({mode})", total=1.0)
+        elif event.kind == "progress" and self.task is not None:
+            self.bar.update(self.task, completed=event.fraction)
+        elif event.kind in ("rejected", "dropped"):
+            self.say(f"  {event.op}: {event.backend} {event.kind}: {event.detail}")
+        elif event.kind == "chosen":
+            if self.task is not None:
+                self.bar.update(self.task, completed=1.0)
+            self.say(f"  {event.op}: {event.backend} chosen ({event.detail})")
+
+
+def _plan(selector, platform, ops: tuple[str, ...], shapes_by_mode) -> list[tuple[list[str] | None, dict | None,
+                                                                                      list[str] | None]]:
+    """(patterns, shapes, modes) per tune_ops call; tells the user about ops that cannot be tuned here."""
+    available = selector.modes_for(platform)
+    contested = {op for op, _ in selector.contested_ops(platform, list(ops) or None)}
+    runs = []
+    for mode, shapes in shapes_by_mode.items():
+        if shapes is None:
+            runs.append((list(ops) or None, None, None))
+            continue
+        if mode is not None and mode not in available:
+            click.echo(f"Warning: {mode}-mode shapes of {', '.join(sorted(shapes))} skipped: this {platform.device.value} "
+                       f"machine times {', '.join(available)} mode only", err=True)
+            continue
+        targets = []
+        for op in shapes:
+            if not _matches(op, ops):
+                continue
+            if op in contested:
+                targets.append(op)
+            elif not selector.registry.has(op):
+                click.echo(f"Warning: op {op!r} is not registered here; its shapes are skipped", err=True)
+            else:
+                click.echo(f"Warning: op {op!r} has fewer than two backends eligible here; nothing to tune", err=True)
+        if targets:
+            runs.append(([glob.escape(op) for op in targets], {op: shapes[op] for op in targets},
+                         [mode] if mode is not None else None))
+    return runs
+
+
+def _nothing_to_tune(selector, platform, ops: tuple[str, ...]) -> str:
+    registered = selector.registry.ops()
+    for pattern in ops:
+        if not any(fnmatch.fnmatchcase(op, pattern) for op in registered):
+            return (f"no registered op matches --op {pattern!r}; registered ops: {', '.join(registered) or 'none'}")
+    lone = []
+    for op in registered:
+        if _matches(op, ops):
+            eligible = [s.backend.value for s in selector.registry.get(op) if s.is_available(platform)]
+            lone.append(f"{op}: {', '.join(eligible) or 'none'} eligible")
+    return ("no matching op has several backends eligible on this machine, so there is nothing to choose between "
+            f"({'; '.join(lone)}); run `autosel doctor` to see why backends are not eligible")
+
+
+@main.command()
+@click.option("--op", "ops", multiple=True, metavar="GLOB",
+              help="Tune only ops matching this glob (repeatable), e.g. 'layernorm.*'.")
+@click.option("--shapes", "shapes_file", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help='Tune only the ops named in this JSON file, on its shapes: {"op": [shape, ...]}.')
+@click.option("--from-record", "record_file", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="Tune exactly the shapes an AUTOSEL_RECORD=FILE run recorded (grouped by op, deduplicated).")
+@click.option("--db", metavar="PATH", help="Write decisions to this DB instead of the default user DB.")
+@click.option("--force", is_flag=True, help="Re-tune ops that already have a stored decision.")
+@click.option("--budget-s", type=click.FloatRange(min=0, min_open=True), default=120.0, show_default=True,
+              help="Time budget per op and mode, in seconds.")
+@click.option("--isolate", is_flag=True,
+              help="Check each candidate first in a child process, so a crash or hang becomes a rejection reason.")
+@click.option("--isolate-timeout-s", type=click.FloatRange(min=0, min_open=True), default=300.0, show_default=True,
+              help="With --isolate: kill a candidate's child process after this many seconds.")
+@click.option("--json", "as_json", is_flag=True, help="Write the outcome as JSON on stdout.")
+def tune(ops, shapes_file, record_file, db, force, budget_s, isolate, isolate_timeout_s, as_json):
+    """Time the eligible backends of every op that has several, and store the winners.
+
+    Ops already decided for this machine and these versions are reused (status "stored") and not timed again
+    unless --force is given. A progress bar runs on stderr; the table or JSON goes to stdout.
+
+    \b
+    Examples:
+      autosel tune
+      autosel tune --op 'activation.*' --budget-s 20 --db build.db
+      autosel tune --isolate --isolate-timeout-s 60
+      AUTOSEL_RECORD=shapes.jsonl python serve.py ...; autosel tune --from-record shapes.jsonl
+    """
+    if shapes_file and record_file:
+        raise click.UsageError("--shapes and --from-record cannot be combined; pass one of them")
+    if _torch_missing():
+        raise click.ClickException(f"tuning runs the kernels, which needs PyTorch, and torch is not installed for "
+                                   f"{sys.executable}; pip install torch, then run `autosel tune` again")
+    from autosel import selector
+
+    settings = _settings(db, full=True)
+    platform = selector._platform()
+    if record_file:
+        shapes_by_mode: dict = read_record(record_file)
+    elif shapes_file:
+        shapes_by_mode = {None: read_shapes_file(shapes_file)}
+    else:
+        shapes_by_mode = {None: None}
+    runs = _plan(selector, platform, ops, shapes_by_mode)
+    total = sum(len(selector.contested_ops(platform, patterns)) * len(modes or selector.modes_for(platform))
+                for patterns, _, modes in runs)
+    if not total:
+        if ops or shapes_file or record_file:
+            raise click.ClickException(_nothing_to_tune(selector, platform, ops))
+        click.echo("Nothing to tune: no registered op has several backends eligible on this machine "
+                   "(run `autosel doctor` to see why).", err=True)
+    outcomes = []
+    with _TuneProgress(total) as progress:
+        for patterns, shapes, modes in runs:
+            outcomes += selector.tune_ops(patterns, force=force, budget_s=budget_s, shapes=shapes, modes=modes,
+                                          on_event=progress.on_event, settings=settings,
+                                          isolate_timeout_s=isolate_timeout_s if isolate else None)
+    if as_json:
+        _echo_json({"db": str(settings.db), "platform_key": platform.key, "budget_s": budget_s,
+                    "median": MEDIAN_NOTE, "outcomes": [
+                        {"op": o.op, "mode": o.mode, "status": o.status, "detail": o.detail,
+                         **(_decision_summary(o.decision) if o.decision else {}),
+                         "decision": o.decision.to_dict() if o.decision else None} for o in outcomes]})
+    elif outcomes:
+        table = _table("op", "mode", "status", "winner", "median", "runner-up", "margin", "rejected")
+        for o in outcomes:
+            d = o.decision
+            if d is None:
+                table.add_row(o.op, o.mode, o.status, "-", "-", "-", "-", o.detail)
+                continue
+            table.add_row(o.op, o.mode, o.status, d.winner, format_us(candidate_median_us(d.candidate(d.winner))),
+                          _runner_up_text(d), format_lead(d), _rejected_text(d))
+        console = _console()
+        console.print(table)
+        console.print(f"{MEDIAN_NOTE}; {MARGIN_NOTE}. DB: {settings.db}", markup=False)
+    failed = [o for o in outcomes if o.status == "failed"]
+    if failed:
+        listed = "; ".join(f"{o.op} ({o.mode}): {o.detail}" for o in failed)
+        raise click.ClickException(f"{len(failed)} of {len(outcomes)} op/mode pairs could not be tuned: {listed}. "
+                                   "Fix the kernels or shapes named above, or leave those ops out with --op")

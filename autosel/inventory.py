@@ -1,0 +1,84 @@
+"""What each stored decision means on this machine: in use, shadowed, stale, unusable, or for an unknown op."""
+
+from __future__ import annotations
+
+import fnmatch
+from dataclasses import dataclass
+from typing import Iterable, Sequence
+
+from autosel.decisions import Decision, versions_hash
+from autosel.platforms import PlatformInfo, version_vector
+from autosel.registry import KernelRegistry
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One stored decision as this machine sees it: where it came from and whether selection would use it."""
+
+    decision: Decision
+    layer_path: str
+    layer_kind: str  # "user" | "shipped" | "memory"
+    status: str  # "in use", "shadowed", "stale", "unusable", "unknown op"
+    detail: str = ""
+
+
+def version_diff(stored: dict[str, str], current: dict[str, str]) -> str:
+    changed = [f"{k} {stored.get(k, '(none)')} -> {current.get(k, '(none)')}"
+               for k in sorted(set(stored) | set(current)) if stored.get(k) != current.get(k)]
+    return ", ".join(changed) or "same versions, different eligible backends"
+
+
+def matches(op: str, patterns: Sequence[str]) -> bool:
+    return not patterns or any(fnmatch.fnmatchcase(op, p) for p in patterns)
+
+
+class Inventory:
+    """Classifies stored decisions against this machine: platform key, current version vector, eligibility."""
+
+    def __init__(self, platform: PlatformInfo, registry: KernelRegistry) -> None:
+        self.platform, self.registry = platform, registry
+        self._ops: dict[str, tuple[list, list[str], dict[str, str]]] = {}
+
+    def current(self, op: str) -> tuple[list, list[str], dict[str, str]]:
+        """(registered specs, eligible backends, current version vector) of `op` here."""
+        if op not in self._ops:
+            specs = self.registry.get(op)
+            eligible = [s for s in specs if s.is_available(self.platform)]
+            self._ops[op] = (specs, [s.backend.value for s in eligible], version_vector(self.platform, eligible))
+        return self._ops[op]
+
+    def staleness(self, decision: Decision) -> str | None:
+        """Why a row no longer matches this machine (platform key or version vector), or None."""
+        if decision.platform_key != self.platform.key:
+            return f"tuned on {decision.platform_key}, this machine is {self.platform.key}"
+        specs, _, versions = self.current(decision.op)
+        if specs and decision.key.versions_hash != versions_hash(versions):
+            return f"versions differ: {version_diff(decision.versions, versions)}"
+        return None
+
+    def prunable(self, decision: Decision) -> str | None:
+        """Why `prune` may delete a row: only rows of this platform whose versions changed for a known op."""
+        if decision.platform_key != self.platform.key or not self.current(decision.op)[0]:
+            return None  # other machines' rows and unknown ops cannot be judged from here
+        return self.staleness(decision)
+
+    def entries(self, pairs: Iterable[tuple[Decision, object]]) -> list[Entry]:
+        """In layer order: the first current, usable row of a key is "in use"; later ones are "shadowed"."""
+        used: dict = {}
+        out = []
+        for decision, layer in pairs:
+            specs, eligible, _ = self.current(decision.op)
+            stale = self.staleness(decision)
+            if not specs:
+                status, detail = "unknown op", f"op {decision.op!r} is not registered here (is its plug-in installed?)"
+            elif stale:
+                status, detail = "stale", stale
+            elif decision.winner not in eligible:
+                status, detail = "unusable", f"winner {decision.winner!r} is not eligible here (eligible: {eligible})"
+            elif decision.key in used:
+                status, detail = "shadowed", f"the {used[decision.key]} layer's row is used instead"
+            else:
+                status, detail = "in use", ""
+                used[decision.key] = layer.kind
+            out.append(Entry(decision, layer.path, layer.kind, status, detail))
+        return out
