@@ -26,6 +26,13 @@ def candidate_median_us(candidate: CandidateResult | None) -> float | None:
     return geomean(medians) if medians else None
 
 
+def first_call_s(candidate: CandidateResult | None) -> float | None:
+    """The longest first call over the shapes: it includes compilation (torch.compile, Triton JIT), which the
+    check absorbs before timing and which is reported here, separately from the timed medians."""
+    values = [s.first_call_s for s in (candidate.shapes if candidate else ()) if s.first_call_s is not None]
+    return max(values) if values else None
+
+
 def format_us(value: float | None) -> str:
     if value is None:
         return "-"
@@ -186,11 +193,12 @@ def _candidates_table(decision: Decision) -> str:
         mark = " ★" if c.backend == decision.winner else ""
         reason = f'<span class="reason">{_e(c.reason)}</span>' if c.reason else ""
         score = "-" if c.score is None else f"{c.score:.3f}"
+        first = first_call_s(c)
         rows.append(f"<tr><td{cls}>{_e(c.backend)}{mark}</td><td>{_e(c.status)}</td>"
                     f'<td class="num">{_e(format_us(candidate_median_us(c)))}</td><td class="num">{score}</td>'
-                    f"<td>{reason}</td></tr>")
-    return ("<table><tr><th>backend</th><th>status</th><th>median*</th><th>score†</th><th>reason</th></tr>"
-            + "".join(rows) + "</table>")
+                    f'<td class="num">{"-" if first is None else f"{first:.2f} s"}</td><td>{reason}</td></tr>')
+    return ("<table><tr><th>backend</th><th>status</th><th>median*</th><th>score†</th>"
+            "<th>first call (with compile)</th><th>reason</th></tr>" + "".join(rows) + "</table>")
 
 
 def _per_shape_table(decision: Decision) -> str:

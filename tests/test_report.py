@@ -113,3 +113,12 @@ def test_format_us(value, text):
 def test_candidate_median_is_the_geomean_of_per_shape_medians():
     assert candidate_median_us(candidate("torch", [8.0, 200.0])) == pytest.approx(40.0)
     assert candidate_median_us(candidate("aot", None)) is None
+
+
+def test_compile_time_is_reported_apart_from_the_timed_medians():
+    compiled = CandidateResult(backend="torch_compile", status="ok", score=1.0, shapes=(
+        ShapeResult(shape=dict(SHAPES[0]), timing=timing(4.0), first_call_s=21.3),
+        ShapeResult(shape=dict(SHAPES[1]), timing=timing(200.0), first_call_s=0.004)))
+    html = page(decision(candidates=decision().candidates + (compiled,)))
+    assert "first call (with compile)" in html and "21.30 s" in html
+    assert candidate_median_us(compiled) == pytest.approx((4.0 * 200.0) ** 0.5)

@@ -15,7 +15,7 @@ from autosel.cli import (MEDIAN_NOTE, _console, _decision_summary, _echo_json, _
                          _table, main)
 from autosel.errors import ConfigError
 from autosel.inventory import Entry, Inventory
-from autosel.report import candidate_median_us, format_lead, format_us
+from autosel.report import candidate_median_us, first_call_s, format_lead, format_us
 
 
 # --- show -------------------------------------------------------------------------------------------------
@@ -44,7 +44,9 @@ def _evidence(d) -> str:
         mark = " *" if c.backend == d.winner else ""
         if c.ok or c.status == "dropped":
             score = "" if c.score is None else f", {c.score:.2f}x"
-            lines.append(f"{c.backend}{mark}: {format_us(candidate_median_us(c))}{score}"
+            first = first_call_s(c)
+            compile_note = "" if first is None else f", first call {first:.2f} s"
+            lines.append(f"{c.backend}{mark}: {format_us(candidate_median_us(c))}{score}{compile_note}"
                          + (f" ({c.status})" if not c.ok else ""))
         else:
             lines.append(f"{c.backend}: {c.status}: {c.reason}")
