@@ -26,6 +26,14 @@ class Measurement:
     samples: int
     method: str
     mad_us: float = 0.0  # median absolute deviation: a spread that a few descheduled samples cannot inflate
+    round_medians_us: tuple[float, ...] = ()  # one median per interleaved round: drift shows up here
+
+    @property
+    def drift(self) -> float:
+        """Half the relative range of the per-round medians: how far the median moved from round to round."""
+        if len(self.round_medians_us) < 2 or self.median_us <= 0:
+            return 0.0
+        return (max(self.round_medians_us) - min(self.round_medians_us)) / self.median_us / 2
 
     @property
     def spread(self) -> float:
@@ -121,7 +129,8 @@ def _candidate_from_dict(data: dict[str, Any]) -> CandidateResult:
             shape=dict(s["shape"]),
             max_abs_err=s.get("max_abs_err"),
             max_rel_err=s.get("max_rel_err"),
-            timing=Measurement(**timing) if timing else None,
+            timing=Measurement(**{**timing, "round_medians_us": tuple(timing.get("round_medians_us", ()))})
+            if timing else None,
             first_call_s=s.get("first_call_s"),
         ))
     return CandidateResult(

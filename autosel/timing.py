@@ -16,7 +16,8 @@ class Timer(Protocol):
     def measure(self, fn: Callable[[], Any], *, backend: str, shape: dict) -> list[float]: ...
 
 
-def summarize(samples_us: list[float], method: str) -> Measurement:
+def summarize(samples_us: list[float], method: str, rounds: list[list[float]] | None = None) -> Measurement:
+    """Median, p20, p80, MAD of all samples; with `rounds` (the samples of each round), each round's median too."""
     ordered = sorted(samples_us)
     if len(ordered) == 1:
         p20 = p80 = ordered[0]
@@ -25,7 +26,8 @@ def summarize(samples_us: list[float], method: str) -> Measurement:
         p20, p80 = deciles[1], deciles[7]
     median = statistics.median(ordered)
     return Measurement(median_us=median, p20_us=p20, p80_us=p80, samples=len(ordered), method=method,
-                       mad_us=statistics.median(abs(t - median) for t in ordered))
+                       mad_us=statistics.median(abs(t - median) for t in ordered),
+                       round_medians_us=tuple(statistics.median(r) for r in rounds or () if r))
 
 
 class CpuTimer:

@@ -47,6 +47,7 @@ class _Candidate:
     errors: dict[int, tuple[float | None, float | None]] = field(default_factory=dict)
     first_call_s: dict[int, float] = field(default_factory=dict)
     samples: dict[int, list[float]] = field(default_factory=dict)
+    rounds: dict[int, list[list[float]]] = field(default_factory=dict)  # shape index -> samples of each round
 
     @property
     def backend(self) -> str:
@@ -88,12 +89,18 @@ def relative_standard_error(m: Measurement) -> float:
     return 1.253 * 1.4826 * m.mad_us / m.median_us / math.sqrt(max(1, m.samples))
 
 
+def noise(m: Measurement) -> float:
+    """How far this median can be trusted: twice its standard error, or, if larger, the drift between rounds
+    (the median moving from round to round is the between-run variation a within-run error misses)."""
+    return max(2 * relative_standard_error(m), m.drift)
+
+
 def _margin(measurements: Sequence[Measurement], floor: float) -> float:
-    """Twice the typical (median) relative standard error of the medians compared, never below the floor.
+    """The typical (median) noise of the measurements compared, never below the floor.
 
     The median over measurements, not the worst, so one disturbed shape does not freeze every decision.
     """
-    return max(floor, 2 * statistics.median(relative_standard_error(m) for m in measurements))
+    return max(floor, statistics.median(noise(m) for m in measurements))
 
 
 @dataclass
@@ -225,6 +232,7 @@ class Tuner:
                         self._emit("rejected", op, candidate.backend, candidate.reason)
                         continue
                     candidate.samples.setdefault(index, []).extend(times)
+                    candidate.rounds.setdefault(index, []).append(list(times))
                     done += 1
                     self._emit("progress", op, candidate.backend, shape_text(shape), done / total)
                 del base
@@ -258,7 +266,8 @@ class Tuner:
             raise TuningError(f"op {op!r}: no candidate passed the checks ({reasons}); fix the kernels or "
                               "pass backend=... to choose one")
         n = len(shapes)
-        stats = {c.backend: [summarize(c.samples[i], self.timer.method) for i in range(n)] for c in measured}
+        stats = {c.backend: [summarize(c.samples[i], self.timer.method, c.rounds.get(i)) for i in range(n)]
+                 for c in measured}
         scores = _scores(measured, n)
         order = [c.backend for c in measured]  # registration order: the first is the default
         margin = _margin([m for ms in stats.values() for m in ms], self.margin_floor)
@@ -275,7 +284,8 @@ class Tuner:
             shape_results = tuple(
                 ShapeResult(shape=dict(shape), max_abs_err=c.errors.get(i, (None, None))[0],
                             max_rel_err=c.errors.get(i, (None, None))[1],
-                            timing=summarize(c.samples[i], self.timer.method) if c.samples.get(i) else None,
+                            timing=summarize(c.samples[i], self.timer.method, c.rounds.get(i))
+                            if c.samples.get(i) else None,
                             first_call_s=c.first_call_s.get(i))
                 for i, shape in enumerate(shapes)
             )

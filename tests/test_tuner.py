@@ -197,3 +197,25 @@ def test_the_leader_is_never_dropped_even_when_every_score_is_far_from_one(toy):
                       shape_factor={("torch", n1): 10.0, ("triton", n2): 12.0})
     decision = run(definition, kernels, specs(torch="fast", triton="fast"), timer)
     assert decision.candidate("torch").status == "ok"
+
+
+class DriftingTimer(FakeTimer):
+    """triton is 10% faster, except in the second round, when the machine slows it by 1.67x."""
+
+    def measure(self, fn, *, backend, shape):
+        times = super().measure(fn, backend=backend, shape=shape)
+        round_index = sum(1 for b, n in self.calls if (b, n) == (backend, shape["n"])) - 1
+        return [t * 1.67 for t in times] if backend == "triton" and round_index == 1 else times
+
+
+def test_drift_between_rounds_widens_the_margin(toy):
+    # Two fresh tunes disagreed when a within-round error set the margin and the machine drifted between rounds.
+    definition, kernels = toy
+    timer = DriftingTimer({"torch": 100.0, "triton": 90.0}, noise=0.001)
+    decision = run(definition, kernels, specs(torch="fast", triton="fast"), timer)
+    timing = decision.candidate("triton").shapes[0].timing
+    assert len(timing.round_medians_us) == 3 and timing.drift == pytest.approx(0.335, abs=0.01)
+    assert decision.margin > 0.15 and decision.winner == "torch"
+    steady = run(definition, kernels, specs(torch="fast", triton="fast"),
+                 FakeTimer({"torch": 100.0, "triton": 90.0}, noise=0.001))
+    assert steady.winner == "triton"
