@@ -299,5 +299,6 @@ class Tuner:
             created_at=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             autosel_version=autosel_version,
         )
-        self._emit("chosen", op, winner, f"margin {margin:.1%}", 1.0)
+        lead = f"lead over {runner_up} {decision.lead_over_runner_up:+.1%}, " if runner_up else ""
+        self._emit("chosen", op, winner, f"{lead}noise margin {margin:.1%}", 1.0)
         return decision
