@@ -231,7 +231,8 @@ def _op_section(entry: Entry) -> str:
         ("winner", f"{d.winner} ({winner_median} median*)"),
         ("runner-up", f"{d.runner_up} (margin {format_lead(d)})" if d.runner_up
          else "none measured to the end (the others were rejected or dropped)"),
-        ("noise margin", f"a challenger had to beat the default by {d.margin:.1%} (from the measured p20-p80 spread)"),
+        ("noise margin", f"a challenger had to beat the default by {d.margin:.1%} "
+                         "(twice the typical standard error of the medians, at least 3%)"),
         ("from", f"{entry.layer_kind} layer {entry.layer_path}"),
         ("timed with", f"{d.method or '-'} in {d.tune_s:.1f} s, {d.created_at or '-'} by autosel "
                        f"{d.autosel_version or '-'}"),
