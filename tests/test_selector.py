@@ -315,3 +315,26 @@ def test_record_appends_each_shape_bucket_once_per_process(reg, monkeypatch, tmp
     lines = [json.loads(line) for line in record.read_text().splitlines()]
     assert lines == [{"op": "toy.double", "shape": {"n": 128}, "mode": "eager"},
                      {"op": "toy.double", "shape": {"n": 512}, "mode": "eager"}]
+
+
+def test_corrupt_user_db_is_moved_aside_and_selection_goes_on(reg, tmp_path, monkeypatch):
+    db = tmp_path / "corrupt.db"
+    db.write_bytes(b"this is not a database" * 100)
+    monkeypatch.setenv("AUTOSEL_DB", str(db))
+    toy(reg, B.TORCH, B.TRITON)
+    with pytest.warns(RuntimeWarning) as caught:
+        assert selector.select_kernel("toy.double").backend == B.TRITON
+    assert len([w for w in caught if "corrupt" in str(w.message)]) == 1
+    kept = [p for p in tmp_path.iterdir() if p.name.startswith("corrupt.db.corrupt-")]
+    assert len(kept) == 1 and kept[0].read_bytes() == b"this is not a database" * 100
+
+
+def test_unwritable_db_location_keeps_decisions_in_memory(reg, tmp_path, monkeypatch):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    monkeypatch.setenv("AUTOSEL_DB", str(blocker / "sub" / "tuning.db"))  # a folder under a file: uncreatable
+    toy(reg, B.TORCH, B.TRITON)
+    with pytest.warns(RuntimeWarning, match="memory"):
+        assert selector.select_kernel("toy.double").backend == B.TRITON
+    monkeypatch.setenv("AUTOSEL_TUNE", "off")  # the decision is still there for this process
+    assert selector.select_kernel("toy.double").backend == B.TRITON
