@@ -122,6 +122,19 @@ def database(settings: config.Settings | None = None):
 
 def _decide(op: str, eligible: list[KernelSpec], platform: PlatformInfo, mode: str,
             settings: config.Settings) -> KernelSpec:
+    """The stored or measured winner; with several ranks, rank 0's (autosel.distributed)."""
+    from autosel.distributed import agree, check_eligible
+
+    by_backend = {s.backend.value: s for s in eligible}
+    what = f"op {op!r} ({mode} mode)"
+    winner = agree(lambda: _decide_here(op, eligible, platform, mode, settings), what=what,
+                   in_capture=capturing_cuda_graph())
+    check_eligible(winner, set(by_backend), what=what)
+    return by_backend[winner]
+
+
+def _decide_here(op: str, eligible: list[KernelSpec], platform: PlatformInfo, mode: str,
+                 settings: config.Settings) -> str:
     by_backend = {s.backend.value: s for s in eligible}
     key = decision_key(op, eligible, platform, mode)
     db = database(settings)
@@ -129,7 +142,7 @@ def _decide(op: str, eligible: list[KernelSpec], platform: PlatformInfo, mode: s
     if not retune:
         hit = db.lookup(key, usable=by_backend.__contains__)
         if hit is not None:
-            return by_backend[hit[0].winner]
+            return hit[0].winner
     message = multiple_backends_message(op, platform, eligible)
     if settings.tune == "off":
         raise ValueError(message + HINT_TUNING_OFF)
@@ -141,7 +154,7 @@ def _decide(op: str, eligible: list[KernelSpec], platform: PlatformInfo, mode: s
                           "is being captured; call get_kernel for it before capture, or run `autosel tune`")
     decision = tune_and_record(definition, eligible, platform=platform, mode=mode, db=db,
                                budget_s=settings.budget_s, force=retune)
-    return by_backend[decision.winner]
+    return decision.winner
 
 
 def tune_and_record(definition: OpDefinition, eligible: list[KernelSpec], *, platform: PlatformInfo, mode: str,

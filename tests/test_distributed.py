@@ -1,0 +1,62 @@
+"""Many ranks, one decision: with a process group up, every rank runs rank 0's winner (gloo on CPU)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+HERE = Path(__file__).parent
+
+RANK = textwrap.dedent("""
+    import json, os, sys
+    import torch.distributed as dist
+    import autosel.tuner
+    from autosel import selector
+    from autosel.registry import KernelRegistry
+    from autosel.spec import KernelSpec, KernelBackend as B, OpDefinition
+    import toy_kernels
+
+    rank = int(os.environ["RANK"])
+    dist.init_process_group("gloo", init_method="file://" + os.environ["INIT_FILE"], rank=rank, world_size=2)
+    reg = KernelRegistry()
+    selector.registry = reg
+    reg.register(KernelSpec("toy.double", B.TORCH, "toy_kernels:slow"))
+    reg.register(KernelSpec("toy.double", B.TRITON, "toy_kernels:fast"))
+    reg.define(OpDefinition("toy.double", shapes=toy_kernels.SHAPES, make_inputs=toy_kernels.inputs))
+    timed = []
+    original = autosel.tuner.Tuner.tune
+    autosel.tuner.Tuner.tune = lambda self, *a, **k: timed.append(1) or original(self, *a, **k)
+    reg.register(KernelSpec("toy.missing_shapes", B.TORCH, "toy_kernels:slow"))
+    reg.register(KernelSpec("toy.missing_shapes", B.TRITON, "toy_kernels:fast"))
+    if rank == 1:  # alone, with tuning off and an empty DB, this rank would raise "multiple backends"
+        os.environ["AUTOSEL_TUNE"] = "off"
+    winner = selector.select_kernel("toy.double").backend.value
+    try:
+        selector.select_kernel("toy.missing_shapes")
+        error = None
+    except ValueError as exc:
+        error = str(exc)
+    print(json.dumps({"rank": rank, "winner": winner, "timed": len(timed), "error": error}))
+    dist.destroy_process_group()
+""")
+
+
+def test_every_rank_runs_rank_zeros_winner_and_gets_its_errors(tmp_path):
+    procs = []
+    for rank in (0, 1):
+        env = dict(os.environ, RANK=str(rank), INIT_FILE=str(tmp_path / "init"), PYTHONPATH=str(HERE),
+                   AUTOSEL_DB=str(tmp_path / f"rank{rank}.db"))
+        procs.append(subprocess.Popen([sys.executable, "-c", RANK], env=env, stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE, text=True))
+    results = []
+    for proc in procs:
+        out, err = proc.communicate(timeout=180)
+        assert proc.returncode == 0, err
+        results.append(json.loads(out.strip().splitlines()[-1]))
+    assert [(r["rank"], r["winner"], r["timed"]) for r in results] == [(0, "triton", 1), (1, "triton", 0)]
+    assert results[0]["error"].startswith("op 'toy.missing_shapes' has multiple backends usable")
+    assert results[1]["error"] == results[0]["error"] + " (decided on rank 0 of 2)"
