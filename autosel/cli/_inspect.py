@@ -80,11 +80,12 @@ def show(ops, db, as_json):
         console.print(f"No stored decisions{' for ' + ', '.join(ops) if ops else ''}; "
                       "run `autosel tune` to make some.", markup=False)
         return
-    table = _table("op", "mode", "status", "winner", "runner-up", "margin", "evidence (median, score)", "layer")
+    table = _table("op", "mode", "bucket", "status", "winner", "runner-up", "margin", "evidence (median, score)",
+                   "layer")
     for e in entries:
         d = e.decision
         status = e.status + (f": {e.detail}" if e.detail else "")
-        table.add_row(d.op, d.mode, status, d.winner, _runner_up_text(d), format_lead(d), _evidence(d),
+        table.add_row(d.op, d.mode, d.bucket, status, d.winner, _runner_up_text(d), format_lead(d), _evidence(d),
                       f"{e.layer_kind} {e.layer_path}")
     console.print(table)
     console.print(f"This machine: {platform.key}. {MEDIAN_NOTE}; score: time relative to the fastest per shape "

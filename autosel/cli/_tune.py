@@ -225,14 +225,15 @@ def tune(ops, shapes_file, record_file, db, force, budget_s, isolate, isolate_ti
                          **(_decision_summary(o.decision) if o.decision else {}),
                          "decision": o.decision.to_dict() if o.decision else None} for o in outcomes]})
     elif outcomes:
-        table = _table("op", "mode", "status", "winner", "median", "runner-up", "margin", "rejected")
+        table = _table("op", "mode", "bucket", "status", "winner", "median", "runner-up", "margin", "rejected")
         for o in outcomes:
             d = o.decision
             if d is None:
-                table.add_row(o.op, o.mode, o.status, "-", "-", "-", "-", o.detail)
+                table.add_row(o.op, o.mode, "-", o.status, "-", "-", "-", "-", o.detail)
                 continue
-            table.add_row(o.op, o.mode, o.status, d.winner, format_us(candidate_median_us(d.candidate(d.winner))),
-                          _runner_up_text(d), format_lead(d), _rejected_text(d))
+            table.add_row(o.op, o.mode, d.bucket, o.status, d.winner,
+                          format_us(candidate_median_us(d.candidate(d.winner))), _runner_up_text(d), format_lead(d),
+                          _rejected_text(d))
         console = _console()
         console.print(table)
         console.print(f"{MEDIAN_NOTE}; {MARGIN_NOTE}. DB: {settings.db}", markup=False)
