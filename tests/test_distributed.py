@@ -12,24 +12,16 @@ from pathlib import Path
 HERE = Path(__file__).parent
 
 RANK = textwrap.dedent("""
-    import json, os, sys
+    import json, os
     import torch.distributed as dist
-    import autosel.tuner
-    from autosel import selector
-    from autosel.registry import KernelRegistry
-    from autosel.spec import KernelSpec, KernelBackend as B, OpDefinition
     import toy_kernels
+    from autosel import selector
+    from autosel.spec import KernelSpec, KernelBackend as B
 
     rank = int(os.environ["RANK"])
     dist.init_process_group("gloo", init_method="file://" + os.environ["INIT_FILE"], rank=rank, world_size=2)
-    reg = KernelRegistry()
-    selector.registry = reg
-    reg.register(KernelSpec("toy.double", B.TORCH, "toy_kernels:slow"))
-    reg.register(KernelSpec("toy.double", B.TRITON, "toy_kernels:fast"))
-    reg.define(OpDefinition("toy.double", shapes=toy_kernels.SHAPES, make_inputs=toy_kernels.inputs))
-    timed = []
-    original = autosel.tuner.Tuner.tune
-    autosel.tuner.Tuner.tune = lambda self, *a, **k: timed.append(1) or original(self, *a, **k)
+    timed = toy_kernels.use_fresh_registry()
+    reg = selector.registry
     reg.register(KernelSpec("toy.missing_shapes", B.TORCH, "toy_kernels:slow"))
     reg.register(KernelSpec("toy.missing_shapes", B.TRITON, "toy_kernels:fast"))
     if rank == 1:  # alone, with tuning off and an empty DB, this rank would raise "multiple backends"

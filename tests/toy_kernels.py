@@ -48,3 +48,21 @@ def hangs(x: torch.Tensor) -> torch.Tensor:
 
     time.sleep(3600)
     return x
+
+
+def use_fresh_registry() -> list:
+    """For a child process: a fresh registry in the selector holding toy.double (slow torch, fast "triton"),
+    and a list that grows by one each time the tuner runs."""
+    import autosel.tuner
+    from autosel import selector
+    from autosel.registry import KernelRegistry
+    from autosel.spec import KernelBackend, KernelSpec, OpDefinition
+
+    registry = selector.registry = KernelRegistry()
+    registry.register(KernelSpec("toy.double", KernelBackend.TORCH, "toy_kernels:slow"))
+    registry.register(KernelSpec("toy.double", KernelBackend.TRITON, "toy_kernels:fast"))
+    registry.define(OpDefinition("toy.double", shapes=SHAPES, make_inputs=inputs))
+    timed: list = []
+    original = autosel.tuner.Tuner.tune
+    autosel.tuner.Tuner.tune = lambda self, *a, **k: timed.append(1) or original(self, *a, **k)
+    return timed
