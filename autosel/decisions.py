@@ -35,11 +35,6 @@ class Measurement:
             return 0.0
         return (max(self.round_medians_us) - min(self.round_medians_us)) / self.median_us / 2
 
-    @property
-    def spread(self) -> float:
-        """(p80 - p20) / median: the relative noise of this measurement."""
-        return (self.p80_us - self.p20_us) / self.median_us if self.median_us > 0 else 0.0
-
 
 @dataclass(frozen=True)
 class ShapeResult:

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import fnmatch
 from dataclasses import dataclass
-from typing import Iterable, Sequence
+from typing import Iterable
 
 from autosel.decisions import Decision, versions_hash
 from autosel.platforms import PlatformInfo, version_vector
@@ -26,10 +25,6 @@ def version_diff(stored: dict[str, str], current: dict[str, str]) -> str:
     changed = [f"{k} {stored.get(k, '(none)')} -> {current.get(k, '(none)')}"
                for k in sorted(set(stored) | set(current)) if stored.get(k) != current.get(k)]
     return ", ".join(changed) or "same versions, different eligible backends"
-
-
-def matches(op: str, patterns: Sequence[str]) -> bool:
-    return not patterns or any(fnmatch.fnmatchcase(op, p) for p in patterns)
 
 
 class Inventory:
