@@ -16,7 +16,7 @@ python3 -m pip install -q --no-index --no-deps --no-build-isolation -e . || exit
 export AUTOSEL_DB=/tmp/autosel-user.db
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee "$OUT/gpu.txt"
 python3 -c "import autosel.platforms as p; print(p.current_platform())" | tee -a "$OUT/gpu.txt"
-timeout ${TESTS_TIMEOUT_S:-150} python3 -m pytest ${GPU_TESTS:-tests/gpu} -q -p no:cacheprovider 2>&1 | tail -40 \
+timeout ${TESTS_TIMEOUT_S:-300} python3 -m pytest ${GPU_TESTS:-tests/gpu} -q -p no:cacheprovider 2>&1 | tail -40 \
     | tee "$OUT/gpu_tests.txt"
 timeout ${BENCH_TIMEOUT_S:-300} python3 tools/stability_bench.py --out "$OUT" --budget-s ${BUDGET_S:-40} ${BENCH_ARGS:-} \
     2>&1 | tee "$OUT/bench.log" | grep -v "^  \[" | tail -60
