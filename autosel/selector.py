@@ -166,7 +166,8 @@ def tune_and_record(definition: OpDefinition, eligible: list[KernelSpec], *, pla
     from autosel.tuner import Tuner
 
     op = definition.op
-    key = decision_key(op, eligible, platform, mode)
+    versions = version_vector(platform, eligible)  # read once: it asks the installed packages' metadata
+    key = DecisionKey(platform.key, op, mode, OP_LEVEL_BUCKET, versions_hash(versions))
     usable = {s.backend.value for s in eligible}.__contains__
     with db.lease(platform.key, op, mode, ttl_s=max(600.0, 4 * budget_s)) as holder:
         if not holder and not force:
@@ -177,7 +178,7 @@ def tune_and_record(definition: OpDefinition, eligible: list[KernelSpec], *, pla
                       budget_s=budget_s, on_event=on_event, isolate_timeout_s=isolate_timeout_s)
         decision = tuner.tune(definition, eligible, reference=reference_for(definition, eligible),
                               shapes=shapes or definition.shapes_for(platform), mode=mode,
-                              platform_key=platform.key, versions=version_vector(platform, eligible),
+                              platform_key=platform.key, versions=versions,
                               autosel_version=__version__)
         db.record(decision)
     _forced_done.add(key)

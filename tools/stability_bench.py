@@ -124,7 +124,7 @@ def plain_picks(outcomes) -> dict[tuple[str, str, str], str]:
 
 def pick_quality(first, second, plain1, plain2) -> str:
     """Slowdown of each picker's per-shape choice against the pooled medians of both autosel tunes (6 rounds)."""
-    import math
+    from autosel.tuner import geomean
 
     second_by_key = {(o.op, o.mode): o.decision for o in second if o.decision}
     rows = {"autosel": [], "plain": []}
@@ -156,7 +156,7 @@ def pick_quality(first, second, plain1, plain2) -> str:
     lines = ["| picker | shapes | geomean slowdown vs best | worst |", "|---|---|---|---|"]
     for name, values in rows.items():
         if values:
-            geo = math.exp(sum(math.log(v) for v in values) / len(values))
+            geo = geomean(values)
             lines.append(f"| {name} | {len(values)} | {geo:.3f}x | {max(values):.2f}x |")
     lines.append(f"\nPlain tuner agreed with itself on {plain_agree} of {plain_total} shapes.")
     return "\n".join(lines) + "\n"
