@@ -30,8 +30,29 @@ def summarize(samples_us: list[float], method: str, rounds: list[list[float]] | 
                        round_medians_us=tuple(statistics.median(r) for r in rounds or () if r))
 
 
+def blocked_autorange_us(fn, min_run_time_s: float) -> list[float]:
+    """torch.utils.benchmark's blocked_autorange: per-call wall time of back-to-back calls, in blocks (on CUDA
+    the block's end waits for the device), with the thread count the process really uses."""
+    import torch
+    import torch.utils.benchmark as benchmark
+
+    timer = benchmark.Timer(stmt="fn()", globals={"fn": fn}, num_threads=torch.get_num_threads())
+    return [t * 1e6 for t in timer.blocked_autorange(min_run_time=min_run_time_s).times]
+
+
+def slower_view(device_us: list[float], launch_us: list[float]) -> list[float]:
+    """Of two views of one eager call, the samples of the one with the larger median.
+
+    An eager call costs the larger of its device time and its host launch time. Events around one call
+    after an L2 flush see the device time, and see the launch time only when the host falls behind the
+    flush kernel, a race whose outcome changed between two tunes on an H200 (docs/TUNING.md section 7).
+    Back-to-back calls timed on the wall clock see the launch time, and the device time only with a warm L2.
+    """
+    return launch_us if statistics.median(launch_us) > statistics.median(device_us) else device_us
+
+
 class CpuTimer:
-    """torch.utils.benchmark's blocked_autorange, with the thread count the process really uses."""
+    """torch.utils.benchmark's blocked_autorange."""
 
     method = "cpu:torch.utils.benchmark"
 
@@ -39,26 +60,23 @@ class CpuTimer:
         self.min_run_time_s = min_run_time_s
 
     def measure(self, fn, *, backend: str, shape: dict) -> list[float]:
-        import torch
-        import torch.utils.benchmark as benchmark
-
-        timer = benchmark.Timer(stmt="fn()", globals={"fn": fn}, num_threads=torch.get_num_threads())
-        result = timer.blocked_autorange(min_run_time=self.min_run_time_s)
-        return [t * 1e6 for t in result.times]
+        return blocked_autorange_us(fn, self.min_run_time_s)
 
 
 class CudaEventTimer:
-    """Events around many launches after a warm-up, L2 flushed between calls: triton.testing.do_bench."""
+    """An eager call: the slower of its device time (triton.testing.do_bench: events around one call, L2
+    flushed before it) and its host launch time (blocked_autorange of back-to-back calls)."""
 
-    method = "cuda:do_bench"
+    method = "cuda:max(do_bench,launch)"
 
-    def __init__(self, warmup_ms: float = 5, rep_ms: float = 25) -> None:
-        self.warmup_ms, self.rep_ms = warmup_ms, rep_ms
+    def __init__(self, warmup_ms: float = 5, rep_ms: float = 25, launch_run_time_s: float = 0.02) -> None:
+        self.warmup_ms, self.rep_ms, self.launch_run_time_s = warmup_ms, rep_ms, launch_run_time_s
 
     def measure(self, fn, *, backend: str, shape: dict) -> list[float]:
         from triton.testing import do_bench
 
-        return [t * 1e3 for t in do_bench(fn, warmup=self.warmup_ms, rep=self.rep_ms, return_mode="all")]
+        device = [t * 1e3 for t in do_bench(fn, warmup=self.warmup_ms, rep=self.rep_ms, return_mode="all")]
+        return slower_view(device, blocked_autorange_us(fn, self.launch_run_time_s))
 
 
 class CudaGraphTimer:

@@ -9,7 +9,7 @@ import pytest
 
 from autosel.errors import TuningError
 from autosel.spec import KernelBackend as B, KernelSpec, OpDefinition
-from autosel.timing import CpuTimer
+from autosel.timing import CpuTimer, slower_view
 from autosel.tuner import Tuner, choose
 
 HERE = Path(__file__).parent
@@ -103,6 +103,20 @@ def test_budget_stops_after_the_first_round(toy):
     timer = FakeTimer({"torch": 100.0, "triton": 90.0})
     run(definition, kernels, specs(torch="fast", triton="fast"), timer, rounds=5, budget_s=0.0)
     assert len(timer.calls) == 4  # one round: 2 candidates x 2 shapes
+
+
+def test_budget_counts_from_the_first_timed_call_not_from_compilation(toy):
+    definition, kernels = toy
+    timer = FakeTimer({"torch": 100.0, "triton": 90.0})
+    decision = run(definition, kernels, specs(torch="fast", triton="compiles_first"), timer, rounds=3, budget_s=0.3)
+    assert len(timer.calls) == 12  # all three rounds, though the check (with its 0.5 s "compile") outlasted 0.3 s
+    assert decision.candidate("triton").shapes[0].first_call_s >= 0.5
+
+
+def test_eager_timing_keeps_the_slower_view_of_a_call():
+    device, launch = [1.2, 1.3, 1.25], [30.0, 34.0, 31.0]
+    assert slower_view(device, launch) is launch  # launch-bound: the host is the cost
+    assert slower_view([40.0, 41.0], [38.0, 39.0]) == [40.0, 41.0]  # device-bound: the flushed device time
 
 
 def test_wrong_raising_and_nan_candidates_are_rejected_with_reasons(toy):

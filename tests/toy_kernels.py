@@ -50,6 +50,19 @@ def hangs(x: torch.Tensor) -> torch.Tensor:
     return x
 
 
+_compiled: set = set()
+
+
+def compiles_first(x: torch.Tensor) -> torch.Tensor:
+    """Like a JIT-compiled kernel: the first call is slow (compilation), the rest are fast."""
+    import time
+
+    if not _compiled:
+        time.sleep(0.5)
+        _compiled.add(True)
+    return x * 2
+
+
 def use_fresh_registry() -> list:
     """For a child process: a fresh registry in the selector holding toy.double (slow torch, fast "triton"),
     and a list that grows by one each time the tuner runs."""

@@ -24,11 +24,23 @@ from autosel.platforms import current_platform
 def tune_once(db: Path, patterns, budget_s: float):
     settings = config.read_settings(dict(os.environ, AUTOSEL_DB=str(db), AUTOSEL_DB_PATH=""))
     began = time.perf_counter()
+    phase: dict[str, float] = {}
 
     def progress(event):
+        now = time.perf_counter()
+        if event.kind == "started":
+            phase.update(started=now, timed=0)
+        elif event.kind == "progress":
+            phase.setdefault("first_timed", now)
+            phase["timed"] += 1
         if event.kind in ("started", "rejected", "dropped", "chosen"):
-            print(f"  [{time.perf_counter() - began:7.1f}s] {event.op} {event.kind} {event.backend or ''} "
-                  f"{event.detail}", flush=True)
+            detail = event.detail
+            if event.kind == "chosen":  # where the op's time went: loading and checks, then the timed calls
+                checks = phase.get("first_timed", now) - phase["started"]
+                detail += (f"; checks {checks:.1f} s, {phase['timed']} timed calls "
+                           f"{now - phase.pop('first_timed', now):.1f} s")
+            print(f"  [{now - began:7.1f}s] {event.op} {event.mode} {event.kind} {event.backend or ''} {detail}",
+                  flush=True)
 
     outcomes = selector.tune_ops(patterns, force=True, budget_s=budget_s, on_event=progress, settings=settings)
     return outcomes, time.perf_counter() - began
