@@ -106,7 +106,10 @@ if [ ! -s "$sk_tar" ]; then
   # over 1 GB, and sm100/ is for Blackwell.
   unzip -q "$cache"/sglang_kernel-"$SGLANG_KERNEL_VERSION"-*.whl 'sgl_kernel/*.py' \
     'sgl_kernel/sm90/*' 'sglang_kernel-*.dist-info/*' -d "$work"
+  # RECORD lists files trimmed away. The wheel has no top_level.txt, and without RECORD importlib.metadata
+  # cannot map the import name sgl_kernel to its distribution, so the version vector would miss it.
   rm -f "$work"/sglang_kernel-*.dist-info/RECORD
+  echo sgl_kernel > "$(echo "$work"/sglang_kernel-*.dist-info)/top_level.txt"
   (cd "$work" && tar -cf - sgl_kernel sglang_kernel-*.dist-info) | xz -T0 -6 > "$sk_tar.part"
   mv "$sk_tar.part" "$sk_tar"
   rm -rf "$work"

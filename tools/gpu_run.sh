@@ -2,22 +2,33 @@
 # The whole GPU session in one command, on the H200 (device tool): install what travels, run the GPU tests,
 # then tune every built-in op twice in both modes (tools/stability_bench.py). Results land in $OUT.
 #   run: bash tools/gpu_run.sh        carry: [".whl", ".gpu"]   (.gpu from tools/fetch_gpu_packages.sh)
+# With two GPUs (nvidia-h200-x2) the tests and the two tunes run side by side: tune 1 on GPU 0 after the
+# tests, tune 2 on GPU 1, so the two fresh tunes are also two devices of one kind.
+# env: GPU_TESTS (default tests/gpu; "none" skips), TESTS_TIMEOUT_S (420), BUDGET_S (20), BENCH_ARGS,
+#      TOTAL_S (560: everything is stopped by then, so the DBs are saved within the device's 600 s)
 set -uo pipefail
-export PYTHONUNBUFFERED=1
-OUT=${OUT:-/tmp/autosel-gpu}
-mkdir -p "$OUT"
-# Pure-Python dependencies the GPU image lacks (sqlite-utils and friends), downloaded by:
-#   pip download --no-deps --only-binary=:all: --python-version 3.12 --platform any -d .whl \
-#       sqlite-utils==4.2.1 sqlite-fts4==1.0.3 click-default-group click==8.4.0 platformdirs==4.14.8
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
-export PYTHONPATH=/tmp/site
-if [ -f .gpu/activate.sh ]; then . .gpu/activate.sh; fi   # flashinfer and sgl-kernel (docs/GPU_BACKENDS.md)
-python3 -m pip install -q --no-index --no-deps --no-build-isolation -e . || exit 1
-export AUTOSEL_DB=/tmp/autosel-user.db
-nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee "$OUT/gpu.txt"
-python3 -c "import autosel.platforms as p; print(p.current_platform())" | tee -a "$OUT/gpu.txt"
-timeout ${TESTS_TIMEOUT_S:-300} python3 -m pytest ${GPU_TESTS:-tests/gpu} -q -p no:cacheprovider 2>&1 | tail -40 \
-    | tee "$OUT/gpu_tests.txt"
-timeout ${BENCH_TIMEOUT_S:-300} python3 tools/stability_bench.py --out "$OUT" --budget-s ${BUDGET_S:-40} ${BENCH_ARGS:-} \
-    2>&1 | tee "$OUT/bench.log" | grep -v "^  \[" | tail -60
-rm -f "$OUT/tune2.db"   # $OUT returns at most 8 files; tune1.db holds the decisions
+deadline=$((SECONDS + ${TOTAL_S:-560}))
+. tools/gpu_env.sh || exit 1
+cat "$OUT/gpu.txt"
+left() { echo $((deadline - SECONDS)); }
+bench() {  # bench N: tune N of the stability benchmark, stopped at the deadline
+  timeout "$(left)" python3 tools/stability_bench.py --out "$OUT/bench" --budget-s "${BUDGET_S:-20}" \
+    ${BENCH_ARGS:-} --index "$1" > "$OUT/bench$1.log" 2>&1
+}
+run_tests() {
+  [ "${GPU_TESTS:-}" = none ] && return
+  timeout "${TESTS_TIMEOUT_S:-420}" python3 -m pytest ${GPU_TESTS:-tests/gpu} -q -p no:cacheprovider \
+    > "$OUT/gpu_tests.txt" 2>&1
+}
+if [ "$(nvidia-smi -L | wc -l)" -ge 2 ]; then
+  (export CUDA_VISIBLE_DEVICES=0; run_tests; bench 1) &
+  CUDA_VISIBLE_DEVICES=1 bench 2
+  wait
+else
+  run_tests; bench 1; bench 2
+fi
+# A process killed by its timeout leaves its DB's last decisions in the WAL: fold them into the file.
+python3 -c "import glob, sqlite3; [sqlite3.connect(f).execute('PRAGMA wal_checkpoint(TRUNCATE)') for f in glob.glob('$OUT/bench/*.db')]"
+[ -f "$OUT/bench/tune2.db" ] && python3 tools/stability_bench.py --out "$OUT/bench" --compare > /dev/null 2>&1
+tail -5 "$OUT/gpu_tests.txt" 2>/dev/null; grep -h "chosen\|rejected" "$OUT"/bench*.log | tail -40
+tar -czf "$OUT/bench.tar.gz" -C "$OUT" bench && rm -rf "$OUT/bench"   # $OUT returns at most 8 files

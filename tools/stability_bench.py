@@ -1,11 +1,18 @@
 """Tune every contested built-in op twice from scratch, in every execution mode, and write what docs/ quote.
 
-Outputs (under --out): tune1.db / tune2.db (the two DBs), results.json (every decision with evidence),
-tables.md (op, shape, each backend's median per mode, the winner) and stability.md (how many decisions the
-two fresh tunes agree on, and whether the disagreements lay inside the margin).
+Outputs (under --out), for tune N = 1, 2: tuneN.db (its DB), resultsN.json (every decision with evidence),
+tablesN.md (op, shape, each backend's median per mode, the winner), plainN.json (with --plain: a plain
+tuner's per-shape picks); then stability.md and stability.json (how many decisions the two fresh tunes agree
+on, whether the disagreements lay inside the margin, and how good each picker's picks were).
 
     python tools/stability_bench.py --out "$OUT"                       # on the H200, all ops
     python tools/stability_bench.py --out /tmp/b --op 'activation.*'   # anywhere, a subset
+
+The two tunes can also run as two processes (on two GPUs of one host, at the same time), then be compared:
+
+    CUDA_VISIBLE_DEVICES=0 python tools/stability_bench.py --out "$OUT" --index 1 --plain &
+    CUDA_VISIBLE_DEVICES=1 python tools/stability_bench.py --out "$OUT" --index 2 --plain; wait
+    python tools/stability_bench.py --out "$OUT" --compare
 """
 
 from __future__ import annotations
@@ -15,6 +22,7 @@ import json
 import os
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from autosel import config, selector
@@ -189,41 +197,77 @@ def _inside_margin(decision, shape, a, b) -> bool:
     return max(ta, tb) / min(ta, tb) - 1 <= decision.margin
 
 
+@dataclass
+class Stored:
+    """A decision read back from a tune's DB, shaped like selector.TuneOutcome for the comparisons."""
+
+    op: str
+    mode: str
+    decision: object
+    detail: str = ""
+
+
+def stored_outcomes(db: Path) -> list[Stored]:
+    from autosel.db import TuningDB
+
+    found = TuningDB.open(db, include_package=False).decisions()
+    return sorted((Stored(d.op, d.mode, d) for d, _ in found), key=lambda o: (o.op, o.mode))
+
+
+def write_tune(args, index: int, platform) -> list:
+    """Tune once into tune{index}.db; write its tables, its evidence and (with --plain) the plain tuner's picks."""
+    db = args.out / f"tune{index}.db"
+    db.unlink(missing_ok=True)
+    print(f"== tune {index} into {db}", flush=True)
+    outcomes, seconds = tune_once(db, args.op, args.budget_s)
+    header = f"Platform `{platform.key}`, versions {platform.version_map}; tune {index} took {seconds:.1f} s.\n"
+    (args.out / f"tables{index}.md").write_text(header + table(outcomes))
+    (args.out / f"results{index}.json").write_text(json.dumps(
+        {"platform": platform.key, "versions": platform.version_map, "tune_s": round(seconds, 1),
+         "decisions": [o.decision.to_dict() if o.decision else {"op": o.op, "mode": o.mode, "failed": o.detail}
+                       for o in outcomes]}, indent=1))
+    print((args.out / f"tables{index}.md").read_text(), flush=True)
+    if args.plain:
+        picks = plain_picks(outcomes)
+        (args.out / f"plain{index}.json").write_text(json.dumps([[*key, pick] for key, pick in picks.items()]))
+    return outcomes
+
+
+def compare(args, first, second) -> None:
+    text, counts = stability(first, second)
+    plain = [args.out / f"plain{i}.json" for i in (1, 2)]
+    if all(p.exists() for p in plain):
+        picks = [{tuple(row[:3]): row[3] for row in json.loads(p.read_text())} for p in plain]
+        text += "\n" + pick_quality(first, second, *picks)
+    (args.out / "stability.md").write_text(text)
+    (args.out / "stability.json").write_text(json.dumps(counts, indent=1))
+    print(text, flush=True)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--op", action="append", help="glob of ops to tune (repeatable); default all")
     parser.add_argument("--budget-s", type=float, default=60.0)
     parser.add_argument("--once", action="store_true", help="one tune only (no stability comparison)")
-    parser.add_argument("--plain", action="store_true", help="also run a plain tuner twice and compare picks")
+    parser.add_argument("--index", type=int, choices=(1, 2), help="run only tune 1 or 2 (compare later)")
+    parser.add_argument("--compare", action="store_true", help="compare the tune1.db and tune2.db already in --out")
+    parser.add_argument("--plain", action="store_true", help="also run a plain tuner and compare picks")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
+    if args.compare:
+        runs = [stored_outcomes(args.out / f"tune{i}.db") for i in (1, 2)]
+        for index, outcomes in enumerate(runs, 1):  # a tune stopped by a time limit left its DB, not its tables
+            if not (args.out / f"tables{index}.md").exists():
+                (args.out / f"tables{index}.md").write_text(f"Tune {index}, read back from its DB.\n" + table(outcomes))
+        compare(args, *runs)
+        return 0
     platform = current_platform()
     print(f"platform {platform.key} versions {platform.version_map}", flush=True)
-    runs = []
-    for index in (1, 2)[: 1 if args.once else 2]:
-        db = args.out / f"tune{index}.db"
-        db.unlink(missing_ok=True)
-        print(f"== tune {index} into {db}", flush=True)
-        runs.append(tune_once(db, args.op, args.budget_s))
-        if index == 1:  # written at once, so a run cut short by its time limit still leaves the tables
-            results = {"platform": platform.key, "versions": platform.version_map,
-                       "tune_s": round(runs[0][1], 1),
-                       "decisions": [o.decision.to_dict() if o.decision else
-                                     {"op": o.op, "mode": o.mode, "failed": o.detail} for o in runs[0][0]]}
-            header = f"Platform `{platform.key}`, versions {platform.version_map}; tune took {results['tune_s']} s.\n"
-            (args.out / "tables.md").write_text(header + table(runs[0][0]))
-            (args.out / "results.json").write_text(json.dumps(results, indent=1))
-            print((args.out / "tables.md").read_text(), flush=True)
+    indexes = [args.index] if args.index else [1] if args.once else [1, 2]
+    runs = [write_tune(args, index, platform) for index in indexes]
     if len(runs) == 2:
-        text, counts = stability(runs[0][0], runs[1][0])
-        results["stability"] = counts
-        if args.plain:
-            picks = [plain_picks(runs[0][0]) for _ in range(2)]
-            text += "\n" + pick_quality(runs[0][0], runs[1][0], *picks)
-        (args.out / "stability.md").write_text(header + text)
-        print(text, flush=True)
-        (args.out / "results.json").write_text(json.dumps(results, indent=1))
+        compare(args, *runs)
     return 0
 
 

@@ -1,0 +1,15 @@
+# Source on the H200 (device tool, carry [".whl", ".gpu"]) from the repo root: . tools/gpu_env.sh
+# Installs what the GPU image lacks and autosel itself, and exports PYTHONPATH and AUTOSEL_DB.
+# Pure-Python dependencies (sqlite-utils and friends) travel in .whl, downloaded here by:
+#   pip download --no-deps --only-binary=:all: --python-version 3.12 --platform any -d .whl \
+#       sqlite-utils==4.2.1 sqlite-fts4==1.0.3 click-default-group click==8.4.0 platformdirs==4.14.8
+# flashinfer and sgl-kernel travel in .gpu, built by tools/fetch_gpu_packages.sh (docs/GPU_BACKENDS.md).
+export PYTHONUNBUFFERED=1 OUT=${OUT:-/tmp/autosel-gpu}
+mkdir -p "$OUT"
+python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || return 1
+export PYTHONPATH=/tmp/site
+if [ -f .gpu/activate.sh ]; then . .gpu/activate.sh || return 1; fi
+python3 -m pip install -q --no-index --no-deps --no-build-isolation -e . || return 1
+export AUTOSEL_DB=/tmp/autosel-user.db
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv > "$OUT/gpu.txt"
+python3 -c "import autosel.platforms as p; print(p.current_platform())" >> "$OUT/gpu.txt"
