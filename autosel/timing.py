@@ -30,14 +30,19 @@ def summarize(samples_us: list[float], method: str, rounds: list[list[float]] | 
                        round_medians_us=tuple(statistics.median(r) for r in rounds or () if r))
 
 
-def blocked_autorange_us(fn, min_run_time_s: float) -> list[float]:
-    """torch.utils.benchmark's blocked_autorange: per-call wall time of back-to-back calls, in blocks (on CUDA
-    the block's end waits for the device), with the thread count the process really uses."""
+def launch_times_us(fn, *, samples: int = 15, block_us: float = 1000.0) -> list[float]:
+    """Per-call wall time of back-to-back calls: `samples` blocks of about `block_us` each, timed with
+    torch.utils.benchmark's Timer.timeit (which waits for the device at both ends of a block).
+
+    Not blocked_autorange: with a device wait in each block it sizes one block to its whole run time
+    (its overhead criterion), so it gave one sample per measurement on the H200.
+    """
     import torch
     import torch.utils.benchmark as benchmark
 
     timer = benchmark.Timer(stmt="fn()", globals={"fn": fn}, num_threads=torch.get_num_threads())
-    return [t * 1e6 for t in timer.blocked_autorange(min_run_time=min_run_time_s).times]
+    number = max(1, int(block_us * 1e-6 / timer.timeit(number=10).mean))
+    return [timer.timeit(number=number).mean * 1e6 for _ in range(samples)]
 
 
 def slower_view(device_us: list[float], launch_us: list[float]) -> list[float]:
@@ -52,7 +57,7 @@ def slower_view(device_us: list[float], launch_us: list[float]) -> list[float]:
 
 
 class CpuTimer:
-    """torch.utils.benchmark's blocked_autorange."""
+    """torch.utils.benchmark's blocked_autorange, with the thread count the process really uses."""
 
     method = "cpu:torch.utils.benchmark"
 
@@ -60,23 +65,27 @@ class CpuTimer:
         self.min_run_time_s = min_run_time_s
 
     def measure(self, fn, *, backend: str, shape: dict) -> list[float]:
-        return blocked_autorange_us(fn, self.min_run_time_s)
+        import torch
+        import torch.utils.benchmark as benchmark
+
+        timer = benchmark.Timer(stmt="fn()", globals={"fn": fn}, num_threads=torch.get_num_threads())
+        return [t * 1e6 for t in timer.blocked_autorange(min_run_time=self.min_run_time_s).times]
 
 
 class CudaEventTimer:
     """An eager call: the slower of its device time (triton.testing.do_bench: events around one call, L2
-    flushed before it) and its host launch time (blocked_autorange of back-to-back calls)."""
+    flushed before it) and its host launch time (launch_times_us: blocks of back-to-back calls)."""
 
     method = "cuda:max(do_bench,launch)"
 
-    def __init__(self, warmup_ms: float = 5, rep_ms: float = 25, launch_run_time_s: float = 0.02) -> None:
-        self.warmup_ms, self.rep_ms, self.launch_run_time_s = warmup_ms, rep_ms, launch_run_time_s
+    def __init__(self, warmup_ms: float = 5, rep_ms: float = 25) -> None:
+        self.warmup_ms, self.rep_ms = warmup_ms, rep_ms
 
     def measure(self, fn, *, backend: str, shape: dict) -> list[float]:
         from triton.testing import do_bench
 
         device = [t * 1e3 for t in do_bench(fn, warmup=self.warmup_ms, rep=self.rep_ms, return_mode="all")]
-        return slower_view(device, blocked_autorange_us(fn, self.launch_run_time_s))
+        return slower_view(device, launch_times_us(fn))
 
 
 class CudaGraphTimer:

@@ -9,7 +9,7 @@ import pytest
 
 from autosel.errors import TuningError
 from autosel.spec import KernelBackend as B, KernelSpec, OpDefinition
-from autosel.timing import CpuTimer, slower_view
+from autosel.timing import CpuTimer, launch_times_us, slower_view
 from autosel.tuner import Tuner, choose
 
 HERE = Path(__file__).parent
@@ -111,6 +111,14 @@ def test_budget_counts_from_the_first_timed_call_not_from_compilation(toy):
     decision = run(definition, kernels, specs(torch="fast", triton="compiles_first"), timer, rounds=3, budget_s=0.3)
     assert len(timer.calls) == 12  # all three rounds, though the check (with its 0.5 s "compile") outlasted 0.3 s
     assert decision.candidate("triton").shapes[0].first_call_s >= 0.5
+
+
+def test_launch_times_are_per_call_microseconds_of_several_blocks():
+    import time
+
+    samples = launch_times_us(lambda: time.sleep(200e-6), samples=5, block_us=2000)
+    assert len(samples) == 5
+    assert all(200 <= t < 20_000 for t in samples)  # a sleep of 200 us per call, never less
 
 
 def test_eager_timing_keeps_the_slower_view_of_a_call():
