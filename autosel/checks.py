@@ -40,6 +40,15 @@ def clone_args(args: Sequence[Any]) -> tuple:
     return tuple(a.clone() if isinstance(a, torch.Tensor) else a for a in args)
 
 
+def rotating_copies(args: Sequence[Any], min_bytes: int, *, most: int = 256) -> list[tuple]:
+    """Copies of `args` that together hold at least `min_bytes` of tensor data (at least one, at most `most`)."""
+    import torch
+
+    size = sum(a.numel() * a.element_size() for a in args if isinstance(a, torch.Tensor))
+    count = min(most, max(1, -(-min_bytes // size))) if size else 1
+    return [clone_args(args) for _ in range(count)]
+
+
 def tolerances(dtype: Any, rtol: float | None = None, atol: float | None = None) -> tuple[float, float]:
     name = str(dtype).removeprefix("torch.")
     default_rtol, default_atol = TOLERANCES.get(name, (0.0, 0.0))  # integers and bools compare exactly

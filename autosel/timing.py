@@ -9,7 +9,11 @@ from autosel.decisions import Measurement
 
 
 class Timer(Protocol):
-    """Returns per-call times in microseconds for `fn`; backend and shape let a fake timer tell calls apart."""
+    """Returns per-call times in microseconds for `fn`; backend and shape let a fake timer tell calls apart.
+
+    A timer with a `rotate_bytes` attribute gets an `fn` that cycles through enough copies of the inputs
+    to fill that many bytes (the tuner makes them), so calls do not find their inputs in a warm cache.
+    """
 
     method: str
 
@@ -45,17 +49,6 @@ def launch_times_us(fn, *, samples: int = 15, block_us: float = 1000.0) -> list[
     return [timer.timeit(number=number).mean * 1e6 for _ in range(samples)]
 
 
-def slower_view(device_us: list[float], launch_us: list[float]) -> list[float]:
-    """Of two views of one eager call, the samples of the one with the larger median.
-
-    An eager call costs the larger of its device time and its host launch time. Events around one call
-    after an L2 flush see the device time, and see the launch time only when the host falls behind the
-    flush kernel, a race whose outcome changed between two tunes on an H200 (docs/TUNING.md section 7).
-    Back-to-back calls timed on the wall clock see the launch time, and the device time only with a warm L2.
-    """
-    return launch_us if statistics.median(launch_us) > statistics.median(device_us) else device_us
-
-
 class CpuTimer:
     """torch.utils.benchmark's blocked_autorange, with the thread count the process really uses."""
 
@@ -72,20 +65,20 @@ class CpuTimer:
         return [t * 1e6 for t in timer.blocked_autorange(min_run_time=self.min_run_time_s).times]
 
 
-class CudaEventTimer:
-    """An eager call: the slower of its device time (triton.testing.do_bench: events around one call, L2
-    flushed before it) and its host launch time (launch_times_us: blocks of back-to-back calls)."""
+class CudaEagerTimer:
+    """An eager call as a model step launches it: blocks of back-to-back calls (launch_times_us), each call on
+    the next of several input copies that together exceed the L2, so every call reads from memory.
 
-    method = "cuda:max(do_bench,launch)"
+    One view of the call: the host's launch time when that is longer (launch-bound shapes), else the device
+    time. do_bench (events around one call after an L2 flush) saw the launch time only when the host fell
+    behind its flush kernel, a race that moved decisions between two tunes on an H200 (docs/TUNING.md).
+    """
 
-    def __init__(self, warmup_ms: float = 5, rep_ms: float = 25) -> None:
-        self.warmup_ms, self.rep_ms = warmup_ms, rep_ms
+    method = "cuda:back-to-back"
+    rotate_bytes = 128 << 20  # input copies to cycle through: over twice an H100/H200 L2 (50 MB)
 
     def measure(self, fn, *, backend: str, shape: dict) -> list[float]:
-        from triton.testing import do_bench
-
-        device = [t * 1e3 for t in do_bench(fn, warmup=self.warmup_ms, rep=self.rep_ms, return_mode="all")]
-        return slower_view(device, launch_times_us(fn))
+        return launch_times_us(fn)
 
 
 class CudaGraphTimer:
@@ -107,7 +100,7 @@ def timer_for(device: str, mode: str) -> Timer:
     if device == "cpu":
         return CpuTimer()
     if device == "cuda":
-        return CudaGraphTimer() if mode == "graph" else CudaEventTimer()
+        return CudaGraphTimer() if mode == "graph" else CudaEagerTimer()
     raise ValueError(f"no timer for device {device!r}; autosel times on cpu and cuda (CUDA or ROCm)")
 
 

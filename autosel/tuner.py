@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+import itertools
 import json
 import logging
 import math
@@ -214,7 +215,8 @@ class Tuner:
     def _time(self, definition: OpDefinition, alive: list[_Candidate], shapes, timing_began: float) -> None:
         """Interleaved rounds (A B C A B C ...), rotating the order each round so no one always goes first.
 
-        One shape's inputs exist at a time (rebuilt from the same seed each round), each candidate on its own copy.
+        One shape's inputs exist at a time (rebuilt from the same seed each round), each candidate on its own
+        copies: one, or as many as the timer's rotate_bytes asks for.
         """
         if not alive:
             return
@@ -230,9 +232,11 @@ class Tuner:
                 for candidate in order:
                     if candidate.status != "ok":
                         continue
-                    fn, call_args = candidate.fn, checks.clone_args(base)
+                    fn = candidate.fn
+                    copies = itertools.cycle(checks.rotating_copies(base, getattr(self.timer, "rotate_bytes", 0)))
                     try:
-                        times = self.timer.measure(lambda: fn(*call_args), backend=candidate.backend, shape=shape)
+                        times = self.timer.measure(lambda: fn(*next(copies)), backend=candidate.backend,
+                                                   shape=shape)
                     except Exception as exc:
                         candidate.reject("rejected", f"raised {type(exc).__name__} while timed: {exc} "
                                                      f"at {shape_text(shape)}")

@@ -9,7 +9,8 @@ import pytest
 
 from autosel.errors import TuningError
 from autosel.spec import KernelBackend as B, KernelSpec, OpDefinition
-from autosel.timing import CpuTimer, launch_times_us, slower_view
+from autosel.checks import rotating_copies
+from autosel.timing import CpuTimer, launch_times_us
 from autosel.tuner import Tuner, choose
 
 HERE = Path(__file__).parent
@@ -121,10 +122,36 @@ def test_launch_times_are_per_call_microseconds_of_several_blocks():
     assert all(200 <= t < 20_000 for t in samples)  # a sleep of 200 us per call, never less
 
 
-def test_eager_timing_keeps_the_slower_view_of_a_call():
-    device, launch = [1.2, 1.3, 1.25], [30.0, 34.0, 31.0]
-    assert slower_view(device, launch) is launch  # launch-bound: the host is the cost
-    assert slower_view([40.0, 41.0], [38.0, 39.0]) == [40.0, 41.0]  # device-bound: the flushed device time
+class RotatingTimer(FakeTimer):
+    """Asks for input copies of three times the input's bytes, and calls the kernel six times per measurement."""
+
+    rotate_bytes = 3 * 4 * (1 << 16)  # three float32 copies of the first shape's input
+
+    def measure(self, fn, *, backend, shape):
+        for _ in range(6):
+            fn()
+        return super().measure(fn, backend=backend, shape=shape)
+
+
+def test_a_rotating_timer_gets_calls_on_distinct_input_copies(toy):
+    definition, kernels = toy
+    kernels.SEEN.clear()
+    run(definition, kernels, specs(torch="fast", triton="records_inputs"), RotatingTimer({"torch": 1, "triton": 1}),
+        rounds=1)
+    first_shape, second_shape = kernels.SEEN[-12:-6], kernels.SEEN[-6:]  # six timed calls each
+    assert len(set(first_shape)) == 3 and first_shape[:3] == first_shape[3:]  # 3 copies, cycled twice
+    assert len(set(second_shape)) == 6  # a quarter of the size: 12 copies, 6 of them used
+
+
+def test_rotating_copies_cover_the_bytes_asked_for():
+    import torch
+
+    x = torch.zeros(1 << 18)  # 1 MiB
+    copies = rotating_copies((x, 3), min_bytes=(4 << 20) + 1)
+    assert len(copies) == 5 and all(c[1] == 3 for c in copies)
+    assert len({c[0].data_ptr() for c in copies}) == 5 and x.data_ptr() not in {c[0].data_ptr() for c in copies}
+    assert len(rotating_copies((x,), min_bytes=0)) == 1
+    assert len(rotating_copies((x,), min_bytes=1 << 40, most=8)) == 8
 
 
 def test_wrong_raising_and_nan_candidates_are_rejected_with_reasons(toy):

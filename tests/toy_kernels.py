@@ -63,6 +63,15 @@ def compiles_first(x: torch.Tensor) -> torch.Tensor:
     return x * 2
 
 
+SEEN: list = []
+
+
+def records_inputs(x: torch.Tensor) -> torch.Tensor:
+    """fast, noting which input tensor it was given."""
+    SEEN.append(x.data_ptr())
+    return x * 2
+
+
 def use_fresh_registry() -> list:
     """For a child process: a fresh registry in the selector holding toy.double (slow torch, fast "triton"),
     and a list that grows by one each time the tuner runs."""

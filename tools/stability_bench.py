@@ -110,8 +110,18 @@ def stability(first, second) -> tuple[str, dict]:
     return "\n".join(lines + [""] + notes) + "\n", counts
 
 
+class DoBench:
+    """The plain tuner's eager timing on CUDA: triton.testing.do_bench (events around one call, L2 flushed)."""
+
+    def measure(self, fn, **_):
+        from triton.testing import do_bench
+
+        return do_bench(fn, warmup=5, rep=25, return_mode="all")
+
+
 def plain_picks(outcomes) -> dict[tuple[str, str, str], str]:
-    """What a plain tuner picks: one timer call per candidate and shape (a do_bench median), the minimum wins."""
+    """What a plain tuner picks: one timer call per candidate and shape, its median, the minimum wins.
+    The timer: do_bench (eager) or do_bench_cudagraph (graph) on CUDA, torch.utils.benchmark on CPU."""
     import statistics
 
     import torch
@@ -129,7 +139,8 @@ def plain_picks(outcomes) -> dict[tuple[str, str, str], str]:
         definition = registry.definition(decision.op)
         fns = {c.backend: registry.get_backend(decision.op, c.backend).load()
                for c in decision.candidates if c.status == "ok"}
-        timer = timer_for(platform.torch_device, decision.mode)
+        plain_eager = platform.torch_device == "cuda" and decision.mode == "eager"
+        timer = DoBench() if plain_eager else timer_for(platform.torch_device, decision.mode)
         for shape_json, _ in decision.per_shape_winners:
             shape = json.loads(shape_json)
             torch.manual_seed(0)
