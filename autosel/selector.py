@@ -268,7 +268,7 @@ class TuneOutcome:
 
     op: str
     mode: str
-    status: str  # "tuned", "stored", "failed"
+    status: str  # "tuned", "stored", "copied" (from a shipped layer), "failed"
     decision: Decision | None = None
     detail: str = ""
 
@@ -294,10 +294,12 @@ def modes_for(platform: PlatformInfo) -> list[str]:
 def tune_ops(patterns: list[str] | None = None, *, force: bool = False, budget_s: float | None = None,
              shapes: dict[str, list[dict]] | None = None, modes: list[str] | None = None,
              on_event: Callable | None = None, settings: config.Settings | None = None,
-             isolate_timeout_s: float | None = None) -> list[TuneOutcome]:
+             isolate_timeout_s: float | None = None, copy_found: bool = False) -> list[TuneOutcome]:
     """Tune every contested op (or those matching `patterns`) in every mode; stored decisions are reused.
 
     isolate_timeout_s: check each candidate first in a child process killed after this many seconds.
+    copy_found: a decision found in a shipped layer is copied into the user layer (status "copied"), so a
+    DB built for an image (`autosel tune --db build.db`) holds every decision, not only the new ones.
     """
     settings = settings or config.settings()
     platform, db = _platform(), database(settings)
@@ -307,6 +309,10 @@ def tune_ops(patterns: list[str] | None = None, *, force: bool = False, budget_s
         for mode in modes or modes_for(platform):
             key = decision_key(op, eligible, platform, mode)
             hit = None if force else db.lookup(key, usable={s.backend.value for s in eligible}.__contains__)
+            if hit is not None and copy_found and hit[1].kind != "user":
+                db.record(hit[0])
+                outcomes.append(TuneOutcome(op, mode, "copied", hit[0], f"copied from {hit[1].path}"))
+                continue
             if hit is not None:
                 outcomes.append(TuneOutcome(op, mode, "stored", hit[0], f"stored in {hit[1].path}"))
                 continue

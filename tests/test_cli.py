@@ -188,6 +188,21 @@ def test_tune_into_db_path(reg, tmp_path):
     assert not Path(os.environ["AUTOSEL_DB"]).exists()
 
 
+def test_tune_into_db_path_copies_what_a_shipped_db_already_decided(reg, tmp_path, monkeypatch):
+    toy(reg, B.TORCH, B.TRITON)
+    first, shipped, target = tmp_path / "first.db", tmp_path / "shipped.db", tmp_path / "build.db"
+    assert run("tune", "--db", first).exit_code == 0
+    assert run("export", "--db", first, "--out", shipped).exit_code == 0  # as an image ships it
+    monkeypatch.setenv("AUTOSEL_DB_PATH", str(shipped))
+    result = run("tune", "--db", target, "--json")
+    outcome = json.loads(result.stdout)["outcomes"][0]
+    assert (outcome["status"], outcome["detail"]) == ("copied", f"copied from {shipped}")
+    assert sqlite3.connect(target).execute("SELECT op, winner FROM decisions").fetchall() == [("toy.double", "triton")]
+    plain = json.loads(run("tune", "--json").stdout)["outcomes"][0]  # the default user DB: reused, not copied
+    assert plain["status"] == "stored"
+    assert sqlite3.connect(os.environ["AUTOSEL_DB"]).execute("SELECT count(*) FROM decisions").fetchone() == (0,)
+
+
 def test_tune_op_glob_that_matches_nothing_names_the_registered_ops(reg):
     toy(reg, B.TORCH, B.TRITON)
     result = run("tune", "--op", "nope.*")

@@ -167,7 +167,8 @@ def _nothing_to_tune(selector, platform, ops: tuple[str, ...]) -> str:
               help='Tune only the ops named in this JSON file, on its shapes: {"op": [shape, ...]}.')
 @click.option("--from-record", "record_file", type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help="Tune exactly the shapes an AUTOSEL_RECORD=FILE run recorded (grouped by op, deduplicated).")
-@click.option("--db", metavar="PATH", help="Write decisions to this DB instead of the default user DB.")
+@click.option("--db", metavar="PATH", help="Write decisions to this DB instead of the default user DB; "
+              "decisions found in shipped DBs are copied into it.")
 @click.option("--force", is_flag=True, help="Re-tune ops that already have a stored decision.")
 @click.option("--budget-s", type=click.FloatRange(min=0, min_open=True), default=120.0, show_default=True,
               help="Time budget per op and mode, in seconds.")
@@ -180,7 +181,8 @@ def tune(ops, shapes_file, record_file, db, force, budget_s, isolate, isolate_ti
     """Time the eligible backends of every op that has several, and store the winners.
 
     Ops already decided for this machine and these versions are reused (status "stored") and not timed again
-    unless --force is given. A progress bar runs on stderr; the table or JSON goes to stdout.
+    unless --force is given. With --db, a decision found in a shipped DB is copied into PATH (status "copied"),
+    so a DB built for an image holds every decision. A progress bar runs on stderr; the table or JSON goes to stdout.
 
     \b
     Examples:
@@ -217,7 +219,8 @@ def tune(ops, shapes_file, record_file, db, force, budget_s, isolate, isolate_ti
         for patterns, shapes, modes in runs:
             outcomes += selector.tune_ops(patterns, force=force, budget_s=budget_s, shapes=shapes, modes=modes,
                                           on_event=progress.on_event, settings=settings,
-                                          isolate_timeout_s=isolate_timeout_s if isolate else None)
+                                          isolate_timeout_s=isolate_timeout_s if isolate else None,
+                                          copy_found=db is not None)
     if as_json:
         _echo_json({"db": str(settings.db), "platform_key": platform.key, "budget_s": budget_s,
                     "median": MEDIAN_NOTE, "outcomes": [
