@@ -51,6 +51,22 @@ def _as_rows(t: torch.Tensor, width: int, *, name: str, in_place: bool) -> torch
 
 
 @triton.jit
+def _load_rows(x_ptrs, res_ptrs, mask, ADD_RESIDUAL: tl.constexpr):
+    """x in fp32; with ADD_RESIDUAL, x + residual, written back to the residual and read as stored.
+
+    The residual stream is kept in the activation dtype, so the norm must see the rounded sum, as
+    flashinfer's and sgl-kernel's fused_add_rmsnorm do.
+    """
+    x = tl.load(x_ptrs, mask=mask, other=0.0).to(tl.float32)
+    if ADD_RESIDUAL:
+        r = tl.load(res_ptrs, mask=mask, other=0.0).to(tl.float32)
+        s = (x + r).to(res_ptrs.dtype.element_ty)
+        tl.store(res_ptrs, s, mask=mask)
+        x = s.to(tl.float32)
+    return x
+
+
+@triton.jit
 def _rmsnorm_kernel(
     x_ptr, res_ptr, w_ptr, out_ptr,
     n_rows, n_cols, x_stride, res_stride, out_stride, eps,
@@ -66,14 +82,7 @@ def _rmsnorm_kernel(
 
     if ONE_PASS:
         mask = row_mask[:, None] & (cols[None, :] < n_cols)
-        x = tl.load(x_rows + cols[None, :], mask=mask, other=0.0).to(tl.float32)
-        if ADD_RESIDUAL:
-            # The residual stream is stored in the activation dtype, so the norm must see the
-            # rounded sum, as flashinfer's and sgl-kernel's fused_add_rmsnorm do.
-            r = tl.load(res_rows + cols[None, :], mask=mask, other=0.0).to(tl.float32)
-            s = (x + r).to(res_ptr.dtype.element_ty)
-            tl.store(res_rows + cols[None, :], s, mask=mask)
-            x = s.to(tl.float32)
+        x = _load_rows(x_rows + cols[None, :], res_rows + cols[None, :], mask, ADD_RESIDUAL)
         rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=1) / n_cols + eps)
         w = tl.load(w_ptr + cols, mask=cols < n_cols, other=0.0).to(tl.float32)
         y = x * rstd[:, None] * w[None, :]
@@ -83,12 +92,7 @@ def _rmsnorm_kernel(
         for start in range(0, n_cols, BLOCK_N):
             c = start + cols
             mask = row_mask[:, None] & (c[None, :] < n_cols)
-            x = tl.load(x_rows + c[None, :], mask=mask, other=0.0).to(tl.float32)
-            if ADD_RESIDUAL:
-                r = tl.load(res_rows + c[None, :], mask=mask, other=0.0).to(tl.float32)
-                s = (x + r).to(res_ptr.dtype.element_ty)
-                tl.store(res_rows + c[None, :], s, mask=mask)
-                x = s.to(tl.float32)
+            x = _load_rows(x_rows + c[None, :], res_rows + c[None, :], mask, ADD_RESIDUAL)
             acc += x * x
         rstd = 1.0 / tl.sqrt(tl.sum(acc, axis=1) / n_cols + eps)
         # The second pass re-reads the residual this program just wrote, possibly from other threads.
