@@ -1,4 +1,5 @@
-"""Timing one call with the field's tools: torch.utils.benchmark on CPU, do_bench / do_bench_cudagraph on CUDA."""
+"""Timing one call with the field's tools: torch.utils.benchmark on CPU and for eager CUDA calls,
+triton.testing.do_bench_cudagraph for CUDA graph replay."""
 
 from __future__ import annotations
 
@@ -34,7 +35,7 @@ def summarize(samples_us: list[float], method: str, rounds: list[list[float]] | 
                        round_medians_us=tuple(statistics.median(r) for r in rounds or () if r))
 
 
-def launch_times_us(fn, *, samples: int = 15, block_us: float = 1000.0) -> list[float]:
+def back_to_back_us(fn, *, samples: int = 15, block_us: float = 1000.0) -> list[float]:
     """Per-call wall time of back-to-back calls: `samples` blocks of about `block_us` each, timed with
     torch.utils.benchmark's Timer.timeit (which waits for the device at both ends of a block).
 
@@ -66,7 +67,7 @@ class CpuTimer:
 
 
 class CudaEagerTimer:
-    """An eager call as a model step launches it: blocks of back-to-back calls (launch_times_us), each call on
+    """An eager call as a model step launches it: blocks of back-to-back calls (back_to_back_us), each call on
     the next of several input copies that together exceed the L2, so every call reads from memory.
 
     One view of the call: the host's launch time when that is longer (launch-bound shapes), else the device
@@ -78,7 +79,7 @@ class CudaEagerTimer:
     rotate_bytes = 128 << 20  # input copies to cycle through: over twice an H100/H200 L2 (50 MB)
 
     def measure(self, fn, *, backend: str, shape: dict) -> list[float]:
-        return launch_times_us(fn)
+        return back_to_back_us(fn)
 
 
 class CudaGraphTimer:

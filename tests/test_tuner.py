@@ -10,7 +10,7 @@ import pytest
 from autosel.errors import TuningError
 from autosel.spec import KernelBackend as B, KernelSpec, OpDefinition
 from autosel.checks import rotating_copies
-from autosel.timing import CpuTimer, launch_times_us
+from autosel.timing import CpuTimer, back_to_back_us
 from autosel.tuner import Tuner, choose
 
 HERE = Path(__file__).parent
@@ -114,10 +114,10 @@ def test_budget_counts_from_the_first_timed_call_not_from_compilation(toy):
     assert decision.candidate("triton").shapes[0].first_call_s >= 0.5
 
 
-def test_launch_times_are_per_call_microseconds_of_several_blocks():
+def test_back_to_back_times_are_per_call_microseconds_of_several_blocks():
     import time
 
-    samples = launch_times_us(lambda: time.sleep(200e-6), samples=5, block_us=2000)
+    samples = back_to_back_us(lambda: time.sleep(200e-6), samples=5, block_us=2000)
     assert len(samples) == 5
     assert all(200 <= t < 20_000 for t in samples)  # a sleep of 200 us per call, never less
 
