@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from autosel.checks import rotating_copies
 from autosel.errors import TuningError
 from autosel.spec import KernelBackend as B, KernelSpec, OpDefinition
-from autosel.checks import rotating_copies
 from autosel.timing import CpuTimer, back_to_back_us
 from autosel.tuner import Tuner, choose
 

@@ -116,7 +116,7 @@ class DoBench:
     def measure(self, fn, **_):
         from triton.testing import do_bench
 
-        return do_bench(fn, warmup=5, rep=25, return_mode="all")
+        return [t * 1e3 for t in do_bench(fn, warmup=5, rep=25, return_mode="all")]
 
 
 def plain_picks(outcomes) -> dict[tuple[str, str, str], str]:
