@@ -66,11 +66,16 @@ def geomean(values: Sequence[float]) -> float:
     return math.exp(statistics.fmean(math.log(v) for v in values))
 
 
-def _scores(candidates: list[_Candidate], n_shapes: int) -> dict[str, float]:
-    """Geometric mean over shapes of time relative to the best candidate on that shape."""
-    medians = {c.backend: [statistics.median(c.samples[i]) for i in range(n_shapes)] for c in candidates}
+def relative_scores(medians: dict[str, list[float]]) -> dict[str, float]:
+    """Per candidate, the geometric mean over shapes of its time relative to the best candidate on that shape."""
+    n_shapes = len(next(iter(medians.values())))
     best = [min(m[i] for m in medians.values()) for i in range(n_shapes)]
     return {b: geomean([m[i] / best[i] for i in range(n_shapes)]) for b, m in medians.items()}
+
+
+def _scores(candidates: list[_Candidate], n_shapes: int) -> dict[str, float]:
+    return relative_scores({c.backend: [statistics.median(c.samples[i]) for i in range(n_shapes)]
+                            for c in candidates})
 
 
 def choose(order: Sequence[str], score: dict[str, float], margin: float) -> str:
@@ -107,6 +112,28 @@ def _margin(measurements: Sequence[Measurement], floor: float) -> float:
     The median over measurements, not the worst, so one disturbed shape does not freeze every decision.
     """
     return max(floor, statistics.median(noise(m) for m in measurements))
+
+
+@dataclass(frozen=True)
+class Verdict:
+    scores: dict[str, float]  # relative_scores of the per-shape medians
+    winner: str  # the op-level winner
+    margin: float  # the op-level margin
+    shape_winners: list[str]  # the winner of each shape, with that shape's own margin
+
+
+def judge(stats: dict[str, list[Measurement]], margin_floor: float = MARGIN_FLOOR) -> Verdict:
+    """The decision rule, from each candidate's per-shape measurements (dict in registration order).
+
+    Also replays stored decisions under another floor (tools/stability_bench.py --compare --margin-floor).
+    """
+    order = list(stats)
+    scores = relative_scores({b: [m.median_us for m in ms] for b, ms in stats.items()})
+    margin = _margin([m for ms in stats.values() for m in ms], margin_floor)
+    shape_winners = [choose(order, {b: stats[b][i].median_us for b in order},
+                            _margin([stats[b][i] for b in order], margin_floor))
+                     for i in range(len(stats[order[0]]))]
+    return Verdict(scores, choose(order, scores, margin), margin, shape_winners)
 
 
 @dataclass
@@ -279,17 +306,11 @@ class Tuner:
         n = len(shapes)
         stats = {c.backend: [summarize(c.samples[i], self.timer.method, c.rounds.get(i)) for i in range(n)]
                  for c in measured}
-        scores = _scores(measured, n)
-        order = [c.backend for c in measured]  # registration order: the first is the default
-        margin = _margin([m for ms in stats.values() for m in ms], self.margin_floor)
-        winner = choose(order, scores, margin)
-        ranked = sorted(order, key=lambda b: scores[b])
+        verdict = judge(stats, self.margin_floor)  # stats in registration order: the first is the default
+        scores, winner, margin = verdict.scores, verdict.winner, verdict.margin
+        ranked = sorted(stats, key=lambda b: scores[b])
         runner_up = next((b for b in ranked if b != winner), None)
-        per_shape = []
-        for i, shape in enumerate(shapes):
-            shape_scores = {b: stats[b][i].median_us for b in order}
-            shape_margin = _margin([stats[b][i] for b in order], self.margin_floor)
-            per_shape.append((json.dumps(shape, sort_keys=True), choose(order, shape_scores, shape_margin)))
+        per_shape = [(json.dumps(shape, sort_keys=True), verdict.shape_winners[i]) for i, shape in enumerate(shapes)]
         results = []
         for c in candidates:
             shape_results = tuple(

@@ -11,7 +11,7 @@ from autosel.checks import rotating_copies
 from autosel.errors import TuningError
 from autosel.spec import KernelBackend as B, KernelSpec, OpDefinition
 from autosel.timing import CpuTimer, back_to_back_us
-from autosel.tuner import Tuner, choose
+from autosel.tuner import Tuner, choose, judge
 
 HERE = Path(__file__).parent
 OP = "toy.double"
@@ -104,6 +104,19 @@ def test_budget_stops_after_the_first_round(toy):
     timer = FakeTimer({"torch": 100.0, "triton": 90.0})
     run(definition, kernels, specs(torch="fast", triton="fast"), timer, rounds=5, budget_s=0.0)
     assert len(timer.calls) == 4  # one round: 2 candidates x 2 shapes
+
+
+def test_judge_replays_the_rule_on_stored_measurements():
+    from autosel.decisions import Measurement
+
+    def m(us):
+        return Measurement(median_us=us, p20_us=us, p80_us=us, samples=30, method="stored")
+
+    stats = {"torch": [m(100.0), m(100.0)], "triton": [m(97.0), m(50.0)]}  # 3% behind on one shape, 2x on the other
+    verdict = judge(stats, margin_floor=0.05)
+    assert verdict.shape_winners == ["torch", "triton"]  # inside a 5% floor the default keeps the first shape
+    assert verdict.winner == "triton" and verdict.margin == 0.05
+    assert judge(stats, margin_floor=0.01).shape_winners == ["triton", "triton"]
 
 
 def test_budget_counts_from_the_first_timed_call_not_from_compilation(toy):

@@ -13,6 +13,7 @@ The two tunes can also run as two processes (on two GPUs of one host, at the sam
     CUDA_VISIBLE_DEVICES=0 python tools/stability_bench.py --out "$OUT" --index 1 --plain &
     CUDA_VISIBLE_DEVICES=1 python tools/stability_bench.py --out "$OUT" --index 2 --plain; wait
     python tools/stability_bench.py --out "$OUT" --compare
+    python tools/stability_bench.py --out "$OUT" --compare --margin-floor 0.05 --margin-floor 0.1   # what-if
 """
 
 from __future__ import annotations
@@ -244,6 +245,24 @@ def write_tune(args, index: int, platform) -> list:
     return outcomes
 
 
+def replayed(outcomes: list, margin_floor: float) -> list[Stored]:
+    """The same evidence decided again under another margin floor (autosel.tuner.judge)."""
+    import dataclasses
+
+    from autosel.tuner import judge
+
+    out = []
+    for o in outcomes:
+        d = o.decision
+        stats = {c.backend: [s.timing for s in c.shapes] for c in d.candidates if c.status == "ok"}
+        verdict = judge(stats, margin_floor)
+        shapes = [shape for shape, _ in d.per_shape_winners]
+        out.append(Stored(o.op, o.mode, dataclasses.replace(
+            d, winner=verdict.winner, margin=verdict.margin,
+            per_shape_winners=tuple(zip(shapes, verdict.shape_winners)))))
+    return out
+
+
 def compare(args, first, second) -> None:
     text, counts = stability(first, second)
     plain = [args.out / f"plain{i}.json" for i in (1, 2)]
@@ -264,8 +283,17 @@ def main() -> int:
     parser.add_argument("--index", type=int, choices=(1, 2), help="run only tune 1 or 2 (compare later)")
     parser.add_argument("--compare", action="store_true", help="compare the tune1.db and tune2.db already in --out")
     parser.add_argument("--plain", action="store_true", help="also run a plain tuner and compare picks")
+    parser.add_argument("--margin-floor", type=float, action="append",
+                        help="with --compare: decide the stored evidence again under this floor (repeatable)")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
+    if args.compare and args.margin_floor:  # what-if: the stored evidence under other floors
+        runs = [stored_outcomes(args.out / f"tune{i}.db") for i in (1, 2)]
+        for floor in args.margin_floor:
+            text, _ = stability(*(replayed(r, floor) for r in runs))
+            quality = pick_quality(*(replayed(r, floor) for r in runs), {}, {})
+            print(f"## margin floor {floor:g}\n\n{text}\n{quality.split(chr(10) + chr(10))[0]}\n", flush=True)
+        return 0
     if args.compare:
         runs = [stored_outcomes(args.out / f"tune{i}.db") for i in (1, 2)]
         for index, outcomes in enumerate(runs, 1):  # a tune stopped by a time limit left its DB, not its tables
