@@ -190,7 +190,8 @@ def pick_quality(first, second, plain1, plain2) -> str:
         if values:
             geo = geomean(values)
             lines.append(f"| {name} | {len(values)} | {geo:.3f}x | {max(values):.2f}x |")
-    lines.append(f"\nPlain tuner agreed with itself on {plain_agree} of {plain_total} shapes.")
+    if plain_total:
+        lines.append(f"\nPlain tuner agreed with itself on {plain_agree} of {plain_total} shapes.")
     return "\n".join(lines) + "\n"
 
 
@@ -290,9 +291,9 @@ def main() -> int:
     if args.compare and args.margin_floor:  # what-if: the stored evidence under other floors
         runs = [stored_outcomes(args.out / f"tune{i}.db") for i in (1, 2)]
         for floor in args.margin_floor:
-            text, _ = stability(*(replayed(r, floor) for r in runs))
-            quality = pick_quality(*(replayed(r, floor) for r in runs), {}, {})
-            print(f"## margin floor {floor:g}\n\n{text}\n{quality.split(chr(10) + chr(10))[0]}\n", flush=True)
+            first, second = (replayed(r, floor) for r in runs)
+            text, _ = stability(first, second)
+            print(f"## margin floor {floor:g}\n\n{text}\n{pick_quality(first, second, {}, {})}", flush=True)
         return 0
     if args.compare:
         runs = [stored_outcomes(args.out / f"tune{i}.db") for i in (1, 2)]
