@@ -27,6 +27,8 @@ class Measurement:
     method: str
     mad_us: float = 0.0  # median absolute deviation: a spread that a few descheduled samples cannot inflate
     round_medians_us: tuple[float, ...] = ()  # one median per interleaved round: drift shows up here
+    host_us: float | None = None  # eager CUDA calls: the host's part of a call (timing.host_and_device_us)
+    device_us: float | None = None  # and the device's part
 
     @property
     def drift(self) -> float:

@@ -4,6 +4,7 @@ triton.testing.do_bench_cudagraph for CUDA graph replay."""
 from __future__ import annotations
 
 import statistics
+import time
 from typing import Any, Callable, Protocol
 
 from autosel.decisions import Measurement
@@ -14,6 +15,8 @@ class Timer(Protocol):
 
     A timer with a `rotate_bytes` attribute gets an `fn` that cycles through enough copies of the inputs
     to fill that many bytes (the tuner makes them), so calls do not find their inputs in a warm cache.
+    A timer with a `host_and_device_us(fn)` method also splits a call into its host and device parts once
+    per round (CudaEagerTimer does).
     """
 
     method: str
@@ -21,8 +24,10 @@ class Timer(Protocol):
     def measure(self, fn: Callable[[], Any], *, backend: str, shape: dict) -> list[float]: ...
 
 
-def summarize(samples_us: list[float], method: str, rounds: list[list[float]] | None = None) -> Measurement:
-    """Median, p20, p80, MAD of all samples; with `rounds` (the samples of each round), each round's median too."""
+def summarize(samples_us: list[float], method: str, rounds: list[list[float]] | None = None,
+              splits: list[tuple[float, float]] | None = None) -> Measurement:
+    """Median, p20, p80, MAD of all samples; with `rounds` (the samples of each round), each round's median too;
+    with `splits` (host and device time per call, from host_and_device_us), the median of each."""
     ordered = sorted(samples_us)
     if len(ordered) == 1:
         p20 = p80 = ordered[0]
@@ -32,7 +37,9 @@ def summarize(samples_us: list[float], method: str, rounds: list[list[float]] | 
     median = statistics.median(ordered)
     return Measurement(median_us=median, p20_us=p20, p80_us=p80, samples=len(ordered), method=method,
                        mad_us=statistics.median(abs(t - median) for t in ordered),
-                       round_medians_us=tuple(statistics.median(r) for r in rounds or () if r))
+                       round_medians_us=tuple(statistics.median(r) for r in rounds or () if r),
+                       host_us=statistics.median(h for h, _ in splits) if splits else None,
+                       device_us=statistics.median(d for _, d in splits) if splits else None)
 
 
 def back_to_back_us(fn, *, samples: int = 15, block_us: float = 1000.0) -> list[float]:
@@ -48,6 +55,54 @@ def back_to_back_us(fn, *, samples: int = 15, block_us: float = 1000.0) -> list[
     timer = benchmark.Timer(stmt="fn()", globals={"fn": fn}, num_threads=torch.get_num_threads())
     number = max(1, int(block_us * 1e-6 / timer.timeit(number=10).mean))
     return [timer.timeit(number=number).mean * 1e6 for _ in range(samples)]
+
+
+_sleep_cycles_per_ms: list[float] = []
+
+
+def host_and_device_us(fn, *, calls: int = 32) -> tuple[float, float]:
+    """An eager call's two costs, per call: the host's (Python, checks, the launch) and the device's.
+
+    `calls` back-to-back calls are issued while a sleep kernel holds the GPU, so the host never waits for
+    it: the wall time of issuing them is the host's part. CUDA events around the block, which the GPU
+    then runs back to back, give the device's part. A call launched eagerly costs about the larger.
+    """
+    import torch
+
+    if not _sleep_cycles_per_ms:  # the sleep kernel counts clock cycles: calibrate once per process
+        _sleep_cycles_per_ms.append(1e6 / _event_ms(lambda: torch.cuda._sleep(1_000_000)))
+    torch.cuda.synchronize()
+    began = time.perf_counter()
+    for _ in range(4):
+        fn()
+    guess_ms = (time.perf_counter() - began) / 4 * 1e3
+    torch.cuda.synchronize()
+    for attempt in range(3):
+        sleep_ms = 0.2 + 2 * calls * guess_ms * 2 ** attempt
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda._sleep(int(sleep_ms * _sleep_cycles_per_ms[0]))
+        start.record()
+        began = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        host_ms = (time.perf_counter() - began) * 1e3
+        end.record()
+        end.synchronize()
+        if host_ms < 0.8 * sleep_ms:  # else the GPU may have waited for the host: sleep longer
+            break
+    return host_ms / calls * 1e3, start.elapsed_time(end) / calls * 1e3
+
+
+def _event_ms(fn) -> float:
+    import torch
+
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda.synchronize()
+    start.record()
+    fn()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end)
 
 
 class CpuTimer:
@@ -80,6 +135,10 @@ class CudaEagerTimer:
 
     def measure(self, fn, *, backend: str, shape: dict) -> list[float]:
         return back_to_back_us(fn)
+
+    def host_and_device_us(self, fn) -> tuple[float, float]:
+        """The call's host and device parts, so the tuner can ask whether a win depends on the host's speed."""
+        return host_and_device_us(fn)
 
 
 class CudaGraphTimer:

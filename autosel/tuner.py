@@ -20,9 +20,15 @@ from autosel.timing import Timer, summarize, synchronize
 
 log = logging.getLogger(__name__)
 
-# A challenger must beat the default by more than the measured noise, and never by less than this.
-MARGIN_FLOOR = 0.03
-# After the first round, a candidate this many times slower than the best (geometric mean) is dropped.
+# A challenger must beat the default by more than the measured noise, and never by less than the floor of
+# the timing method: how far two fresh tunes' ratios of the same two candidates moved apart on the H200 and
+# on this project's CPU machine (docs/TUNING.md sections 4 and 7). Graph replay repeats to a few percent;
+# eager and CPU times are host time for small shapes, which moves with the host's load.
+MARGIN_FLOOR = 0.03  # a timer not listed here (tests' fake timers)
+MARGIN_FLOORS = {"cuda:do_bench_cudagraph": 0.05, "cuda:back-to-back": 0.10, "cpu:torch.utils.benchmark": 0.10}
+# How much slower or faster the host may run than while it was measured: eager launch-bound calls moved
+# 1.5-1.7x between processes on one H200 machine (tools/host_probe.py, docs/TUNING.md section 4).
+HOST_SPEED_RANGE = 1.6
 DROP_FACTOR = 3.0
 ROUNDS = 3
 
@@ -49,6 +55,7 @@ class _Candidate:
     first_call_s: dict[int, float] = field(default_factory=dict)
     samples: dict[int, list[float]] = field(default_factory=dict)
     rounds: dict[int, list[list[float]]] = field(default_factory=dict)  # shape index -> samples of each round
+    splits: dict[int, list[tuple[float, float]]] = field(default_factory=dict)  # shape index -> (host, device) us
 
     @property
     def backend(self) -> str:
@@ -78,13 +85,33 @@ def _scores(candidates: list[_Candidate], n_shapes: int) -> dict[str, float]:
                             for c in candidates})
 
 
-def choose(order: Sequence[str], score: dict[str, float], margin: float) -> str:
-    """Walk candidates in registration order: a later one takes over only if faster by more than `margin`."""
+def margin_floor_for(method: str) -> float:
+    return MARGIN_FLOORS.get(method, MARGIN_FLOOR)
+
+
+def choose(order: Sequence[str], readings: dict[str, Sequence[float]], margin: float) -> str:
+    """Walk candidates in registration order: a later one takes over only if it is faster by more than
+    `margin` in every one of its readings (each round, each host speed), so a win must repeat to count."""
     incumbent = order[0]
     for challenger in order[1:]:
-        if score[incumbent] > score[challenger] * (1.0 + margin):
+        if all(i > c * (1.0 + margin) for i, c in zip(readings[incumbent], readings[challenger], strict=True)):
             incumbent = challenger
     return incumbent
+
+
+def at_host_speed(m: Measurement, factor: float) -> float:
+    """m's time had the host run `factor` times slower: an eager call costs the larger of its host and
+    device parts, so only a launch-bound call moves with the host. m unchanged without those parts."""
+    if not m.host_us or not m.device_us:
+        return m.median_us
+    return m.median_us * max(factor * m.host_us, m.device_us) / max(m.host_us, m.device_us)
+
+
+def readings(m: Measurement, rounds: int, host_speeds: Sequence[float]) -> list[float]:
+    """The times a challenger must win in: the median of each of the first `rounds` rounds (the overall
+    median if none), then the median at each host speed."""
+    by_round = list(m.round_medians_us[:rounds]) or [m.median_us]
+    return by_round + [at_host_speed(m, f) for f in host_speeds]
 
 
 def relative_standard_error(m: Measurement) -> float:
@@ -122,18 +149,32 @@ class Verdict:
     shape_winners: list[str]  # the winner of each shape, with that shape's own margin
 
 
-def judge(stats: dict[str, list[Measurement]], margin_floor: float = MARGIN_FLOOR) -> Verdict:
+def judge(stats: dict[str, list[Measurement]], margin_floor: float | None = None) -> Verdict:
     """The decision rule, from each candidate's per-shape measurements (dict in registration order).
 
-    Also replays stored decisions under another floor (tools/stability_bench.py --compare --margin-floor).
+    A challenger must win every reading: each interleaved round (rounds compared pairwise, measured close
+    in time) and, where a call's host and device parts were measured, the slowest and fastest host
+    speed of HOST_SPEED_RANGE. The floor defaults to the timing method's (margin_floor_for).
+    Also replays stored decisions (tools/stability_bench.py --compare).
     """
     order = list(stats)
+    everything = [m for ms in stats.values() for m in ms]
+    floor = margin_floor_for(everything[0].method) if margin_floor is None else margin_floor
+    rounds = min(len(m.round_medians_us) for m in everything)
+    speeds = (1 / HOST_SPEED_RANGE, HOST_SPEED_RANGE) if all(m.host_us and m.device_us for m in everything) else ()
+    per_shape = {b: [readings(m, rounds, speeds) for m in ms] for b, ms in stats.items()}
+    n_readings = len(per_shape[order[0]][0])
+    # Op level: each reading's relative score over shapes (geometric mean against the best per shape).
+    op_readings = {b: [] for b in order}
+    for k in range(n_readings):
+        for b, score in relative_scores({b: [r[k] for r in rs] for b, rs in per_shape.items()}).items():
+            op_readings[b].append(score)
     scores = relative_scores({b: [m.median_us for m in ms] for b, ms in stats.items()})
-    margin = _margin([m for ms in stats.values() for m in ms], margin_floor)
-    shape_winners = [choose(order, {b: stats[b][i].median_us for b in order},
-                            _margin([stats[b][i] for b in order], margin_floor))
+    margin = _margin(everything, floor)
+    shape_winners = [choose(order, {b: per_shape[b][i] for b in order},
+                            _margin([stats[b][i] for b in order], floor))
                      for i in range(len(stats[order[0]]))]
-    return Verdict(scores, choose(order, scores, margin), margin, shape_winners)
+    return Verdict(scores, choose(order, op_readings, margin), margin, shape_winners)
 
 
 @dataclass
@@ -174,10 +215,11 @@ def check_candidate(fn: Callable[..., Any], definition: OpDefinition, reference:
 class Tuner:
     """Tunes one op on one device in one execution mode. The timer is injected (tests pass a fake)."""
 
-    def __init__(self, *, timer: Timer, device: str, rounds: int = ROUNDS, margin_floor: float = MARGIN_FLOOR,
+    def __init__(self, *, timer: Timer, device: str, rounds: int = ROUNDS, margin_floor: float | None = None,
                  drop_factor: float = DROP_FACTOR, budget_s: float = 30.0, seed: int = 0,
                  on_event: Callable[[TuneEvent], None] | None = None, isolate_timeout_s: float | None = None) -> None:
-        """isolate_timeout_s: check each candidate first in a child process that is killed after this long."""
+        """margin_floor: None for the timing method's (margin_floor_for).
+        isolate_timeout_s: check each candidate first in a child process that is killed after this long."""
         self.timer, self.device, self.rounds = timer, device, rounds
         self.isolate_timeout_s = isolate_timeout_s
         self._mode = ""  # of the tune in progress, for events
@@ -261,9 +303,12 @@ class Tuner:
                         continue
                     fn = candidate.fn
                     copies = itertools.cycle(checks.rotating_copies(base, getattr(self.timer, "rotate_bytes", 0)))
+                    split = getattr(self.timer, "host_and_device_us", None)
                     try:
                         times = self.timer.measure(lambda: fn(*next(copies)), backend=candidate.backend,
                                                    shape=shape)
+                        if split is not None:
+                            candidate.splits.setdefault(index, []).append(split(lambda: fn(*next(copies))))
                     except Exception as exc:
                         candidate.reject("rejected", f"raised {type(exc).__name__} while timed: {exc} "
                                                      f"at {shape_text(shape)}")
@@ -304,8 +349,8 @@ class Tuner:
             raise TuningError(f"op {op!r}: no candidate passed the checks ({reasons}); fix the kernels or "
                               "pass backend=... to choose one")
         n = len(shapes)
-        stats = {c.backend: [summarize(c.samples[i], self.timer.method, c.rounds.get(i)) for i in range(n)]
-                 for c in measured}
+        stats = {c.backend: [summarize(c.samples[i], self.timer.method, c.rounds.get(i), c.splits.get(i))
+                             for i in range(n)] for c in measured}
         verdict = judge(stats, self.margin_floor)  # stats in registration order: the first is the default
         scores, winner, margin = verdict.scores, verdict.winner, verdict.margin
         ranked = sorted(stats, key=lambda b: scores[b])
@@ -316,8 +361,8 @@ class Tuner:
             shape_results = tuple(
                 ShapeResult(shape=dict(shape), max_abs_err=c.errors.get(i, (None, None))[0],
                             max_rel_err=c.errors.get(i, (None, None))[1],
-                            timing=summarize(c.samples[i], self.timer.method, c.rounds.get(i))
-                            if c.samples.get(i) else None,
+                            timing=summarize(c.samples[i], self.timer.method, c.rounds.get(i),
+                                             c.splits.get(i)) if c.samples.get(i) else None,
                             first_call_s=c.first_call_s.get(i))
                 for i, shape in enumerate(shapes)
             )

@@ -215,13 +215,56 @@ def test_same_seed_same_decision(toy):
     assert timings[0] == timings[1]
 
 
-@pytest.mark.parametrize("scores, margin, expected", [
-    ({"a": 1.0, "b": 0.9, "c": 0.88}, 0.03, "b"),   # c is inside b's margin: registration order keeps b
-    ({"a": 1.0, "b": 0.99, "c": 0.5}, 0.03, "c"),
-    ({"a": 1.0, "b": 1.02}, 0.03, "a"),
+@pytest.mark.parametrize("readings, margin, expected", [
+    ({"a": [1.0], "b": [0.9], "c": [0.88]}, 0.03, "b"),   # c is inside b's margin: registration order keeps b
+    ({"a": [1.0], "b": [0.99], "c": [0.5]}, 0.03, "c"),
+    ({"a": [1.0], "b": [1.02]}, 0.03, "a"),
+    ({"a": [1.0, 1.0, 1.0], "b": [0.8, 0.8, 0.99]}, 0.03, "a"),  # b lost one reading: no win
+    ({"a": [1.0, 1.2, 1.0], "b": [0.8, 0.8, 0.9]}, 0.03, "b"),
 ])
-def test_choose_walks_registration_order(scores, margin, expected):
-    assert choose(list(scores), scores, margin) == expected
+def test_choose_walks_registration_order(readings, margin, expected):
+    assert choose(list(readings), readings, margin) == expected
+
+
+def _m(median, rounds=(), host=None, device=None, method="stored"):
+    from autosel.decisions import Measurement
+
+    return Measurement(median_us=median, p20_us=median, p80_us=median, samples=30, method=method,
+                       round_medians_us=tuple(rounds), host_us=host, device_us=device)
+
+
+def test_a_win_must_hold_in_every_round():
+    # b is 12% faster by the pooled median, but one round of three had it level: the default keeps it.
+    stats = {"a": [_m(100.0, (100.0, 100.0, 100.0))], "b": [_m(88.0, (88.0, 87.0, 99.0))]}
+    assert judge(stats, margin_floor=0.05).shape_winners == ["a"]
+    stats["b"] = [_m(88.0, (88.0, 87.0, 90.0))]
+    assert judge(stats, margin_floor=0.05).shape_winners == ["b"]
+
+
+def test_a_win_that_depends_on_the_host_speed_does_not_count():
+    from autosel.tuner import HOST_SPEED_RANGE, at_host_speed
+
+    # a: device-bound (host 10 us, device 40 us); b: launch-bound (host 30, device 5). b wins at this host's
+    # speed (30 vs 40 us) but loses once the host runs HOST_SPEED_RANGE times slower (48 vs 40 us).
+    a, b = _m(40.0, host=10.0, device=40.0), _m(30.0, host=30.0, device=5.0)
+    assert at_host_speed(b, HOST_SPEED_RANGE) == pytest.approx(30.0 * HOST_SPEED_RANGE)
+    assert at_host_speed(a, HOST_SPEED_RANGE) == 40.0  # device-bound: the host's speed does not move it
+    assert judge({"a": [a], "b": [b]}, margin_floor=0.05).shape_winners == ["a"]
+    # Two launch-bound candidates move together, so a 2x lead holds at any host speed.
+    c = _m(15.0, host=15.0, device=5.0)
+    assert judge({"b": [b], "c": [c]}, margin_floor=0.05).shape_winners == ["c"]
+    # Without the two parts (CPU, graph replay) only the measured time counts.
+    assert judge({"a": [_m(40.0)], "b": [_m(30.0)]}, margin_floor=0.05).shape_winners == ["b"]
+
+
+def test_the_floor_follows_the_timing_method():
+    from autosel.tuner import MARGIN_FLOORS
+
+    for method, floor in MARGIN_FLOORS.items():
+        stats = {"a": [_m(100.0, method=method)], "b": [_m(100.0 / (1 + floor) - 0.5, method=method)]}
+        assert judge(stats).margin == floor and judge(stats).winner == "b"
+        stats["b"] = [_m(100.0 / (1 + floor) + 0.5, method=method)]
+        assert judge(stats).winner == "a"
 
 
 def test_real_cpu_timer_tells_a_64x_slower_kernel_apart(toy):
@@ -270,11 +313,43 @@ class DriftingTimer(FakeTimer):
         return [t * 1.67 for t in times] if backend == "triton" and round_index == 1 else times
 
 
-def test_drift_between_rounds_is_stored_as_evidence_not_margin(toy):
+def test_drift_is_evidence_and_a_round_it_spoils_keeps_the_default(toy):
     definition, kernels = toy
     timer = DriftingTimer({"torch": 100.0, "triton": 90.0}, noise=0.001)
     decision = run(definition, kernels, specs(torch="fast", triton="fast"), timer)
     timing = decision.candidate("triton").shapes[0].timing
     assert len(timing.round_medians_us) == 3 and timing.drift == pytest.approx(0.335, abs=0.01)
     assert decision.margin == pytest.approx(0.03)  # docs/TUNING.md section 4 says why drift stays out
-    assert decision.winner == "triton"  # two rounds of three at 90 us: the pooled median is 90
+    # The pooled median (90 us) says triton, but it lost the second round: a win must hold in every round.
+    assert decision.candidate("triton").score < decision.candidate("torch").score
+    assert decision.winner == "torch"
+    steady = run(definition, kernels, specs(torch="fast", triton="fast"),
+                 FakeTimer({"torch": 100.0, "triton": 90.0}, noise=0.001))
+    assert steady.winner == "triton"
+
+
+class SplittingTimer(FakeTimer):
+    """Also splits each call into host and device parts, as the eager CUDA timer does."""
+
+    def __init__(self, base_us, parts: dict[str, tuple[float, float]], **kwargs):
+        super().__init__(base_us, **kwargs)
+        self.parts = parts
+
+    def host_and_device_us(self, fn):
+        fn()
+        return self.parts[self.calls[-1][0]]
+
+
+def test_the_tuner_stores_host_and_device_parts_and_judges_with_them(toy):
+    definition, kernels = toy
+    # triton is 25% faster as measured, but launch-bound: at a host 1.6x slower it would lose to torch.
+    parts = {"torch": (10.0, 40.0), "triton": (30.0, 5.0)}
+    decision = run(definition, kernels, specs(torch="fast", triton="fast"),
+                   SplittingTimer({"torch": 40.0, "triton": 30.0}, parts, noise=0.001))
+    timing = decision.candidate("triton").shapes[0].timing
+    assert (timing.host_us, timing.device_us) == (30.0, 5.0)
+    assert decision.winner == "torch" and decision.per_shape_winners[0][1] == "torch"
+    parts["triton"] = (20.0, 5.0)  # now it wins at any host speed in the range (32 vs 40 us at the slowest)
+    decision = run(definition, kernels, specs(torch="fast", triton="fast"),
+                   SplittingTimer({"torch": 40.0, "triton": 20.0}, parts, noise=0.001))
+    assert decision.winner == "triton"

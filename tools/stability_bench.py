@@ -13,6 +13,7 @@ The two tunes can also run as two processes (on two GPUs of one host, at the sam
     CUDA_VISIBLE_DEVICES=0 python tools/stability_bench.py --out "$OUT" --index 1 --plain &
     CUDA_VISIBLE_DEVICES=1 python tools/stability_bench.py --out "$OUT" --index 2 --plain; wait
     python tools/stability_bench.py --out "$OUT" --compare
+    python tools/stability_bench.py --out "$OUT" --compare --replay   # stored evidence under today's rule
     python tools/stability_bench.py --out "$OUT" --compare --margin-floor 0.05 --margin-floor 0.1   # what-if
 """
 
@@ -246,8 +247,9 @@ def write_tune(args, index: int, platform) -> list:
     return outcomes
 
 
-def replayed(outcomes: list, margin_floor: float) -> list[Stored]:
-    """The same evidence decided again under another margin floor (autosel.tuner.judge)."""
+def replayed(outcomes: list, margin_floor: float | None) -> list[Stored]:
+    """The same evidence decided again by autosel.tuner.judge, under another margin floor (None: each timing
+    method's own)."""
     import dataclasses
 
     from autosel.tuner import judge
@@ -284,16 +286,19 @@ def main() -> int:
     parser.add_argument("--index", type=int, choices=(1, 2), help="run only tune 1 or 2 (compare later)")
     parser.add_argument("--compare", action="store_true", help="compare the tune1.db and tune2.db already in --out")
     parser.add_argument("--plain", action="store_true", help="also run a plain tuner and compare picks")
+    parser.add_argument("--replay", action="store_true",
+                        help="with --compare: decide the stored evidence again under the current rule")
     parser.add_argument("--margin-floor", type=float, action="append",
                         help="with --compare: decide the stored evidence again under this floor (repeatable)")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    if args.compare and args.margin_floor:  # what-if: the stored evidence under other floors
+    if args.compare and (args.replay or args.margin_floor):  # what-if: the stored evidence decided again
         runs = [stored_outcomes(args.out / f"tune{i}.db") for i in (1, 2)]
-        for floor in args.margin_floor:
+        for floor in args.margin_floor or [None]:
             first, second = (replayed(r, floor) for r in runs)
             text, _ = stability(first, second)
-            print(f"## margin floor {floor:g}\n\n{text}\n{pick_quality(first, second, {}, {})}", flush=True)
+            title = "each timing method's floor" if floor is None else f"margin floor {floor:g}"
+            print(f"## {title}\n\n{text}\n{pick_quality(first, second, {}, {})}", flush=True)
         return 0
     if args.compare:
         runs = [stored_outcomes(args.out / f"tune{i}.db") for i in (1, 2)]

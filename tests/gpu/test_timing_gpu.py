@@ -1,0 +1,28 @@
+"""On a GPU: the eager timer's split of a call into host and device parts. Skipped without CUDA."""
+
+from __future__ import annotations
+
+import statistics
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
+
+from autosel.timing import back_to_back_us, host_and_device_us  # noqa: E402
+
+
+def test_a_tiny_call_is_launch_bound_and_its_back_to_back_time_is_the_host_part():
+    x = torch.ones(16, device="cuda")
+    host, device = host_and_device_us(lambda: torch.add(x, 1))
+    assert host > 2 * device  # one tiny kernel: the GPU runs it in a few microseconds, Python takes longer
+    eager = statistics.median(back_to_back_us(lambda: torch.add(x, 1)))
+    assert 0.5 * host < eager < 2 * host
+
+
+def test_a_large_matmul_is_device_bound_and_its_back_to_back_time_is_the_device_part():
+    a = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
+    host, device = host_and_device_us(lambda: a @ a)
+    assert device > 5 * host  # about 0.1 ms of tensor-core work against a few microseconds of launch
+    eager = statistics.median(back_to_back_us(lambda: a @ a))
+    assert 0.8 * device < eager < 1.25 * device
