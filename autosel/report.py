@@ -133,7 +133,9 @@ def svg_chart(decision: Decision, *, width: int = 880, height: int = 340) -> str
             ring = ' stroke="#111" stroke-width="2"' if shape_winner else ""
             tip = (f"{candidate.backend} at {shape_text(shapes[i])}: median {format_us(t.median_us)} "
                    f"(p20 {format_us(t.p20_us)}, p80 {format_us(t.p80_us)}, {t.samples} samples)"
-                   + ("; fastest at this shape" if shape_winner else ""))
+                   + (f"; host {format_us(t.host_us)}, device {format_us(t.device_us)} per call"
+                      if t.host_us and t.device_us else "")
+                   + ("; chosen at this shape" if shape_winner else ""))
             out.append(f'<circle cx="{cx:.1f}" cy="{cy:.1f}" r="{6 if shape_winner else 3.5}" fill="{color}"{ring}>'
                        f'<title>{html.escape(tip)}</title></circle>')
     legend_x, legend_y = left + plot_w + 16, top + 8
@@ -149,7 +151,7 @@ def svg_chart(decision: Decision, *, width: int = 880, height: int = 340) -> str
         out.append(f'<text x="{legend_x + 28}" y="{ly + 4}" class="legend"{weight}>{html.escape(name)}</text>')
     note_y = legend_y + len(timed) * 22 + 10
     out.append(f'<circle cx="{legend_x + 11}" cy="{note_y}" r="6" fill="#fff" stroke="#111" stroke-width="2"/>')
-    out.append(f'<text x="{legend_x + 28}" y="{note_y + 4}" class="legend">fastest at that shape</text>')
+    out.append(f'<text x="{legend_x + 28}" y="{note_y + 4}" class="legend">chosen at that shape</text>')
     out.append("</svg>")
     return "\n".join(out)
 

@@ -25,7 +25,7 @@ log = logging.getLogger(__name__)
 # on this project's CPU machine (docs/TUNING.md sections 4 and 7). Graph replay repeats to a few percent;
 # eager and CPU times are host time for small shapes, which moves with the host's load.
 MARGIN_FLOOR = 0.03  # a timer not listed here (tests' fake timers)
-MARGIN_FLOORS = {"cuda:do_bench_cudagraph": 0.05, "cuda:back-to-back": 0.10, "cpu:torch.utils.benchmark": 0.10}
+MARGIN_FLOORS = {"cuda:do_bench_cudagraph": 0.05, "cuda:back-to-back": 0.10, "cpu:torch.utils.benchmark": 0.05}
 # How much slower or faster the host may run than while it was measured: eager launch-bound calls moved
 # 1.5-1.7x between processes on one H200 machine (tools/host_probe.py, docs/TUNING.md section 4).
 HOST_SPEED_RANGE = 1.6
@@ -90,13 +90,16 @@ def margin_floor_for(method: str) -> float:
 
 
 def choose(order: Sequence[str], readings: dict[str, Sequence[float]], margin: float) -> str:
-    """Walk candidates in registration order: a later one takes over only if it is faster by more than
-    `margin` in every one of its readings (each round, each host speed), so a win must repeat to count."""
-    incumbent = order[0]
-    for challenger in order[1:]:
-        if all(i > c * (1.0 + margin) for i, c in zip(readings[incumbent], readings[challenger], strict=True)):
-            incumbent = challenger
-    return incumbent
+    """The first candidate in registration order that the fastest does not beat by more than `margin` in
+    every reading (each round, each host speed): the default keeps the decision unless beaten, and among
+    candidates level with the fastest the earliest registered wins, so a near-tie cannot change hands
+    between two tunes. The fastest: the lowest median reading."""
+    fastest = min(order, key=lambda b: statistics.median(readings[b]))
+
+    def beaten(candidate: str) -> bool:
+        return all(t > f * (1.0 + margin) for t, f in zip(readings[candidate], readings[fastest], strict=True))
+
+    return next(b for b in order if not beaten(b))
 
 
 def at_host_speed(m: Measurement, factor: float) -> float:

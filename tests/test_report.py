@@ -75,7 +75,18 @@ def test_chart_is_log_scale_with_the_winner_marked():
     # the winner's line is drawn thicker than the others, and last (on top)
     widths = re.findall(r'<polyline points="[^"]+" fill="none" stroke="[^"]+" stroke-width="([\d.]+)"', svg)
     assert widths == ["1.6", "3.5"]
-    assert "fastest at this shape" in svg and "triton at tokens=512, hidden=4096: median 300 µs" in svg
+    assert "chosen at this shape" in svg and "triton at tokens=512, hidden=4096: median 300 µs" in svg
+
+
+def test_an_eager_cuda_point_shows_its_host_and_device_parts():
+    import dataclasses
+
+    split = dataclasses.replace(timing(30.0), host_us=29.0, device_us=4.0)
+    triton = dataclasses.replace(candidate("triton", [5.0, 300.0]), shapes=(
+        ShapeResult(shape=dict(SHAPES[0]), timing=split), ShapeResult(shape=dict(SHAPES[1]), timing=timing(300.0))))
+    svg = svg_chart(decision(candidates=(candidate("torch", [8.0, 400.0]), triton)))
+    assert "median 30 µs (p20 27 µs, p80 33 µs, 10 samples); host 29 µs, device 4 µs per call" in svg
+    assert svg.count("µs per call") == 1  # the points without the split say nothing of it
 
 
 def test_rejected_candidates_are_not_plotted():

@@ -221,6 +221,10 @@ def test_same_seed_same_decision(toy):
     ({"a": [1.0], "b": [1.02]}, 0.03, "a"),
     ({"a": [1.0, 1.0, 1.0], "b": [0.8, 0.8, 0.99]}, 0.03, "a"),  # b lost one reading: no win
     ({"a": [1.0, 1.2, 1.0], "b": [0.8, 0.8, 0.9]}, 0.03, "b"),
+    # Walking pairwise would take c: it beats a, which b (level with c) just failed to. The earliest
+    # candidate level with the fastest is b, whichever of b and c the noise made fastest.
+    ({"a": [1.70], "b": [1.63], "c": [1.60]}, 0.05, "b"),
+    ({"a": [1.70], "b": [1.60], "c": [1.63]}, 0.05, "b"),
 ])
 def test_choose_walks_registration_order(readings, margin, expected):
     assert choose(list(readings), readings, margin) == expected
