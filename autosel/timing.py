@@ -3,6 +3,7 @@ triton.testing.do_bench_cudagraph for CUDA graph replay."""
 
 from __future__ import annotations
 
+import functools
 import statistics
 import time
 from typing import Any, Callable, Protocol
@@ -57,9 +58,6 @@ def back_to_back_us(fn, *, samples: int = 15, block_us: float = 1000.0) -> list[
     return [timer.timeit(number=number).mean * 1e6 for _ in range(samples)]
 
 
-_sleep_cycles_per_ms: list[float] = []
-
-
 def host_and_device_us(fn, *, calls: int = 32) -> tuple[float, float]:
     """An eager call's two costs, per call: the host's (Python, checks, the launch) and the device's.
 
@@ -69,8 +67,6 @@ def host_and_device_us(fn, *, calls: int = 32) -> tuple[float, float]:
     """
     import torch
 
-    if not _sleep_cycles_per_ms:  # the sleep kernel counts clock cycles: calibrate once per process
-        _sleep_cycles_per_ms.append(1e6 / _event_ms(lambda: torch.cuda._sleep(1_000_000)))
     torch.cuda.synchronize()
     began = time.perf_counter()
     for _ in range(4):
@@ -80,7 +76,7 @@ def host_and_device_us(fn, *, calls: int = 32) -> tuple[float, float]:
     for attempt in range(3):
         sleep_ms = 0.2 + 2 * calls * guess_ms * 2 ** attempt
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        torch.cuda._sleep(int(sleep_ms * _sleep_cycles_per_ms[0]))
+        torch.cuda._sleep(int(sleep_ms * _sleep_cycles_per_ms()))
         start.record()
         began = time.perf_counter()
         for _ in range(calls):
@@ -93,16 +89,18 @@ def host_and_device_us(fn, *, calls: int = 32) -> tuple[float, float]:
     return host_ms / calls * 1e3, start.elapsed_time(end) / calls * 1e3
 
 
-def _event_ms(fn) -> float:
+@functools.cache
+def _sleep_cycles_per_ms() -> float:
+    """torch.cuda._sleep counts clock cycles: how many make a millisecond here (measured once per process)."""
     import torch
 
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     torch.cuda.synchronize()
     start.record()
-    fn()
+    torch.cuda._sleep(1_000_000)
     end.record()
     end.synchronize()
-    return start.elapsed_time(end)
+    return 1e6 / start.elapsed_time(end)
 
 
 class CpuTimer:

@@ -35,9 +35,11 @@ class Rule:
 RULES = {"cuda:do_bench_cudagraph": Rule(0.05), "cuda:back-to-back": Rule(0.10),
          "cpu:torch.utils.benchmark": Rule(0.05, may_lose=1)}
 DEFAULT_RULE = Rule(0.03)  # any other timer (tests' fake timers)
-# How much slower or faster the host may run than while it was measured: eager launch-bound calls moved
-# 1.5-1.7x between processes on one H200 machine (tools/host_probe.py, docs/TUNING.md section 4).
+# How much slower or faster the host may run than while it was measured: on one H200 machine, launch-bound
+# calls moved up to 1.9x between processes a minute apart (tools/host_probe.py) and 2x between two tunes.
+# 1.6 covers a tune from the middle of that range; 2.0, replayed, steadied no more (docs/TUNING.md section 7).
 HOST_SPEED_RANGE = 1.6
+# After the first round, a candidate this many times slower than the best (geometric mean) is dropped.
 DROP_FACTOR = 3.0
 ROUNDS = 3
 
@@ -165,10 +167,10 @@ class Verdict:
 def judge(stats: dict[str, list[Measurement]], margin_floor: float | None = None) -> Verdict:
     """The decision rule, from each candidate's per-shape measurements (dict in registration order).
 
-    A challenger must win every reading: each interleaved round (rounds compared pairwise, measured close
-    in time) and, where a call's host and device parts were measured, the slowest and fastest host
-    speed of HOST_SPEED_RANGE), but those the timing method's Rule lets it lose. margin_floor replaces the
-    method's floor. Also replays stored decisions (tools/stability_bench.py --compare --replay).
+    To beat a candidate, the fastest must win every reading (but those the timing method's Rule lets it
+    lose): each interleaved round (rounds compared pairwise, measured close in time) and, where a call's
+    host and device parts were measured, the host HOST_SPEED_RANGE times slower and faster. margin_floor
+    replaces the method's floor. Also replays stored decisions (tools/stability_bench.py --compare --replay).
     """
     order = list(stats)
     everything = [m for ms in stats.values() for m in ms]
