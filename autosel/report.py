@@ -9,7 +9,7 @@ from typing import Iterable, Sequence
 
 from autosel.decisions import CandidateResult, Decision
 from autosel.inventory import Entry
-from autosel.tuner import geomean, shape_text
+from autosel.tuner import geomean, rule_for, shape_text
 
 # Tableau 10: distinguishable in print and for the common colour-vision deficiencies.
 PALETTE = ("#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07aa1", "#ff9da7",
@@ -233,8 +233,9 @@ def _op_section(entry: Entry) -> str:
         ("winner", f"{d.winner} ({winner_median} median*)"),
         ("runner-up", f"{d.runner_up} (margin {format_lead(d)})" if d.runner_up
          else "none measured to the end (the others were rejected or dropped)"),
-        ("noise margin", f"a challenger had to beat the default by {d.margin:.1%} "
-                         "(twice the typical standard error of the medians, at least 3%)"),
+        ("noise margin", f"{d.margin:.1%}: to rule a candidate out, the fastest had to beat it by more, "
+                         "round after round (twice the typical standard error of the medians, never below "
+                         f"{rule_for(d.method).floor:.0%} for {d.method or 'this timer'})"),
         ("from", f"{entry.layer_kind} layer {entry.layer_path}"),
         ("timed with", f"{d.method or '-'} in {d.tune_s:.1f} s, {d.created_at or '-'} by autosel "
                        f"{d.autosel_version or '-'}"),

@@ -78,6 +78,12 @@ def test_chart_is_log_scale_with_the_winner_marked():
     assert "chosen at this shape" in svg and "triton at tokens=512, hidden=4096: median 300 µs" in svg
 
 
+def test_the_margin_line_names_the_timing_methods_floor():
+    html = page(decision(method="cuda:back-to-back", margin=0.1))
+    assert "10.0%: to rule a candidate out" in html and "never below 10% for cuda:back-to-back" in html
+    assert "never below 3% for fake" in page(decision())
+
+
 def test_an_eager_cuda_point_shows_its_host_and_device_parts():
     import dataclasses
 
