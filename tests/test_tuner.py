@@ -230,7 +230,7 @@ def test_same_seed_same_decision(toy):
     ({"a": [1.70], "b": [1.63], "c": [1.60]}, 0.05, "b"),
     ({"a": [1.70], "b": [1.60], "c": [1.63]}, 0.05, "b"),
 ])
-def test_choose_walks_registration_order(readings, margin, expected):
+def test_choose_takes_the_earliest_candidate_level_with_the_fastest(readings, margin, expected):
     may_lose = readings.pop("may_lose", 0)
     assert choose(list(readings), readings, margin, may_lose) == expected
 
