@@ -4,11 +4,14 @@ triton.testing.do_bench_cudagraph for CUDA graph replay."""
 from __future__ import annotations
 
 import functools
+import logging
 import statistics
 import time
 from typing import Any, Callable, Protocol
 
 from autosel.decisions import Measurement
+
+log = logging.getLogger(__name__)
 
 
 class Timer(Protocol):
@@ -130,6 +133,14 @@ class CudaEagerTimer:
 
     method = "cuda:back-to-back"
     rotate_bytes = 128 << 20  # input copies to cycle through: over twice an H100/H200 L2 (50 MB)
+
+    def __init__(self) -> None:
+        import torch
+
+        if not hasattr(torch.cuda, "_sleep"):  # private torch API: without it the eager times stand alone
+            log.warning("torch.cuda._sleep is missing in torch %s: eager decisions will not weigh the host's "
+                        "speed (docs/TUNING.md section 4)", torch.__version__)
+            self.host_and_device_us = None
 
     def measure(self, fn, *, backend: str, shape: dict) -> list[float]:
         return back_to_back_us(fn)

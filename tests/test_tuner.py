@@ -371,3 +371,15 @@ def test_the_tuner_stores_host_and_device_parts_and_judges_with_them(toy):
     decision = run(definition, kernels, specs(torch="fast", triton="fast"),
                    SplittingTimer({"torch": 40.0, "triton": 20.0}, parts, noise=0.001))
     assert decision.winner == "triton"
+
+
+def test_without_the_sleep_kernel_the_eager_timer_offers_no_split(monkeypatch, caplog):
+    import torch
+
+    from autosel.timing import CudaEagerTimer
+
+    assert callable(CudaEagerTimer().host_and_device_us)
+    monkeypatch.delattr(torch.cuda, "_sleep")
+    timer = CudaEagerTimer()
+    assert timer.host_and_device_us is None  # the tuner then stores no parts, and judges on eager times alone
+    assert "torch.cuda._sleep is missing" in caplog.text
