@@ -26,3 +26,14 @@ def test_a_large_matmul_is_device_bound_and_its_back_to_back_time_is_the_device_
     assert device > 5 * host  # about 0.1 ms of tensor-core work against a few microseconds of launch
     eager = statistics.median(back_to_back_us(lambda: a @ a))
     assert 0.8 * device < eager < 1.25 * device
+
+
+def test_a_sleep_sized_at_a_low_clock_still_keeps_the_gpu_behind_the_host(monkeypatch):
+    """The sleep kernel counts cycles, calibrated once; calibrated at an idle clock, it ends far sooner at
+    the boost clock. The split must notice (the GPU reached the block before the host finished) and retry."""
+    from autosel import timing
+
+    monkeypatch.setattr(timing, "_sleep_cycles_per_ms", lambda: 100_000.0)  # as if measured at 100 MHz
+    x = torch.ones(16, device="cuda")
+    host, device = timing.host_and_device_us(lambda: torch.add(x, 1))
+    assert device < 0.8 * host  # a GPU that waited on the host would read the host's time as its own
