@@ -262,3 +262,14 @@ def test_zero_tokens_return_empty_without_launching(call):
 def test_bad_arguments_name_the_values(call, message):
     with pytest.raises(ValueError, match=message):
         call()
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 5, 64, 127, 128, 129, 4096, 5120, 14336, 16384])
+def test_host_side_grid_helpers_match_tritons(n):
+    import triton
+
+    from autosel.ops.triton_kernels import _cdiv, _next_pow2
+
+    assert _next_pow2(n) == triton.next_power_of_2(n)
+    for d in (1, 7, 64, 1024):
+        assert _cdiv(n, d) == triton.cdiv(n, d)
