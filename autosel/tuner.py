@@ -122,7 +122,7 @@ def at_host_speed(m: Measurement, factor: float) -> float:
     return m.median_us * max(factor * m.host_us, m.device_us) / max(m.host_us, m.device_us)
 
 
-def readings(m: Measurement, rounds: int, host_speeds: Sequence[float]) -> list[float]:
+def readings_of(m: Measurement, rounds: int, host_speeds: Sequence[float]) -> list[float]:
     """The times a challenger must win in: the median of each of the first `rounds` rounds (the overall
     median if none), then the median at each host speed."""
     by_round = list(m.round_medians_us[:rounds]) or [m.median_us]
@@ -178,7 +178,7 @@ def judge(stats: dict[str, list[Measurement]], margin_floor: float | None = None
     floor = rule.floor if margin_floor is None else margin_floor
     rounds = min(len(m.round_medians_us) for m in everything)
     speeds = (1 / HOST_SPEED_RANGE, HOST_SPEED_RANGE) if all(m.host_us and m.device_us for m in everything) else ()
-    per_shape = {b: [readings(m, rounds, speeds) for m in ms] for b, ms in stats.items()}
+    per_shape = {b: [readings_of(m, rounds, speeds) for m in ms] for b, ms in stats.items()}
     n_readings = len(per_shape[order[0]][0])
     # Op level: each reading's relative score over shapes (geometric mean against the best per shape).
     op_readings = {b: [] for b in order}
@@ -308,6 +308,8 @@ class Tuner:
         import torch
 
         op, total, done = definition.op, self.rounds * len(shapes) * len(alive), 0
+        rotate_bytes = getattr(self.timer, "rotate_bytes", 0)
+        split = getattr(self.timer, "host_and_device_us", None)
         for round_index in range(self.rounds):
             shift = round_index % len(alive)
             order = alive[shift:] + alive[:shift]
@@ -317,14 +319,15 @@ class Tuner:
                 for candidate in order:
                     if candidate.status != "ok":
                         continue
-                    fn = candidate.fn
-                    copies = itertools.cycle(checks.rotating_copies(base, getattr(self.timer, "rotate_bytes", 0)))
-                    split = getattr(self.timer, "host_and_device_us", None)
+                    fn, copies = candidate.fn, itertools.cycle(checks.rotating_copies(base, rotate_bytes))
+
+                    def call():
+                        return fn(*next(copies))
+
                     try:
-                        times = self.timer.measure(lambda: fn(*next(copies)), backend=candidate.backend,
-                                                   shape=shape)
+                        times = self.timer.measure(call, backend=candidate.backend, shape=shape)
                         if split is not None:
-                            candidate.splits.setdefault(index, []).append(split(lambda: fn(*next(copies))))
+                            candidate.splits.setdefault(index, []).append(split(call))
                     except Exception as exc:
                         candidate.reject("rejected", f"raised {type(exc).__name__} while timed: {exc} "
                                                      f"at {shape_text(shape)}")

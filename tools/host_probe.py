@@ -4,8 +4,8 @@ processes and over time, with the process free to move between cores and pinned 
     python tools/host_probe.py --out "$OUT" [--processes 6] [--watch-s 40]   # on the GPU machine
 
 Each child process times the same launch-bound calls (the eager timer autosel tunes with, three interleaved
-rounds) and also each call's host-only issue time (the GPU kept busy by a sleep kernel, so only the host's
-work is timed). Children alternate unpinned and pinned; one last child repeats its rounds for --watch-s
+rounds) and also each call's host-only issue time (autosel.timing.host_and_device_us: the GPU kept busy
+by a sleep kernel, so only the host's work is timed). Children alternate unpinned and pinned; one last child repeats its rounds for --watch-s
 seconds. Writes probe.jsonl (one line per child) and probe.md (per call: spread of medians across children).
 """
 
@@ -29,26 +29,12 @@ CALLS = [  # (op, shape): launch-bound shapes where eager decisions flipped betw
 BACKENDS = ("torch", "triton", "flashinfer", "sgl_kernel")
 
 
-def host_issue_us(fn, calls: int = 50) -> float:
-    """Host time per call while the GPU is busy with a sleep kernel, so the launch queue never waits."""
-    import torch
-
-    torch.cuda.synchronize()
-    torch.cuda._sleep(int(5e7))  # about 25 ms at H200 clocks: longer than the host needs for `calls`
-    began = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    issued = time.perf_counter() - began
-    torch.cuda.synchronize()
-    return issued / calls * 1e6
-
-
 def child(rounds: int, watch_s: float) -> dict:
     import torch
 
     from autosel import checks
     from autosel.registry import load_plugins, registry
-    from autosel.timing import CudaEagerTimer
+    from autosel.timing import CudaEagerTimer, host_and_device_us
 
     load_plugins()
     timer = CudaEagerTimer()
@@ -71,7 +57,7 @@ def child(rounds: int, watch_s: float) -> dict:
         out["t"].append(round(time.perf_counter() - began, 1))
         for name, call in jobs[r % len(jobs):] + jobs[:r % len(jobs)]:
             out["eager"].setdefault(name, []).append(statistics.median(timer.measure(call, backend="", shape={})))
-            out["issue"].setdefault(name, []).append(host_issue_us(call))
+            out["issue"].setdefault(name, []).append(host_and_device_us(call)[0])
         r += 1
     return out
 

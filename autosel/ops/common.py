@@ -45,9 +45,15 @@ class ShapesByDevice:
         return [dict(s) for s in (self.cpu if platform.torch_device == "cpu" else self.gpu)]
 
 
+def next_power_of_2(n: int) -> int:
+    """The smallest power of two >= n (1 for n <= 1), in plain integers: triton.next_power_of_2 is a
+    ConstexprFunction whose host call costs about 2 us (triton 3.6+), too much on a kernel's launch path."""
+    return 1 << max(0, n - 1).bit_length()
+
+
 def token_bucket(tokens: int) -> int:
     """Token counts rounded up to a power of two: the bucket a recorded call is tuned under."""
-    return 1 << max(0, int(tokens) - 1).bit_length()
+    return next_power_of_2(int(tokens))
 
 
 def dtype_name(tensor: Any) -> str:

@@ -8,6 +8,8 @@ import torch
 import triton
 import triton.language as tl
 
+from autosel.ops.common import next_power_of_2
+
 # Autotuning benchmarks on a GPU driver, which Triton's CPU interpreter does not have; under the
 # interpreter the matmul launches with one fixed config instead.
 _INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
@@ -21,14 +23,8 @@ _CHUNK_COLS = 4096
 _TARGET_TILE = 2048
 
 
-def _next_pow2(n: int) -> int:
-    """triton.next_power_of_2 for the host side of a launch. triton's own is a ConstexprFunction, whose
-    host call costs about 2 us (triton 3.6+): three such calls were a tenth of an eager launch."""
-    return 1 << max(0, n - 1).bit_length()
-
-
 def _cdiv(a: int, b: int) -> int:
-    """triton.cdiv for the host side of a launch (see _next_pow2)."""
+    """triton.cdiv for the host side of a launch: triton's is a ConstexprFunction, about 2 us a host call."""
     return -(-a // b)
 
 
@@ -126,11 +122,11 @@ def _launch_rmsnorm(x2, res2, weight, out2, eps: float) -> None:
         return
     weight = weight if weight.stride(0) == 1 else weight.contiguous()
     max_cols = _MAX_ROW_BYTES // x2.element_size()
-    block_n = _next_pow2(n_cols)
+    block_n = next_power_of_2(n_cols)
     one_pass = block_n <= max_cols
     if not one_pass:
         block_n = _CHUNK_COLS
-    block_m = min(max(1, _TARGET_TILE // block_n), _next_pow2(n_rows))
+    block_m = min(max(1, _TARGET_TILE // block_n), next_power_of_2(n_rows))
     _rmsnorm_kernel[(_cdiv(n_rows, block_m),)](
         x2, res2 if res2 is not None else x2, weight, out2,
         n_rows, n_cols, x2.stride(0), res2.stride(0) if res2 is not None else 0, out2.stride(0), eps,
@@ -185,7 +181,7 @@ def _act_and_mul(x: torch.Tensor, *, gelu: bool) -> torch.Tensor:
     if n_rows == 0 or d == 0:
         return out
     # Rows go on grid axis 0 (2^31 limit); column blocks on axis 1 give small batches enough programs.
-    block = min(_next_pow2(d), 1024)
+    block = min(next_power_of_2(d), 1024)
     _act_and_mul_kernel[(n_rows, _cdiv(d, block))](
         x2, out, d, x2.stride(0), d, BLOCK=block, GELU=gelu, num_warps=_num_warps(block, max_warps=8),
     )
@@ -285,8 +281,8 @@ def rope(
         return
     n_q_heads, n_k_heads = q2.shape[1] // head_size, k2.shape[1] // head_size
     half = rotary_dim // 2
-    block_r = _next_pow2(half)
-    block_h = min(_next_pow2(max(n_q_heads, n_k_heads)), max(1, 1024 // block_r))
+    block_r = next_power_of_2(half)
+    block_h = min(next_power_of_2(max(n_q_heads, n_k_heads)), max(1, 1024 // block_r))
     _rope_kernel[(n_tokens, _cdiv(max(n_q_heads, n_k_heads), block_h))](
         positions.contiguous(), q2, k2, cos_sin_cache,
         n_q_heads, n_k_heads, q2.stride(0), k2.stride(0), cos_sin_cache.stride(0),
