@@ -1,10 +1,12 @@
-"""Timing one call with the field's tools: torch.utils.benchmark on CPU and for eager CUDA calls,
-triton.testing.do_bench_cudagraph for CUDA graph replay."""
+"""Timing calls with the field's tools: torch.utils.benchmark's Timer on CPU and for eager CUDA calls, CUDA graph
+replay timed with events as triton.testing.do_bench_cudagraph does. The candidates of one shape are timed
+together, block by block in turn (measure_together), so what the machine does meanwhile falls on all alike."""
 
 from __future__ import annotations
 
 import functools
 import logging
+import math
 import statistics
 import time
 from typing import Any, Callable, Protocol
@@ -13,10 +15,15 @@ from autosel.decisions import Measurement
 
 log = logging.getLogger(__name__)
 
+Sampler = Callable[[], float]  # times one block of calls, returns microseconds per call
+
 
 class Timer(Protocol):
-    """Returns per-call times in microseconds for `fn`; backend and shape let a fake timer tell calls apart.
+    """Times calls: `measure(fn)` returns per-call times in microseconds for `fn`; backend and shape let a fake
+    timer tell calls apart.
 
+    A SamplingTimer (every real timer is one) is measured together with the other candidates, block by
+    block in turn (measure_together).
     A timer with a `rotate_bytes` attribute gets an `fn` that cycles through enough copies of the inputs
     to fill that many bytes (the tuner makes them), so calls do not find their inputs in a warm cache.
     A timer with a `host_and_device_us(fn)` method also splits a call into its host and device parts once
@@ -26,6 +33,59 @@ class Timer(Protocol):
     method: str
 
     def measure(self, fn: Callable[[], Any], *, backend: str, shape: dict) -> list[float]: ...
+
+
+def measure_together(timer: Timer, calls: dict[str, Callable[[], Any]], *,
+                     shape: dict) -> tuple[dict[str, list[float]], dict[str, Exception]]:
+    """Per-call times (us) of each call, and the exception of each call that raised (the others go on).
+
+    With a sampling timer, the calls take turns block by block (A B C, B C A, ...) and the drift common to
+    a block is taken out (common_drift_removed); otherwise (tests' fake timers) each is measured in turn.
+    """
+    times: dict[str, list[float]] = {}
+    failed: dict[str, Exception] = {}
+    if not isinstance(timer, SamplingTimer):
+        for backend, fn in calls.items():
+            try:
+                times[backend] = timer.measure(fn, backend=backend, shape=shape)
+            except Exception as exc:
+                failed[backend] = exc
+        return times, failed
+    samplers: dict[str, Sampler] = {}
+    for backend, fn in calls.items():
+        try:
+            samplers[backend] = timer.sampler(fn)
+        except Exception as exc:
+            failed[backend] = exc
+    began = time.perf_counter()
+    for block in range(timer.blocks):
+        if block >= timer.min_blocks and time.perf_counter() - began > timer.run_s * len(samplers):
+            break  # slow calls: fewer blocks, so a turn stays near run_s per candidate
+        turn = list(samplers)
+        shift = block % len(turn) if turn else 0
+        for backend in turn[shift:] + turn[:shift]:
+            try:
+                times.setdefault(backend, []).append(samplers[backend]())
+            except Exception as exc:
+                failed[backend] = exc
+                del samplers[backend]
+                times.pop(backend, None)
+    return dict(zip(times, common_drift_removed(list(times.values())))), failed
+
+
+def common_drift_removed(times: list[list[float]]) -> list[list[float]]:
+    """Block k of every candidate, measured close in time, scaled by G / g_k: g_k is the geometric mean of the
+    candidates' block k, G the median g_k. What the machine did during block k (a clock change, a busy
+    neighbour) falls on every candidate alike and is taken out; each candidate's differences stay. With two
+    candidates, the ratio of their medians is then the median of their paired ratios (an odd block count).
+    On this project's 2-core CPU that steadied a ratio of two candidates 6-fold (docs/TUNING.md section 2).
+    """
+    if len(times) < 2:
+        return times
+    blocks = min(len(t) for t in times)
+    means = [math.exp(statistics.fmean(math.log(t[k]) for t in times)) for k in range(blocks)]
+    typical = statistics.median(means)
+    return [[t[k] * typical / means[k] for k in range(blocks)] for t in times]
 
 
 def summarize(samples_us: list[float], method: str, rounds: list[list[float]] | None = None,
@@ -46,9 +106,9 @@ def summarize(samples_us: list[float], method: str, rounds: list[list[float]] | 
                        device_us=statistics.median(d for _, d in splits) if splits else None)
 
 
-def back_to_back_us(fn, *, samples: int = 15, block_us: float = 1000.0) -> list[float]:
-    """Per-call wall time of back-to-back calls: `samples` blocks of about `block_us` each, timed with
-    torch.utils.benchmark's Timer.timeit (which waits for the device at both ends of a block).
+def block_sampler(fn, *, block_us: float = 1000.0) -> Sampler:
+    """Times blocks of back-to-back calls of about `block_us` each with torch.utils.benchmark's Timer.timeit
+    (which waits for the device at both ends of a block); sizing the block is the warm-up.
 
     Not blocked_autorange: with a device wait in each block it sizes one block to its whole run time
     (its overhead criterion), so it gave one sample per measurement on the H200.
@@ -58,7 +118,7 @@ def back_to_back_us(fn, *, samples: int = 15, block_us: float = 1000.0) -> list[
 
     timer = benchmark.Timer(stmt="fn()", globals={"fn": fn}, num_threads=torch.get_num_threads())
     number = max(1, int(block_us * 1e-6 / timer.timeit(number=10).mean))
-    return [timer.timeit(number=number).mean * 1e6 for _ in range(samples)]
+    return lambda: timer.timeit(number=number).mean * 1e6
 
 
 def host_and_device_us(fn, *, calls: int = 32) -> tuple[float, float]:
@@ -110,24 +170,41 @@ def _sleep_cycles_per_ms() -> float:
     return 1e6 / start.elapsed_time(end)
 
 
-class CpuTimer:
-    """torch.utils.benchmark's blocked_autorange, with the thread count the process really uses."""
+class SamplingTimer:
+    """A timer made of a Sampler: `blocks` samples per candidate, fewer (but `min_blocks`) where that would
+    take over `run_s` seconds per candidate. measure(fn) times fn alone; measure_together interleaves."""
+
+    blocks: int
+    min_blocks = 5
+    run_s = math.inf
+
+    def sampler(self, fn) -> Sampler:
+        raise NotImplementedError
+
+    def measure(self, fn, *, backend: str = "", shape: dict | None = None) -> list[float]:
+        times, failed = measure_together(self, {backend: fn}, shape=shape or {})
+        if failed:
+            raise failed[backend]
+        return times[backend]
+
+
+class CpuTimer(SamplingTimer):
+    """Blocks of about a millisecond of back-to-back calls (block_sampler), with the thread count the process
+    really uses. Short blocks taken in turn with the other candidates: the noise of a shared CPU comes in
+    bursts longer than a block, so common_drift_removed can take it out."""
 
     method = "cpu:torch.utils.benchmark"
+    run_s = 0.05  # per candidate and round, as blocked_autorange(min_run_time=0.05) took before
 
-    def __init__(self, min_run_time_s: float = 0.05) -> None:
-        self.min_run_time_s = min_run_time_s
+    def __init__(self, blocks: int = 50) -> None:
+        self.blocks = blocks
 
-    def measure(self, fn, *, backend: str, shape: dict) -> list[float]:
-        import torch
-        import torch.utils.benchmark as benchmark
-
-        timer = benchmark.Timer(stmt="fn()", globals={"fn": fn}, num_threads=torch.get_num_threads())
-        return [t * 1e6 for t in timer.blocked_autorange(min_run_time=self.min_run_time_s).times]
+    def sampler(self, fn) -> Sampler:
+        return block_sampler(fn)
 
 
-class CudaEagerTimer:
-    """An eager call as a model step launches it: blocks of back-to-back calls (back_to_back_us), each call on
+class CudaEagerTimer(SamplingTimer):
+    """An eager call as a model step launches it: blocks of back-to-back calls (block_sampler), each call on
     the next of several input copies that together exceed the L2, so every call reads from memory.
 
     One view of the call: the host's launch time when that is longer (launch-bound shapes), else the device
@@ -137,6 +214,7 @@ class CudaEagerTimer:
 
     method = "cuda:back-to-back"
     rotate_bytes = 128 << 20  # input copies to cycle through: over twice an H100/H200 L2 (50 MB)
+    blocks = 15
 
     def __init__(self) -> None:
         import torch
@@ -146,26 +224,57 @@ class CudaEagerTimer:
                         "speed (docs/TUNING.md section 4)", torch.__version__)
             self.host_and_device_us = None
 
-    def measure(self, fn, *, backend: str, shape: dict) -> list[float]:
-        return back_to_back_us(fn)
+    def sampler(self, fn) -> Sampler:
+        return block_sampler(fn)
 
     def host_and_device_us(self, fn) -> tuple[float, float]:
         """The call's host and device parts, so the tuner can ask whether a win depends on the host's speed."""
         return host_and_device_us(fn)
 
 
-class CudaGraphTimer:
+def graph_sampler(fn, *, replay_ms: float = 10.0) -> Sampler:
+    """Replays of one CUDA graph of back-to-back calls, timed with events: triton.testing.do_bench_cudagraph's
+    method (warm-up, 5 eager calls to size the graph to about `replay_ms`, capture on a side stream), with the
+    graph kept so that replays can take turns with other candidates' (do_bench_cudagraph replays only its
+    own, ten times in a row)."""
+    import torch
+
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    with torch.cuda.stream(torch.cuda.Stream()):
+        fn()
+        start.record()
+        for _ in range(5):
+            fn()
+        end.record()
+        torch.cuda.synchronize()
+        calls = max(1, int(replay_ms / max(start.elapsed_time(end) / 5, 1e-3)))
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for _ in range(calls):
+                fn()
+    torch.cuda.synchronize()
+
+    def sample() -> float:
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end) / calls * 1e3
+
+    return sample
+
+
+class CudaGraphTimer(SamplingTimer):
     """Replay from a CUDA graph, as decode steps run, so launch overhead does not pick the winner."""
 
-    method = "cuda:do_bench_cudagraph"
+    method = "cuda:graph-replay"
+    blocks = 10
 
-    def __init__(self, rep_ms: float = 10) -> None:
-        self.rep_ms = rep_ms
+    def __init__(self, replay_ms: float = 10) -> None:
+        self.replay_ms = replay_ms
 
-    def measure(self, fn, *, backend: str, shape: dict) -> list[float]:
-        from triton.testing import do_bench_cudagraph
-
-        return [t * 1e3 for t in do_bench_cudagraph(fn, rep=self.rep_ms, return_mode="all")]
+    def sampler(self, fn) -> Sampler:
+        return graph_sampler(fn, replay_ms=self.replay_ms)
 
 
 def timer_for(device: str, mode: str) -> Timer:

@@ -16,7 +16,7 @@ from autosel import checks
 from autosel.decisions import (OP_LEVEL_BUCKET, CandidateResult, Decision, Measurement, ShapeResult)
 from autosel.errors import TuningError
 from autosel.spec import KernelSpec, OpDefinition
-from autosel.timing import Timer, summarize, synchronize
+from autosel.timing import Timer, measure_together, summarize, synchronize
 
 log = logging.getLogger(__name__)
 
@@ -32,8 +32,9 @@ class Rule:
 # project's CPU machine. Graph replay repeats to a few percent; eager calls of small shapes are host time,
 # which moves with the host's load. A CPU round is often disturbed wholesale for one candidate (descheduled,
 # OpenMP wake-ups), so there a win may lose one round of three.
-RULES = {"cuda:do_bench_cudagraph": Rule(0.05), "cuda:back-to-back": Rule(0.10),
-         "cpu:torch.utils.benchmark": Rule(0.05, may_lose=1)}
+RULES = {"cuda:graph-replay": Rule(0.05), "cuda:back-to-back": Rule(0.10),
+         "cpu:torch.utils.benchmark": Rule(0.05, may_lose=1),
+         "cuda:do_bench_cudagraph": Rule(0.05)}  # graph replay as stored before its blocks took turns
 DEFAULT_RULE = Rule(0.03)  # any other timer (tests' fake timers)
 # How much slower or faster the host may run than while it was measured: on one H200 machine, launch-bound
 # calls moved up to 1.9x between processes a minute apart (tools/host_probe.py) and 2x between two tunes.
@@ -228,6 +229,12 @@ def check_candidate(fn: Callable[..., Any], definition: OpDefinition, reference:
     return report
 
 
+def _rotating_call(fn: Callable[..., Any], args: tuple, rotate_bytes: int) -> Callable[[], Any]:
+    """fn called on the next of its own copies of args (enough to fill rotate_bytes) at each call."""
+    copies = itertools.cycle(checks.rotating_copies(args, rotate_bytes))
+    return lambda: fn(*next(copies))
+
+
 class Tuner:
     """Tunes one op on one device in one execution mode. The timer is injected (tests pass a fake)."""
 
@@ -298,7 +305,8 @@ class Tuner:
                 self._emit("rejected", definition.op, candidate.backend, candidate.reason)
 
     def _time(self, definition: OpDefinition, alive: list[_Candidate], shapes, timing_began: float) -> None:
-        """Interleaved rounds (A B C A B C ...), rotating the order each round so no one always goes first.
+        """Interleaved rounds: in each, every shape's candidates are timed together, block by block in turn
+        (timing.measure_together), and the order rotates each round so no one always goes first.
 
         One shape's inputs exist at a time (rebuilt from the same seed each round), each candidate on its own
         copies: one, or as many as the timer's rotate_bytes asks for.
@@ -316,28 +324,27 @@ class Tuner:
             for index, shape in enumerate(shapes):
                 torch.manual_seed(self.seed + 1000 + index)
                 base = definition.make_inputs(dict(shape), self.device)
+                calls = {c.backend: _rotating_call(c.fn, base, rotate_bytes) for c in order if c.status == "ok"}
+                times, failed = measure_together(self.timer, calls, shape=shape)
                 for candidate in order:
                     if candidate.status != "ok":
                         continue
-                    fn, copies = candidate.fn, itertools.cycle(checks.rotating_copies(base, rotate_bytes))
-
-                    def call():
-                        return fn(*next(copies))
-
-                    try:
-                        times = self.timer.measure(call, backend=candidate.backend, shape=shape)
-                        if split is not None:
-                            candidate.splits.setdefault(index, []).append(split(call))
-                    except Exception as exc:
-                        candidate.reject("rejected", f"raised {type(exc).__name__} while timed: {exc} "
+                    error = failed.get(candidate.backend)
+                    if error is None and split is not None:
+                        try:
+                            candidate.splits.setdefault(index, []).append(split(calls[candidate.backend]))
+                        except Exception as exc:
+                            error = exc
+                    if error is not None:
+                        candidate.reject("rejected", f"raised {type(error).__name__} while timed: {error} "
                                                      f"at {shape_text(shape)}")
                         self._emit("rejected", op, candidate.backend, candidate.reason)
                         continue
-                    candidate.samples.setdefault(index, []).extend(times)
-                    candidate.rounds.setdefault(index, []).append(list(times))
+                    candidate.samples.setdefault(index, []).extend(times[candidate.backend])
+                    candidate.rounds.setdefault(index, []).append(list(times[candidate.backend]))
                     done += 1
                     self._emit("progress", op, candidate.backend, shape_text(shape), done / total)
-                del base
+                del base, calls
             alive = [c for c in alive if c.status == "ok"]
             if len(alive) > 1 and round_index == 0:
                 self._drop_far_behind(op, alive, len(shapes))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import random
+import statistics
 from pathlib import Path
 
 import pytest
@@ -11,7 +12,7 @@ import pytest
 from autosel.checks import rotating_copies
 from autosel.errors import TuningError
 from autosel.spec import KernelBackend as B, KernelSpec, OpDefinition
-from autosel.timing import CpuTimer, back_to_back_us
+from autosel.timing import CpuTimer, SamplingTimer, block_sampler, common_drift_removed, measure_together
 from autosel.tuner import Tuner, choose, judge
 
 HERE = Path(__file__).parent
@@ -128,12 +129,77 @@ def test_budget_counts_from_the_first_timed_call_not_from_compilation(toy):
     assert decision.candidate("triton").shapes[0].first_call_s >= 0.5
 
 
-def test_back_to_back_times_are_per_call_microseconds_of_several_blocks():
+def test_block_sampler_times_are_per_call_microseconds():
     import time
 
-    samples = back_to_back_us(lambda: time.sleep(200e-6), samples=5, block_us=2000)
-    assert len(samples) == 5
+    sample = block_sampler(lambda: time.sleep(200e-6), block_us=2000)
+    samples = [sample() for _ in range(5)]
     assert all(200 <= t < 20_000 for t in samples)  # a sleep of 200 us per call, never less
+
+
+class SamplingFake(SamplingTimer):
+    """A sampling timer (as the real ones are): each sampler returns its backend's time times the machine's
+    slowness during that block (1x to 3x); records the order of the samples."""
+
+    method = "fake"
+    blocks = 5
+    SLOWNESS = (1.0, 3.0, 2.0, 1.5, 2.5)  # per block
+
+    def __init__(self, base_us: dict[str, float], broken: dict[str, str] | None = None):
+        self.base_us, self.broken, self.order = base_us, broken or {}, []
+
+    def sampler(self, fn):
+        backend = fn()
+        if self.broken.get(backend) == "at once":
+            raise RuntimeError("no kernel image")
+
+        def sample():
+            self.order.append(backend)
+            if self.broken.get(backend) == "later" and self.order.count(backend) == 3:
+                raise RuntimeError("illegal memory access")
+            block = (len(self.order) - 1) // len(self.base_us)
+            return self.base_us[backend] * self.SLOWNESS[block % len(self.SLOWNESS)]
+
+        return sample
+
+
+def test_measure_together_takes_turns_block_by_block_and_takes_the_common_drift_out():
+    timer = SamplingFake({"a": 10.0, "b": 20.0, "c": 40.0})
+    times, failed = measure_together(timer, {b: (lambda b=b: b) for b in "abc"}, shape={})
+    assert failed == {}
+    assert "".join(timer.order) == "abc" + "bca" + "cab" + "abc" + "bca"  # each block in turn, rotating
+    # The machine's slowness moved 1x-3x between blocks; what is left is each backend's own time.
+    typical = statistics.median(SamplingFake.SLOWNESS)  # 2.0
+    assert times == {b: pytest.approx([us * typical] * 5) for b, us in timer.base_us.items()}
+
+
+def test_measure_together_isolates_a_candidate_that_raises():
+    timer = SamplingFake({"a": 10.0, "b": 20.0, "c": 40.0}, broken={"b": "at once", "c": "later"})
+    times, failed = measure_together(timer, {b: (lambda b=b: b) for b in "abc"}, shape={})
+    assert set(failed) == {"b", "c"} and "no kernel image" in str(failed["b"])
+    assert list(times) == ["a"] and len(times["a"]) == 5  # a went on to the end
+
+
+def test_a_turn_of_slow_calls_stops_at_run_s_after_min_blocks():
+    timer = SamplingFake({"a": 10.0, "b": 20.0})
+    timer.blocks, timer.run_s = 50, 0.0  # every turn is over time
+    times, _ = measure_together(timer, {b: (lambda b=b: b) for b in "ab"}, shape={})
+    assert [len(t) for t in times.values()] == [timer.min_blocks] * 2
+    timer.run_s = 60.0
+    assert [len(t) for t in measure_together(timer, {"a": lambda: "a"}, shape={})[0].values()] == [50]
+
+
+def test_common_drift_removed_makes_the_ratio_of_medians_the_median_of_paired_ratios():
+    rng = random.Random(0)
+    drift = [rng.uniform(1, 3) for _ in range(9)]  # the machine's speed, block by block
+    a = [100 * d * rng.uniform(0.99, 1.01) for d in drift]
+    b = [120 * d * rng.uniform(0.99, 1.01) for d in drift]
+    paired = statistics.median(y / x for x, y in zip(a, b))
+    ca, cb = common_drift_removed([a, b])
+    assert statistics.median(cb) / statistics.median(ca) == pytest.approx(paired, rel=1e-9)
+    assert statistics.median(b) / statistics.median(a) != pytest.approx(paired, rel=0.01)  # raw: drift left
+    assert max(ca) / min(ca) < 1.05  # a 3x drift gone, 1% noise left
+    assert common_drift_removed([a]) == [a]  # nothing to compare with: untouched
 
 
 class RotatingTimer(FakeTimer):
@@ -247,7 +313,7 @@ def test_on_cpu_a_win_may_lose_one_round_of_three():
     stats = {"torch": [_m(209.9, (208.9, 209.9, 210.0), method="cpu:torch.utils.benchmark")],
              "torch_compile": [_m(127.3, (127.3, 228.0, 123.5), method="cpu:torch.utils.benchmark")]}
     assert judge(stats).shape_winners == ["torch_compile"]
-    stats = {b: [dataclasses.replace(ms[0], method="cuda:do_bench_cudagraph")] for b, ms in stats.items()}
+    stats = {b: [dataclasses.replace(ms[0], method="cuda:graph-replay")] for b, ms in stats.items()}
     assert judge(stats).shape_winners == ["torch"]  # graph replay rounds are steady: every round counts
 
 
@@ -287,7 +353,7 @@ def test_the_floor_follows_the_timing_method():
 
 def test_real_cpu_timer_tells_a_64x_slower_kernel_apart(toy):
     definition, kernels = toy
-    decision = run(definition, kernels, specs(torch="slow", triton="fast"), CpuTimer(min_run_time_s=0.02),
+    decision = run(definition, kernels, specs(torch="slow", triton="fast"), CpuTimer(blocks=10),
                    rounds=2)
     assert decision.winner == "triton"
     fast = decision.candidate("triton").shapes[0].timing
@@ -351,11 +417,15 @@ class SplittingTimer(FakeTimer):
 
     def __init__(self, base_us, parts: dict[str, tuple[float, float]], **kwargs):
         super().__init__(base_us, **kwargs)
-        self.parts = parts
+        self.parts, self.backend_of = parts, {}
+
+    def measure(self, fn, *, backend, shape):
+        self.backend_of[fn] = backend
+        return super().measure(fn, backend=backend, shape=shape)
 
     def host_and_device_us(self, fn):
         fn()
-        return self.parts[self.calls[-1][0]]
+        return self.parts[self.backend_of[fn]]
 
 
 def test_the_tuner_stores_host_and_device_parts_and_judges_with_them(toy):

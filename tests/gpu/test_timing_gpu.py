@@ -1,4 +1,5 @@
-"""On a GPU: the eager timer's split of a call into host and device parts. Skipped without CUDA."""
+"""On a GPU: the eager timer's split of a call into host and device parts, and graph replays taking turns.
+Skipped without CUDA."""
 
 from __future__ import annotations
 
@@ -9,14 +10,14 @@ import pytest
 torch = pytest.importorskip("torch")
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 
-from autosel.timing import back_to_back_us, host_and_device_us  # noqa: E402
+from autosel.timing import CudaEagerTimer, CudaGraphTimer, host_and_device_us, measure_together  # noqa: E402
 
 
 def test_a_tiny_call_is_launch_bound_and_its_back_to_back_time_is_the_host_part():
     x = torch.ones(16, device="cuda")
     host, device = host_and_device_us(lambda: torch.add(x, 1))
     assert host > device  # one tiny kernel: the host's launch takes longer than the GPU's run (9 vs 5 us)
-    eager = statistics.median(back_to_back_us(lambda: torch.add(x, 1)))
+    eager = statistics.median(CudaEagerTimer().measure(lambda: torch.add(x, 1)))
     assert 0.5 * host < eager < 2 * host
 
 
@@ -24,7 +25,7 @@ def test_a_large_matmul_is_device_bound_and_its_back_to_back_time_is_the_device_
     a = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
     host, device = host_and_device_us(lambda: a @ a)
     assert device > 5 * host  # about 0.1 ms of tensor-core work against a few microseconds of launch
-    eager = statistics.median(back_to_back_us(lambda: a @ a))
+    eager = statistics.median(CudaEagerTimer().measure(lambda: a @ a))
     assert 0.8 * device < eager < 1.25 * device
 
 
@@ -37,3 +38,15 @@ def test_a_sleep_sized_at_a_low_clock_still_keeps_the_gpu_behind_the_host(monkey
     x = torch.ones(16, device="cuda")
     host, device = timing.host_and_device_us(lambda: torch.add(x, 1))
     assert device < 0.8 * host  # a GPU that waited on the host would read the host's time as its own
+
+
+def test_graph_replays_taking_turns_agree_with_do_bench_cudagraph_and_tell_twice_the_work_apart():
+    from triton.testing import do_bench_cudagraph
+
+    a = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
+    times, failed = measure_together(CudaGraphTimer(), {"once": lambda: a @ a, "twice": lambda: (a @ a) @ a},
+                                     shape={})
+    assert failed == {} and [len(t) for t in times.values()] == [10, 10]
+    once = statistics.median(times["once"])
+    assert 1.8 < statistics.median(times["twice"]) / once < 2.2
+    assert 0.9 < once / (do_bench_cudagraph(lambda: a @ a, rep=10, return_mode="median") * 1e3) < 1.1
