@@ -40,6 +40,7 @@ DEFAULT_RULE = Rule(0.03)  # any other timer (tests' fake timers)
 # calls moved up to 1.9x between processes a minute apart (tools/host_probe.py) and 2x between two tunes.
 # 1.6 covers a tune from the middle of that range; 2.0, replayed, steadied no more (docs/TUNING.md section 7).
 HOST_SPEED_RANGE = 1.6
+HOST_SPEEDS = (1 / HOST_SPEED_RANGE, HOST_SPEED_RANGE)  # the host-speed readings: 1.6x faster and slower
 # After the first round, a candidate this many times slower than the best (geometric mean) is dropped.
 DROP_FACTOR = 3.0
 ROUNDS = 3
@@ -170,7 +171,7 @@ def judge(stats: dict[str, list[Measurement]], margin_floor: float | None = None
 
     To beat a candidate, the fastest must win every reading (but those the timing method's Rule lets it
     lose): each interleaved round (rounds compared pairwise, measured close in time) and, where a call's
-    host and device parts were measured, the host HOST_SPEED_RANGE times slower and faster. margin_floor
+    host and device parts were measured, the host at each of HOST_SPEEDS (slower and faster). margin_floor
     replaces the method's floor. Also replays stored decisions (tools/stability_bench.py --compare --replay).
     """
     order = list(stats)
@@ -178,7 +179,7 @@ def judge(stats: dict[str, list[Measurement]], margin_floor: float | None = None
     rule = rule_for(everything[0].method)
     floor = rule.floor if margin_floor is None else margin_floor
     rounds = min(len(m.round_medians_us) for m in everything)
-    speeds = (1 / HOST_SPEED_RANGE, HOST_SPEED_RANGE) if all(m.host_us and m.device_us for m in everything) else ()
+    speeds = HOST_SPEEDS if all(m.host_us and m.device_us for m in everything) else ()
     per_shape = {b: [readings_of(m, rounds, speeds) for m in ms] for b, ms in stats.items()}
     n_readings = len(per_shape[order[0]][0])
     # Op level: each reading's relative score over shapes (geometric mean against the best per shape).

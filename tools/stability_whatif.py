@@ -1,9 +1,11 @@
 """What-ifs on two stored tunes (tune1.db and tune2.db in each DIR, as tools/stability_bench.py writes them):
 how far the same two candidates' time ratio moved between the tunes, and how stable the decisions would
-have been under another host-speed range or another number of rounds a win may lose. The figures of docs/TUNING.md section 7 that are not plain replays came from here.
+have been under other host-speed readings or another number of rounds a win may lose. The figures of docs/TUNING.md section 7 that are not plain replays came from here.
 
     python tools/stability_whatif.py DIR [DIR ...] --drift
     python tools/stability_whatif.py DIR [DIR ...] --host-speed-range 2.0
+    python tools/stability_whatif.py DIR [DIR ...] --host-speeds 1.6       # the slower-host reading only
+    python tools/stability_whatif.py DIR [DIR ...] --host-speeds            # no host-speed readings
     python tools/stability_whatif.py DIR [DIR ...] --may-lose 1            # on every timing method
 """
 
@@ -49,10 +51,13 @@ def main() -> int:
     parser.add_argument("dirs", type=Path, nargs="+")
     parser.add_argument("--drift", action="store_true")
     parser.add_argument("--host-speed-range", type=float)
+    parser.add_argument("--host-speeds", type=float, nargs="*", help="the host-speed readings' factors")
     parser.add_argument("--may-lose", type=int)
     args = parser.parse_args()
     if args.host_speed_range:
-        tuner.HOST_SPEED_RANGE = args.host_speed_range
+        tuner.HOST_SPEEDS = (1 / args.host_speed_range, args.host_speed_range)
+    if args.host_speeds is not None:
+        tuner.HOST_SPEEDS = tuple(args.host_speeds)
     if args.may_lose is not None:
         tuner.RULES = {m: tuner.Rule(r.floor, args.may_lose) for m, r in tuner.RULES.items()}
     for d in args.dirs:
