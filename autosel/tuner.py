@@ -48,7 +48,9 @@ ROUNDS = 3
 
 @dataclass(frozen=True)
 class TuneEvent:
-    """What the tuner is doing, for progress bars and logs. kind: started, rejected, dropped, progress, chosen."""
+    """What the tuner is doing, for progress bars and logs. kind: started, rejected (at load, check or while
+    timed), timing (the checks are done, the timed rounds begin), progress (one candidate measured at one
+    shape), dropped, chosen."""
 
     kind: str
     op: str
@@ -317,6 +319,7 @@ class Tuner:
         import torch
 
         op, total, done = definition.op, self.rounds * len(shapes) * len(alive), 0
+        self._emit("timing", op, detail=f"{len(alive)} candidates, up to {self.rounds} rounds")
         rotate_bytes = getattr(self.timer, "rotate_bytes", 0)
         split = getattr(self.timer, "host_and_device_us", None)
         for round_index in range(self.rounds):

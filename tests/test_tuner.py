@@ -129,6 +129,23 @@ def test_budget_counts_from_the_first_timed_call_not_from_compilation(toy):
     assert decision.candidate("triton").shapes[0].first_call_s >= 0.5
 
 
+def test_the_event_hook_tells_every_step_of_a_tune(toy):
+    definition, kernels = toy
+    events = []
+    timer = FakeTimer({"torch": 100.0, "triton": 50.0, "jit": 400.0, "aot": 1.0})
+    decision = run(definition, kernels, specs(torch="fast", triton="fast", jit="fast", aot="nan"), timer,
+                   on_event=events.append)
+    kinds = [e.kind for e in events]
+    assert kinds[:3] == ["started", "rejected", "timing"] and kinds[-1] == "chosen"
+    assert events[1].backend == "aot" and "NaN" in events[1].detail
+    assert [(e.kind, e.backend) for e in events if e.kind == "dropped"] == [("dropped", "jit")]
+    fractions = [e.fraction for e in events if e.kind == "progress"]
+    assert fractions == sorted(fractions) and 0 < fractions[0] and fractions[-1] <= 1.0
+    assert len(fractions) == len(timer.calls)  # one per candidate measured at one shape
+    assert events[-1].backend == decision.winner == "triton" and all(e.op == OP for e in events)
+    assert {e.mode for e in events} == {"eager"}
+
+
 def test_block_sampler_times_are_per_call_microseconds():
     import time
 

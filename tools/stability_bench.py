@@ -40,8 +40,9 @@ def tune_once(db: Path, patterns, budget_s: float):
         now = time.perf_counter()
         if event.kind == "started":
             phase.update(started=now, timed=0)
+        elif event.kind == "timing":
+            phase["first_timed"] = now
         elif event.kind == "progress":
-            phase.setdefault("first_timed", now)
             phase["timed"] += 1
         if event.kind in ("started", "rejected", "dropped", "chosen"):
             detail = event.detail
