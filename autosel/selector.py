@@ -64,8 +64,12 @@ def resolve_mode(mode: str | None, platform: PlatformInfo, settings: config.Sett
     return settings.mode or "eager"
 
 
-def decision_key(op: str, eligible: list[KernelSpec], platform: PlatformInfo, mode: str) -> DecisionKey:
-    return DecisionKey(platform.key, op, mode, OP_LEVEL_BUCKET, versions_hash(version_vector(platform, eligible)))
+def decision_key(op: str, eligible: list[KernelSpec], platform: PlatformInfo, mode: str,
+                 versions: dict[str, str] | None = None) -> DecisionKey:
+    """versions: the version vector of `eligible`, if the caller has it already (reading it asks the installed
+    packages' metadata)."""
+    versions = version_vector(platform, eligible) if versions is None else versions
+    return DecisionKey(platform.key, op, mode, OP_LEVEL_BUCKET, versions_hash(versions))
 
 
 def select_kernel(op: str, backend: KernelBackend | str | None = None, *, mode: str | None = None) -> KernelSpec:
@@ -167,7 +171,7 @@ def tune_and_record(definition: OpDefinition, eligible: list[KernelSpec], *, pla
 
     op = definition.op
     versions = version_vector(platform, eligible)  # read once: it asks the installed packages' metadata
-    key = DecisionKey(platform.key, op, mode, OP_LEVEL_BUCKET, versions_hash(versions))
+    key = decision_key(op, eligible, platform, mode, versions)
     usable = {s.backend.value for s in eligible}.__contains__
     with db.lease(platform.key, op, mode, ttl_s=max(600.0, 4 * budget_s)) as holder:
         if not holder and not force:

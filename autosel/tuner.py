@@ -378,9 +378,9 @@ class Tuner:
             reasons = "; ".join(f"{c.backend}: {c.reason}" for c in candidates)
             raise TuningError(f"op {op!r}: no candidate passed the checks ({reasons}); fix the kernels or "
                               "pass backend=... to choose one")
-        n = len(shapes)
-        stats = {c.backend: [summarize(c.samples[i], self.timer.method, c.rounds.get(i), c.splits.get(i))
-                             for i in range(n)] for c in measured}
+        timings = {c.backend: [summarize(c.samples[i], self.timer.method, c.rounds.get(i), c.splits.get(i))
+                               if c.samples.get(i) else None for i in range(len(shapes))] for c in candidates}
+        stats = {c.backend: timings[c.backend] for c in measured}
         verdict = judge(stats, self.margin_floor)  # stats in registration order: the first is the default
         scores, winner, margin = verdict.scores, verdict.winner, verdict.margin
         ranked = sorted(stats, key=lambda b: scores[b])
@@ -390,9 +390,7 @@ class Tuner:
         for c in candidates:
             shape_results = tuple(
                 ShapeResult(shape=dict(shape), max_abs_err=c.errors.get(i, (None, None))[0],
-                            max_rel_err=c.errors.get(i, (None, None))[1],
-                            timing=summarize(c.samples[i], self.timer.method, c.rounds.get(i),
-                                             c.splits.get(i)) if c.samples.get(i) else None,
+                            max_rel_err=c.errors.get(i, (None, None))[1], timing=timings[c.backend][i],
                             first_call_s=c.first_call_s.get(i))
                 for i, shape in enumerate(shapes)
             )
