@@ -29,12 +29,15 @@ class Rule:
 
 
 # The floors: how far two fresh tunes' ratios of the same two candidates moved apart on the H200 and on this
-# project's CPU machine. Graph replay repeats to a few percent; eager calls of small shapes are host time,
-# which moves with the host's load. A CPU round is often disturbed wholesale for one candidate (descheduled,
-# OpenMP wake-ups), so there a win may lose one round of three.
-RULES = {"cuda:graph-replay": Rule(0.05), "cuda:back-to-back": Rule(0.10),
+# project's CPU machine. Graph replay repeats to a few percent; 6%, not 5%, because autosel's Triton kernels
+# under 2 us replay about 0.09 us (5.5%) behind the vendors' and that ratio sat on a 5% floor
+# (docs/TUNING.md section 7). Eager calls of small shapes are host time, which moves with the host's load.
+# A CPU round is often disturbed wholesale for one candidate (descheduled, OpenMP wake-ups), so there a win
+# may lose one round of three.
+GRAPH_RULE = Rule(0.06)
+RULES = {"cuda:graph-replay": GRAPH_RULE, "cuda:back-to-back": Rule(0.10),
          "cpu:torch.utils.benchmark": Rule(0.05, may_lose=1),
-         "cuda:do_bench_cudagraph": Rule(0.05)}  # graph replay as stored before its blocks took turns
+         "cuda:do_bench_cudagraph": GRAPH_RULE}  # graph replay as stored before its blocks took turns
 DEFAULT_RULE = Rule(0.03)  # any other timer (tests' fake timers)
 # How much slower or faster the host may run than while it was measured: on one H200 machine, launch-bound
 # calls moved up to 1.9x between processes a minute apart (tools/host_probe.py) and 2x between two tunes.

@@ -7,6 +7,7 @@ have been under other host-speed readings or another number of rounds a win may 
     python tools/stability_whatif.py DIR [DIR ...] --host-speeds 1.6       # the slower-host reading only
     python tools/stability_whatif.py DIR [DIR ...] --host-speeds            # no host-speed readings
     python tools/stability_whatif.py DIR [DIR ...] --may-lose 1            # on every timing method
+    python tools/stability_whatif.py DIR [DIR ...] --floor cuda:graph-replay=0.05   # one method's floor
 """
 
 from __future__ import annotations
@@ -53,6 +54,8 @@ def main() -> int:
     parser.add_argument("--host-speed-range", type=float)
     parser.add_argument("--host-speeds", type=float, nargs="*", help="the host-speed readings' factors")
     parser.add_argument("--may-lose", type=int)
+    parser.add_argument("--floor", action="append", default=[], metavar="METHOD=FLOOR",
+                        help="replay with this floor for one timing method (repeatable)")
     args = parser.parse_args()
     if args.host_speed_range:
         tuner.HOST_SPEEDS = (1 / args.host_speed_range, args.host_speed_range)
@@ -60,6 +63,11 @@ def main() -> int:
         tuner.HOST_SPEEDS = tuple(args.host_speeds)
     if args.may_lose is not None:
         tuner.RULES = {m: tuner.Rule(r.floor, args.may_lose) for m, r in tuner.RULES.items()}
+    for setting in args.floor:
+        method, _, floor = setting.rpartition("=")
+        if method not in tuner.RULES:
+            parser.error(f"--floor {setting}: no timing method {method!r}; one of {', '.join(tuner.RULES)}")
+        tuner.RULES[method] = tuner.Rule(float(floor), tuner.RULES[method].may_lose)
     for d in args.dirs:
         runs = [sb.stored_outcomes(d / f"tune{i}.db") for i in (1, 2)]
         print(d)

@@ -50,3 +50,16 @@ def test_graph_replays_taking_turns_agree_with_do_bench_cudagraph_and_tell_twice
     once = statistics.median(times["once"])
     assert 1.8 < statistics.median(times["twice"]) / once < 2.2
     assert 0.9 < once / (do_bench_cudagraph(lambda: a @ a, rep=10, return_mode="median") * 1e3) < 1.1
+
+
+def test_a_call_that_cannot_be_captured_fails_alone_and_the_others_are_still_timed():
+    """A candidate that synchronizes (here .item()) cannot be captured in a CUDA graph: its capture raises,
+    it is reported failed, and the other candidates' graphs are captured and replayed as usual, then and later."""
+    x = torch.randn(1024, device="cuda")
+    calls = {"adds": lambda: x + 1, "syncs": lambda: (x + 1).sum().item(), "muls": lambda: x * 2}
+    times, failed = measure_together(CudaGraphTimer(), calls, shape={})
+    assert list(failed) == ["syncs"] and isinstance(failed["syncs"], RuntimeError)
+    assert sorted(times) == ["adds", "muls"] and all(len(t) == 10 and min(t) > 0 for t in times.values())
+    again, failed = measure_together(CudaGraphTimer(), {"adds": lambda: x + 1}, shape={})
+    assert failed == {} and len(again["adds"]) == 10
+    assert torch.equal(x + 1, x.add(1))  # the device still runs work eagerly after the failed capture
