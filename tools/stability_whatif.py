@@ -5,6 +5,7 @@ have been under other host-speed readings or another number of rounds a win may 
     python tools/stability_whatif.py DIR [DIR ...] --drift
     python tools/stability_whatif.py DIR [DIR ...] --host-speed-range 2.0
     python tools/stability_whatif.py DIR [DIR ...] --host-speeds 1.6       # the slower-host reading only
+    python tools/stability_whatif.py DIR [DIR ...] --host-speeds 0.625 1.6  # the rule before: 1.6x either way
     python tools/stability_whatif.py DIR [DIR ...] --host-speeds            # no host-speed readings
     python tools/stability_whatif.py DIR [DIR ...] --may-lose 1            # on every timing method
     python tools/stability_whatif.py DIR [DIR ...] --floor cuda:graph-replay=0.05   # one method's floor
