@@ -30,7 +30,7 @@ class Rule:
 
 # The floors: how far two fresh tunes' ratios of the same two candidates moved apart on the H200 and on this
 # project's CPU machine. Graph replay repeats to a few percent; 6%, not 5%, because autosel's Triton kernels
-# under 2 us replay about 0.09 us (5.5%) behind the vendors' and that ratio sat on a 5% floor
+# under 2 us replay about 0.09 us (4-8% per round) behind the vendors' and that ratio sat on a 5% floor
 # (docs/TUNING.md section 7). Eager calls of small shapes are host time, which moves with the host's load.
 # A CPU round is often disturbed wholesale for one candidate (descheduled, OpenMP wake-ups), so there a win
 # may lose one round of three.
@@ -42,8 +42,9 @@ DEFAULT_RULE = Rule(0.03)  # any other timer (tests' fake timers)
 # How much slower or faster the host may run than while it was measured. The H200 machine's host ran in two
 # states, the slow one about 1.6x slower (launch-bound calls moved up to 1.9x between processes a minute
 # apart, tools/host_probe.py, and between two tunes: docs/TUNING.md section 4). Slower: 1.6x, from the fast
-# state to the slow one. Faster: 1.25x only; a host 1.6x faster than a tune in the fast state had never been
-# seen, yet that reading kept a pick 1.5x slower at every speed measured (rope, 6 of 13 runs flipped on it).
+# state to the slow one. Faster: 1.25x only (1.33x and 1.43x replayed alike); a host 1.6x faster than a tune
+# in the fast state had never been seen, yet that reading kept a pick 1.5x slower at every speed measured
+# (rope, 6 of 13 runs flipped on it).
 HOST_SLOWER, HOST_FASTER = 1.6, 1.25
 HOST_SPEEDS = (1 / HOST_FASTER, HOST_SLOWER)  # the host-speed readings, as factors on the host's time
 # After the first round, a candidate this many times slower than the best (geometric mean) is dropped.

@@ -39,6 +39,6 @@ tail -5 "$OUT/gpu_tests.txt" 2>/dev/null
 for r in $(seq "$runs"); do
   d=$(dir "$r")
   [ -f "$d/tune2.db" ] && python3 tools/stability_bench.py --out "$d" --compare > /dev/null 2>&1
-  echo "== $d"; grep -h "chosen\|rejected" "$d"/tune?.log | tail -20; grep -h "^| \(eager\|graph\|autosel\)" "$d/stability.md"
+  echo "== $d"; grep -h "^ *\[.*\] .* \(chosen\|rejected\)" "$d"/tune?.log | tail -20; grep -h "^| \(eager\|graph\|autosel\)" "$d/stability.md"
 done
 (cd "$OUT" && tar -czf bench.tar.gz bench* && rm -rf bench bench-*)   # $OUT returns at most 8 files

@@ -68,7 +68,10 @@ def main() -> int:
         method, _, floor = setting.rpartition("=")
         if method not in tuner.RULES:
             parser.error(f"--floor {setting}: no timing method {method!r}; one of {', '.join(tuner.RULES)}")
-        tuner.RULES[method] = tuner.Rule(float(floor), tuner.RULES[method].may_lose)
+        try:
+            tuner.RULES[method] = tuner.Rule(float(floor), tuner.RULES[method].may_lose)
+        except ValueError:
+            parser.error(f"--floor {setting}: the floor must be a number, such as {method}=0.05")
     for d in args.dirs:
         runs = [sb.stored_outcomes(d / f"tune{i}.db") for i in (1, 2)]
         print(d)
