@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 # (rtol, atol) per dtype name. bf16 keeps 8 bits of mantissa and fp16 11, so a kernel that reorders a
 # reduction legitimately differs in the last bits; fp32 differences come from reordering alone.
@@ -47,6 +48,12 @@ def rotating_copies(args: Sequence[Any], min_bytes: int, *, most: int = 256) -> 
     size = sum(a.numel() * a.element_size() for a in args if isinstance(a, torch.Tensor))
     count = min(most, max(1, -(-min_bytes // size))) if size else 1
     return [clone_args(args) for _ in range(count)]
+
+
+def rotating_call(fn: Callable[..., Any], args: Sequence[Any], min_bytes: int) -> Callable[[], Any]:
+    """fn called on the next of its own copies of args (rotating_copies: enough to fill min_bytes) at each call."""
+    copies = itertools.cycle(rotating_copies(args, min_bytes))
+    return lambda: fn(*next(copies))
 
 
 def tolerances(dtype: Any, rtol: float | None = None, atol: float | None = None) -> tuple[float, float]:

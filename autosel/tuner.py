@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import datetime
-import itertools
 import json
 import logging
 import math
@@ -238,12 +237,6 @@ def check_candidate(fn: Callable[..., Any], definition: OpDefinition, reference:
     return report
 
 
-def _rotating_call(fn: Callable[..., Any], args: tuple, rotate_bytes: int) -> Callable[[], Any]:
-    """fn called on the next of its own copies of args (enough to fill rotate_bytes) at each call."""
-    copies = itertools.cycle(checks.rotating_copies(args, rotate_bytes))
-    return lambda: fn(*next(copies))
-
-
 class Tuner:
     """Tunes one op on one device in one execution mode. The timer is injected (tests pass a fake)."""
 
@@ -334,7 +327,8 @@ class Tuner:
             for index, shape in enumerate(shapes):
                 torch.manual_seed(self.seed + 1000 + index)
                 base = definition.make_inputs(dict(shape), self.device)
-                calls = {c.backend: _rotating_call(c.fn, base, rotate_bytes) for c in order if c.status == "ok"}
+                calls = {c.backend: checks.rotating_call(c.fn, base, rotate_bytes) for c in order
+                         if c.status == "ok"}
                 times, failed = measure_together(self.timer, calls, shape=shape)
                 for candidate in order:
                     if candidate.status != "ok":

@@ -12,7 +12,6 @@ seconds. Writes probe.jsonl (one line per child) and probe.md (per call: spread 
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import os
 import statistics
@@ -45,8 +44,7 @@ def child(rounds: int, watch_s: float) -> dict:
         base = definition.make_inputs(dict(shape), "cuda")
         for backend in BACKENDS:
             fn = registry.get_backend(op, backend).load()
-            copies = itertools.cycle(checks.rotating_copies(base, timer.rotate_bytes))
-            call = (lambda fn=fn, copies=copies: fn(*next(copies)))
+            call = checks.rotating_call(fn, base, timer.rotate_bytes)
             for _ in range(3):
                 call()
             jobs.append((f"{op} {backend}", call))

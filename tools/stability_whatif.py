@@ -69,9 +69,11 @@ def main() -> int:
         if method not in tuner.RULES:
             parser.error(f"--floor {setting}: no timing method {method!r}; one of {', '.join(tuner.RULES)}")
         try:
-            tuner.RULES[method] = tuner.Rule(float(floor), tuner.RULES[method].may_lose)
+            rule = tuner.Rule(float(floor), tuner.RULES[method].may_lose)
         except ValueError:
             parser.error(f"--floor {setting}: the floor must be a number, such as {method}=0.05")
+        shared = tuner.RULES[method]  # the names sharing its rule too (graph replay's older name)
+        tuner.RULES.update({m: rule for m, r in tuner.RULES.items() if r is shared})
     for d in args.dirs:
         runs = [sb.stored_outcomes(d / f"tune{i}.db") for i in (1, 2)]
         print(d)
