@@ -23,7 +23,7 @@ from autosel.db_tools import (
     KEY_COLUMNS, OWN_TABLES, ROW_COLUMNS, SQLITE_MAGIC, Conflict, Corrupt, MergeReport, connect, decision_row,
     export_decisions, immediate, inspect, is_corrupt, merge, migrate, parse_row, read_decisions, ro_uri,
 )
-from autosel.decisions import Decision, DecisionKey
+from autosel.decisions import OP_LEVEL_BUCKET, Decision, DecisionKey
 from autosel.errors import DatabaseError
 
 if TYPE_CHECKING:
@@ -252,6 +252,14 @@ def _pid_alive(pid: int) -> bool:
         return True
 
 
+_SAME_TUNE = "platform_key = ? AND op = ? AND mode = ? AND versions_hash = ?"
+
+
+def _same_tune_params(decision: Decision) -> tuple:
+    key = decision.key
+    return (key.platform_key, key.op, key.mode, key.versions_hash, OP_LEVEL_BUCKET)
+
+
 class TuningDB:
     """The user layer first, then shipped layers; reads go down the layers, writes go to the user layer only."""
 
@@ -320,15 +328,20 @@ class TuningDB:
         self._layers.insert(0, _memory("no writable layer left; decisions kept in memory"))
         return self._layers[0]
 
-    def record(self, decision: Decision) -> Layer:
-        """Upsert into the user layer (replacing the row with the same key); returns the layer written."""
-        row = decision_row(decision)
+    def record(self, decision: Decision, buckets: Sequence[Decision] | None = None) -> Layer:
+        """Upsert into the user layer (replacing the row with the same key); returns the layer written.
+        buckets: the per-bucket decisions of the same tune, written in the same transaction in place of every
+        bucket row an earlier tune of the same key left (a tune's table is never mixed with another's)."""
+        rows = [decision_row(decision)] + [decision_row(b) for b in buckets or ()]
         with self._lock:
             while True:
                 layer = self._writable()
                 try:
                     with immediate(layer.conn):
-                        layer.db["decisions"].upsert(row, pk=KEY_COLUMNS)
+                        if buckets is not None:
+                            layer.conn.execute(f"DELETE FROM decisions WHERE {_SAME_TUNE} AND bucket != ?",
+                                               _same_tune_params(decision))
+                        layer.db["decisions"].upsert_all(rows, pk=KEY_COLUMNS)
                     return layer.layer()
                 except sqlite3.Error as exc:
                     if layer.kind == "memory":
@@ -336,6 +349,17 @@ class TuningDB:
                     layer.writable, layer.problem = False, f"write failed: {exc}; decisions kept in memory"
                     warn_once(layer.path, "write", f"writing to tuning DB {layer.path} failed ({exc}); new "
                               "decisions are kept in memory for this process. Check free space and permissions.")
+
+    def buckets(self, decision: Decision, layer: Layer, usable: Callable[[str], bool] = lambda backend: True
+                ) -> list[Decision]:
+        """The per-bucket rows stored beside `decision` (same platform, op, mode and versions) in `layer`,
+        whose winners are usable here."""
+        with self._lock:
+            for here in self._here():
+                if here.path == layer.path:
+                    rows = here.select(f"WHERE {_SAME_TUNE} AND bucket != ?", _same_tune_params(decision))
+                    return [d for d in (parse_row(here.path, r) for r in rows) if d is not None and usable(d.winner)]
+        return []
 
     def decisions(self, op_glob: str | None = None) -> list[tuple[Decision, Layer]]:
         """Every valid row of every layer, user layer first (for `autosel show`)."""

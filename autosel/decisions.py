@@ -7,7 +7,20 @@ import json
 from dataclasses import asdict, dataclass
 from typing import Any
 
-OP_LEVEL_BUCKET = "*"
+OP_LEVEL_BUCKET = "*"  # the bucket of the op-level decision, stored beside the per-bucket ones
+
+
+def bucket_text(key: tuple) -> str:
+    """A bucket key (a tuple of JSON scalars) as stored in the DB's bucket column: "[2048, 4096]"."""
+    return json.dumps(list(key))
+
+
+def parse_bucket(text: str) -> tuple:
+    """The inverse of bucket_text; ValueError for the op-level bucket or text that is not a JSON list."""
+    value = json.loads(text)
+    if not isinstance(value, list):
+        raise ValueError(f"bucket {text!r} is not a JSON list")
+    return tuple(value)
 
 
 def versions_hash(versions: dict[str, str]) -> str:

@@ -1,5 +1,6 @@
-"""Many ranks, one decision: when torch.distributed is initialised, rank 0 decides and broadcasts the winner,
-so every rank runs the same kernel by construction (DESIGN.md section 7).
+"""Many ranks, one decision: when torch.distributed is initialised, rank 0 decides and broadcasts its decision
+(the op-level winner and every bucket's), so every rank runs the same kernel by construction (docs/DESIGN.md
+section 7).
 
 The first selection of an op with several eligible backends is then a collective: every rank must make it,
 in the same order (engines select their kernels at model initialisation on every rank). It is not made
@@ -10,11 +11,12 @@ from __future__ import annotations
 
 import logging
 import sys
-from typing import Callable
+from typing import Callable, TypeVar
 
 from autosel.errors import TuningError
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 def _world() -> tuple[int, int, object] | None:
@@ -29,8 +31,10 @@ def _world() -> tuple[int, int, object] | None:
     return (dist.get_rank(), world, dist) if world > 1 else None
 
 
-def agree(decide: Callable[[], str], *, what: str, in_capture: bool = False) -> str:
-    """Run `decide` on rank 0 and give its answer (a backend name) to every rank; errors travel too."""
+def agree(decide: Callable[[], T], *, what: str, in_capture: bool = False) -> T:
+    """Run `decide` on rank 0 and give its answer (any picklable value) to every rank. Any exception on rank 0
+    reaches every rank: the contract's KeyError and ValueError as themselves, anything else as a TuningError
+    naming it, so no rank is left waiting in the broadcast."""
     world = None if in_capture else _world()
     if world is None:
         return decide()
@@ -39,7 +43,7 @@ def agree(decide: Callable[[], str], *, what: str, in_capture: bool = False) -> 
     if rank == 0:
         try:
             message[0] = ("ok", decide())
-        except (ValueError, KeyError) as exc:  # the contract's errors (TuningError is a ValueError)
+        except BaseException as exc:  # every failure travels, or the other ranks wait forever
             message[0] = ("error", type(exc).__name__, str(exc.args[0] if exc.args else exc))
             dist.broadcast_object_list(message, src=0)
             raise
@@ -47,17 +51,20 @@ def agree(decide: Callable[[], str], *, what: str, in_capture: bool = False) -> 
     kind, *payload = message[0]
     if kind == "error":
         name, text = payload
-        error = KeyError if name == "KeyError" else ValueError
-        raise error(f"{text} (decided on rank 0 of {size})")
-    winner = payload[0]
-    log.info("%s: rank %d of %d runs %r, as rank 0 decided", what, rank, size, winner)
-    return winner
+        error = {"KeyError": KeyError, "ValueError": ValueError}.get(name, TuningError)
+        raise error(f"{text} (decided on rank 0 of {size})" if error is not TuningError
+                    else f"{what}: rank 0 failed with {name}: {text} (decided on rank 0 of {size})")
+    decision = payload[0]
+    log.info("%s: rank %d of %d runs rank 0's decision", what, rank, size)
+    return decision
 
 
-def check_eligible(winner: str, eligible: set[str], *, what: str) -> None:
-    """Rank 0's winner must be runnable here too; ranks with different devices or packages cannot agree."""
-    if winner not in eligible:
+def check_eligible(chosen: set[str], eligible: set[str], *, what: str) -> None:
+    """Rank 0's backends must be runnable here too; ranks with different devices or packages cannot agree."""
+    missing = sorted(chosen - eligible)
+    if missing:
         world = _world()
         rank = world[0] if world else 0
-        raise TuningError(f"{what}: rank 0 chose {winner!r}, which is not eligible on rank {rank} (eligible here: "
-                          f"{sorted(eligible)}); every rank must see the same device and packages")
+        raise TuningError(f"{what}: rank 0 chose {', '.join(map(repr, missing))}, which is not eligible on rank "
+                          f"{rank} (eligible here: {sorted(eligible)}); every rank must see the same device and "
+                          "packages")

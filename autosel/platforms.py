@@ -8,7 +8,9 @@ import logging
 import os
 import platform as _stdlib_platform
 import re
+import sys
 from dataclasses import dataclass, field
+from typing import Callable
 
 from autosel.spec import DeviceType
 
@@ -169,6 +171,36 @@ def _detect() -> PlatformInfo:
 def current_platform() -> PlatformInfo:
     """The detected platform, once per process (the device does not change under a running engine)."""
     return PlatformInfo.detect()
+
+
+_capture_check: Callable[[], bool] | None = None
+
+
+def capturing_cuda_graph() -> bool:
+    """True while a CUDA graph is being captured on the current stream; never imports torch itself.
+
+    Called on every warm get_kernel, so the check is resolved once: without CUDA it is False for good; with
+    CUDA it is torch's own capture query (a C call).
+    """
+    global _capture_check
+    if _capture_check is None:
+        torch = sys.modules.get("torch")
+        if torch is None:
+            return False  # not resolved yet: torch may be imported later
+        try:
+            cuda = torch.cuda.is_available()
+        except Exception:
+            cuda = False
+        _capture_check = getattr(torch._C, "_cuda_isCurrentStreamCapturing", None) if cuda else None
+        _capture_check = _capture_check or (torch.cuda.is_current_stream_capturing if cuda else _never)
+    try:
+        return bool(_capture_check())
+    except Exception:
+        return False
+
+
+def _never() -> bool:
+    return False
 
 
 # Packages whose versions matter for every decision, when installed: they run or compile the kernels.

@@ -118,13 +118,16 @@ def register_op(
     rtol: float | None = None,
     atol: float | None = None,
     shape_of: Callable[..., dict] | None = None,
+    bucket: Callable[..., tuple] | None = None,
 ) -> OpDefinition:
-    """Declare what tuning `op` needs. `reference` defaults to the op's torch backend."""
+    """Declare what tuning `op` needs. `reference` defaults to the op's torch backend. `bucket(*args)`: the
+    shape bucket of a call, a tuple such as (tokens rounded up to a power of two, hidden); with it, each
+    bucket the shapes cover gets its own decision and get_kernel dispatches by bucket."""
     if isinstance(reference, str):
         reference = KernelBackend.parse(reference)
     if not callable(shapes):
         shapes = tuple(dict(s) for s in shapes)
     return registry.define(
         OpDefinition(op=op, shapes=shapes, make_inputs=make_inputs, reference=reference, rtol=rtol, atol=atol,
-                     shape_of=shape_of)
+                     shape_of=shape_of, bucket=bucket)
     )

@@ -9,7 +9,7 @@ from typing import Iterable, Sequence
 
 from autosel.decisions import CandidateResult, Decision
 from autosel.inventory import Entry
-from autosel.tuner import geomean, rule_for, shape_text
+from autosel.policy import geomean, rule_for, shape_text
 
 # Tableau 10: distinguishable in print and for the common colour-vision deficiencies.
 PALETTE = ("#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07aa1", "#ff9da7",

@@ -5,48 +5,22 @@ from __future__ import annotations
 import datetime
 import json
 import logging
-import math
 import statistics
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 from autosel import checks
-from autosel.decisions import (OP_LEVEL_BUCKET, CandidateResult, Decision, Measurement, ShapeResult)
+from autosel.decisions import OP_LEVEL_BUCKET, CandidateResult, Decision, ShapeResult, bucket_text
 from autosel.errors import TuningError
+from autosel.policy import DEFAULT_POLICY, Policy, Verdict, relative_scores, shape_text
 from autosel.spec import KernelSpec, OpDefinition
 from autosel.timing import Timer, measure_together, summarize, synchronize
 
 log = logging.getLogger(__name__)
 
-@dataclass(frozen=True)
-class Rule:
-    """What beating a candidate takes, per timing method (docs/TUNING.md section 4)."""
-
-    floor: float  # the least margin, however quiet the measurements
-    may_lose: int = 0  # readings a win may lose, when there are three or more
-
-
-# The floors: how far two fresh tunes' ratios of the same two candidates moved apart on the H200 and on this
-# project's CPU machine. Graph replay repeats to a few percent; 6%, not 5%, because autosel's Triton kernels
-# under 2 us replay about 0.09 us (4-8% per round) behind the vendors' and that ratio sat on a 5% floor
-# (docs/TUNING.md section 7). Eager calls of small shapes are host time, which moves with the host's load.
-# A CPU round is often disturbed wholesale for one candidate (descheduled, OpenMP wake-ups), so there a win
-# may lose one round of three.
-GRAPH_RULE = Rule(0.06)
-RULES = {"cuda:graph-replay": GRAPH_RULE, "cuda:back-to-back": Rule(0.10),
-         "cpu:torch.utils.benchmark": Rule(0.05, may_lose=1),
-         "cuda:do_bench_cudagraph": GRAPH_RULE}  # graph replay as stored before its blocks took turns
-DEFAULT_RULE = Rule(0.03)  # any other timer (tests' fake timers)
-# How much slower or faster the host may run than while it was measured. The H200 machine's host ran in two
-# states, the slow one about 1.6x slower (launch-bound calls moved up to 1.9x between processes a minute
-# apart, tools/host_probe.py, and between two tunes: docs/TUNING.md section 4). Slower: 1.6x, from the fast
-# state to the slow one. Faster: 1.25x only (1.33x and 1.43x replayed alike); a host 1.6x faster than a tune
-# in the fast state had never been seen, yet that reading kept a pick 1.5x slower at every speed measured
-# (rope, 6 of 13 runs flipped on it).
-HOST_SLOWER, HOST_FASTER = 1.6, 1.25
-HOST_SPEEDS = (1 / HOST_FASTER, HOST_SLOWER)  # the host-speed readings, as factors on the host's time
-# After the first round, a candidate this many times slower than the best (geometric mean) is dropped.
+# After the first round, a candidate this many times slower than the best (geometric mean over the shapes) is
+# dropped, unless it was the fastest at some shape.
 DROP_FACTOR = 3.0
 ROUNDS = 3
 
@@ -85,121 +59,9 @@ class _Candidate:
         self.status, self.reason = status, reason
 
 
-def shape_text(shape: dict) -> str:
-    return ", ".join(f"{k}={v}" for k, v in shape.items())
-
-
-def geomean(values: Sequence[float]) -> float:
-    return math.exp(statistics.fmean(math.log(v) for v in values))
-
-
-def relative_scores(medians: dict[str, list[float]]) -> dict[str, float]:
-    """Per candidate, the geometric mean over shapes of its time relative to the best candidate on that shape."""
-    n_shapes = len(next(iter(medians.values())))
-    best = [min(m[i] for m in medians.values()) for i in range(n_shapes)]
-    return {b: geomean([m[i] / best[i] for i in range(n_shapes)]) for b, m in medians.items()}
-
-
 def _scores(candidates: list[_Candidate], n_shapes: int) -> dict[str, float]:
     return relative_scores({c.backend: [statistics.median(c.samples[i]) for i in range(n_shapes)]
                             for c in candidates})
-
-
-def rule_for(method: str) -> Rule:
-    return RULES.get(method, DEFAULT_RULE)
-
-
-def choose(order: Sequence[str], readings: dict[str, Sequence[float]], margin: float, may_lose: int = 0) -> str:
-    """The first candidate in registration order that the fastest does not beat by more than `margin` in
-    every reading (each round, each host speed), or in all but `may_lose` of three or more: the default
-    keeps the decision unless beaten, and among candidates level with the fastest the earliest registered
-    wins, so a near-tie cannot change hands between two tunes. The fastest: the lowest median reading."""
-    fastest = min(order, key=lambda b: statistics.median(readings[b]))
-
-    def beaten(candidate: str) -> bool:
-        wins = [t > f * (1.0 + margin) for t, f in zip(readings[candidate], readings[fastest], strict=True)]
-        return sum(wins) >= (len(wins) - may_lose if len(wins) >= 3 else len(wins))
-
-    return next(b for b in order if not beaten(b))
-
-
-def at_host_speed(m: Measurement, factor: float) -> float:
-    """m's time had the host run `factor` times slower: an eager call costs the larger of its host and
-    device parts, so only a launch-bound call moves with the host. m unchanged without those parts."""
-    if not m.host_us or not m.device_us:
-        return m.median_us
-    return m.median_us * max(factor * m.host_us, m.device_us) / max(m.host_us, m.device_us)
-
-
-def readings_of(m: Measurement, rounds: int, host_speeds: Sequence[float]) -> list[float]:
-    """The times a challenger must win in: the median of each of the first `rounds` rounds (the overall
-    median if none), then the median at each host speed."""
-    by_round = list(m.round_medians_us[:rounds]) or [m.median_us]
-    return by_round + [at_host_speed(m, f) for f in host_speeds]
-
-
-def relative_standard_error(m: Measurement) -> float:
-    """Of a median: 1.253 sigma / sqrt(n), with sigma estimated robustly as 1.4826 x the median absolute
-    deviation, so the heavy tail of a shared machine (a few descheduled samples) does not swamp it."""
-    if m.median_us <= 0:
-        return 0.0
-    return 1.253 * 1.4826 * m.mad_us / m.median_us / math.sqrt(max(1, m.samples))
-
-
-def noise(m: Measurement) -> float:
-    """How far this median can be trusted: twice its standard error.
-
-    The drift between rounds (m.drift) is stored as evidence but kept out of the margin: estimated from
-    three round medians it is itself so noisy that it moved the threshold more than it steadied decisions
-    (tools/stability_bench.py on a 2-core CPU: 24 of 28 decisions identical with it; 26, 25 and 27 of 28
-    in three runs without it).
-    """
-    return 2 * relative_standard_error(m)
-
-
-def _margin(measurements: Sequence[Measurement], floor: float) -> float:
-    """The typical (median) noise of the measurements compared, never below the floor.
-
-    The median over measurements, not the worst, so one disturbed shape does not freeze every decision.
-    """
-    return max(floor, statistics.median(noise(m) for m in measurements))
-
-
-@dataclass(frozen=True)
-class Verdict:
-    scores: dict[str, float]  # relative_scores of the per-shape medians
-    winner: str  # the op-level winner
-    margin: float  # the op-level margin
-    shape_winners: list[str]  # the winner of each shape, with that shape's own margin
-
-
-def judge(stats: dict[str, list[Measurement]], margin_floor: float | None = None) -> Verdict:
-    """The decision rule, from each candidate's per-shape measurements (dict in registration order).
-
-    To beat a candidate, the fastest must win every reading (but those the timing method's Rule lets it
-    lose): each interleaved round (rounds compared pairwise, measured close in time) and, where a call's
-    host and device parts were measured, the host at each of HOST_SPEEDS (faster and slower). margin_floor
-    replaces the method's floor. Also replays stored decisions (tools/stability_bench.py --compare --replay).
-    """
-    order = list(stats)
-    everything = [m for ms in stats.values() for m in ms]
-    rule = rule_for(everything[0].method)
-    floor = rule.floor if margin_floor is None else margin_floor
-    rounds = min(len(m.round_medians_us) for m in everything)
-    speeds = HOST_SPEEDS if all(m.host_us and m.device_us for m in everything) else ()
-    per_shape = {b: [readings_of(m, rounds, speeds) for m in ms] for b, ms in stats.items()}
-    n_readings = len(per_shape[order[0]][0])
-    # Op level: each reading's relative score over shapes (geometric mean against the best per shape).
-    op_readings = {b: [] for b in order}
-    for k in range(n_readings):
-        for b, score in relative_scores({b: [r[k] for r in rs] for b, rs in per_shape.items()}).items():
-            op_readings[b].append(score)
-    scores = relative_scores({b: [m.median_us for m in ms] for b, ms in stats.items()})
-    margin = _margin(everything, floor)
-    shape_winners = [choose(order, {b: per_shape[b][i] for b in order},
-                            _margin([stats[b][i] for b in order], floor), rule.may_lose)
-                     for i in range(len(stats[order[0]]))]
-    return Verdict(scores, choose(order, op_readings, margin, rule.may_lose), margin, shape_winners)
 
 
 @dataclass
@@ -240,20 +102,29 @@ def check_candidate(fn: Callable[..., Any], definition: OpDefinition, reference:
 class Tuner:
     """Tunes one op on one device in one execution mode. The timer is injected (tests pass a fake)."""
 
-    def __init__(self, *, timer: Timer, device: str, rounds: int = ROUNDS, margin_floor: float | None = None,
+    def __init__(self, *, timer: Timer, device: str, rounds: int = ROUNDS, policy: Policy = DEFAULT_POLICY,
                  drop_factor: float = DROP_FACTOR, budget_s: float = 30.0, seed: int = 0,
                  on_event: Callable[[TuneEvent], None] | None = None, isolate_timeout_s: float | None = None) -> None:
-        """margin_floor: None for the timing method's (rule_for).
+        """policy: the decision rule (autosel.policy).
         isolate_timeout_s: check each candidate first in a child process that is killed after this long."""
-        self.timer, self.device, self.rounds = timer, device, rounds
+        self.timer, self.device, self.rounds, self.policy = timer, device, rounds, policy
         self.isolate_timeout_s = isolate_timeout_s
         self._mode = ""  # of the tune in progress, for events
-        self.margin_floor, self.drop_factor, self.budget_s, self.seed = margin_floor, drop_factor, budget_s, seed
+        self.drop_factor, self.budget_s, self.seed = drop_factor, budget_s, seed
         self.on_event = on_event or (lambda event: None)
 
     def tune(self, definition: OpDefinition, specs: Sequence[KernelSpec], *, reference: Callable[..., Any],
              shapes: Sequence[dict], mode: str, platform_key: str, versions: dict[str, str],
-             bucket: str = OP_LEVEL_BUCKET, autosel_version: str = "") -> Decision:
+             autosel_version: str = "") -> Decision:
+        """The op-level decision (tune_buckets also gives the per-bucket ones)."""
+        return self.tune_buckets(definition, specs, reference=reference, shapes=shapes, mode=mode,
+                                 platform_key=platform_key, versions=versions, autosel_version=autosel_version)[0]
+
+    def tune_buckets(self, definition: OpDefinition, specs: Sequence[KernelSpec], *, reference: Callable[..., Any],
+                     shapes: Sequence[dict], mode: str, platform_key: str, versions: dict[str, str],
+                     autosel_version: str = "") -> tuple[Decision, list[Decision]]:
+        """The op-level decision and, when the op declares a bucket function, one decision per shape bucket
+        that the shapes cover, each judged by the same rule on its own shapes' measurements."""
         op, started, self._mode = definition.op, time.perf_counter(), mode
         if not shapes:
             raise TuningError(f"op {op!r} has no representative shapes to tune on; pass shapes= to register_op")
@@ -267,9 +138,9 @@ class Tuner:
         self._check(definition, candidates, reference, shapes)
         # The budget bounds the timing rounds; the checks before them (which absorb compilation) are bounded
         # by one call per candidate and shape, and reported per shape as first_call_s.
-        self._time(definition, [c for c in candidates if c.status == "ok"], shapes, time.perf_counter())
-        return self._decide(definition, candidates, shapes, mode=mode, platform_key=platform_key,
-                            versions=versions, bucket=bucket, tune_s=time.perf_counter() - started,
+        buckets = self._time(definition, [c for c in candidates if c.status == "ok"], shapes, time.perf_counter())
+        return self._decide(definition, candidates, shapes, buckets, mode=mode, platform_key=platform_key,
+                            versions=versions, tune_s=time.perf_counter() - started,
                             autosel_version=autosel_version)
 
     def _emit(self, kind: str, op: str, backend: str | None = None, detail: str = "", fraction: float = 0.0):
@@ -306,15 +177,17 @@ class Tuner:
                 candidate.reject("rejected", report.reason)
                 self._emit("rejected", definition.op, candidate.backend, candidate.reason)
 
-    def _time(self, definition: OpDefinition, alive: list[_Candidate], shapes, timing_began: float) -> None:
+    def _time(self, definition: OpDefinition, alive: list[_Candidate], shapes, timing_began: float) -> list:
         """Interleaved rounds: in each, every shape's candidates are timed together, block by block in turn
-        (timing.measure_together), and the order rotates each round so no one always goes first.
+        (timing.measure_together), and the order rotates each round so no one always goes first. Returns each
+        shape's bucket (definition.bucket of the inputs built for it; None without a bucket function).
 
         One shape's inputs exist at a time (rebuilt from the same seed each round), each candidate on its own
         copies: one, or as many as the timer's rotate_bytes asks for.
         """
+        buckets: list = [None] * len(shapes)
         if not alive:
-            return
+            return buckets
         import torch
 
         op, total, done = definition.op, self.rounds * len(shapes) * len(alive), 0
@@ -327,6 +200,8 @@ class Tuner:
             for index, shape in enumerate(shapes):
                 torch.manual_seed(self.seed + 1000 + index)
                 base = definition.make_inputs(dict(shape), self.device)
+                if round_index == 0 and definition.bucket is not None:
+                    buckets[index] = bucket_of(definition, base)
                 calls = {c.backend: checks.rotating_call(c.fn, base, rotate_bytes) for c in order
                          if c.status == "ok"}
                 times, failed = measure_together(self.timer, calls, shape=shape)
@@ -354,24 +229,28 @@ class Tuner:
                 self._drop_far_behind(op, alive, len(shapes))
                 alive = [c for c in alive if c.status == "ok"]
             if not alive:
-                return
+                break
             if time.perf_counter() - timing_began > self.budget_s and round_index + 1 < self.rounds:
                 log.info("tune %s: budget of %.0f s reached after %d of %d rounds", op, self.budget_s,
                          round_index + 1, self.rounds)
                 break
+        return buckets
 
     def _drop_far_behind(self, op: str, alive: list[_Candidate], n_shapes: int) -> None:
+        """Drop candidates far behind over all shapes, except one that was the fastest at some shape: it may
+        win that shape's bucket."""
         scores = _scores(alive, n_shapes)
         best = min(scores.values())  # relative to the best score, so the leader itself is never dropped
+        leaders = {min(alive, key=lambda c: statistics.median(c.samples[i])).backend for i in range(n_shapes)}
         for candidate in alive:
             behind = scores[candidate.backend] / best
-            if behind > self.drop_factor:
+            if behind > self.drop_factor and candidate.backend not in leaders:
                 candidate.reject("dropped", f"dropped after the first round: {behind:.2f}x "
                                             f"the best candidate's time (threshold {self.drop_factor:g}x)")
                 self._emit("dropped", op, candidate.backend, candidate.reason)
 
-    def _decide(self, definition, candidates, shapes, *, mode, platform_key, versions, bucket, tune_s,
-                autosel_version) -> Decision:
+    def _decide(self, definition, candidates, shapes, buckets, *, mode, platform_key, versions, tune_s,
+                autosel_version) -> tuple[Decision, list[Decision]]:
         op = definition.op
         measured = [c for c in candidates if c.status == "ok"]
         if not measured:
@@ -380,30 +259,52 @@ class Tuner:
                               "pass backend=... to choose one")
         timings = {c.backend: [summarize(c.samples[i], self.timer.method, c.rounds.get(i), c.splits.get(i))
                                if c.samples.get(i) else None for i in range(len(shapes))] for c in candidates}
-        stats = {c.backend: timings[c.backend] for c in measured}
-        verdict = judge(stats, self.margin_floor)  # stats in registration order: the first is the default
-        scores, winner, margin = verdict.scores, verdict.winner, verdict.margin
-        ranked = sorted(stats, key=lambda b: scores[b])
-        runner_up = next((b for b in ranked if b != winner), None)
-        per_shape = [(json.dumps(shape, sort_keys=True), verdict.shape_winners[i]) for i, shape in enumerate(shapes)]
-        results = []
-        for c in candidates:
-            shape_results = tuple(
-                ShapeResult(shape=dict(shape), max_abs_err=c.errors.get(i, (None, None))[0],
-                            max_rel_err=c.errors.get(i, (None, None))[1], timing=timings[c.backend][i],
-                            first_call_s=c.first_call_s.get(i))
-                for i, shape in enumerate(shapes)
-            )
-            results.append(CandidateResult(backend=c.backend, status=c.status, reason=c.reason,
-                                           score=scores.get(c.backend), shapes=shape_results))
-        decision = Decision(
-            op=op, mode=mode, bucket=bucket, winner=winner, platform_key=platform_key, versions=dict(versions),
-            candidates=tuple(results), margin=margin, runner_up=runner_up,
-            lead_over_runner_up=(scores[runner_up] / scores[winner] - 1.0) if runner_up else None,
-            per_shape_winners=tuple(per_shape), method=self.timer.method, tune_s=tune_s,
-            created_at=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            autosel_version=autosel_version,
+        stats = {c.backend: timings[c.backend] for c in measured}  # registration order: the first is the default
+        common = dict(mode=mode, platform_key=platform_key, versions=dict(versions), method=self.timer.method,
+                      tune_s=tune_s, autosel_version=autosel_version,
+                      created_at=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))
+        verdict = self.policy.judge(stats)
+        decision = _decision(op, OP_LEVEL_BUCKET, verdict, candidates, timings, shapes, range(len(shapes)), common)
+        groups: dict = {}
+        for i, key in enumerate(buckets):
+            if key is not None:
+                groups.setdefault(key, []).append(i)
+        per_bucket = [_decision(op, bucket_text(key), v, candidates, timings, shapes, groups[key], common)
+                      for key, v in self.policy.judge_groups(stats, groups).items()]
+        lead = f"lead over {decision.runner_up} {decision.lead_over_runner_up:+.1%}, " if decision.runner_up else ""
+        differ = sum(d.winner != decision.winner for d in per_bucket)
+        buckets_text = f", {len(per_bucket)} buckets ({differ} with another winner)" if per_bucket else ""
+        self._emit("chosen", op, decision.winner, f"{lead}noise margin {decision.margin:.1%}{buckets_text}", 1.0)
+        return decision, per_bucket
+
+
+def bucket_of(definition: OpDefinition, args: tuple) -> tuple:
+    """definition.bucket of one call's arguments, checked to be a tuple of JSON scalars (it is stored as text)."""
+    key = definition.bucket(*args)
+    if not isinstance(key, tuple) or not all(isinstance(v, (int, float, str, bool)) for v in key):
+        raise TuningError(f"op {definition.op!r}: its bucket function returned {key!r}; it must return a tuple "
+                          "of ints, floats, strings or bools (such as (tokens rounded up to a power of two, hidden))")
+    return key
+
+
+def _decision(op: str, bucket: str, verdict: Verdict, candidates: list[_Candidate], timings: dict, shapes,
+              indices, common: dict) -> Decision:
+    """One row: the verdict on the shapes at `indices`, with every candidate's evidence on those shapes."""
+    winner, scores = verdict.winner, verdict.scores
+    runner_up = min((b for b in scores if b != winner), key=scores.get, default=None)
+    results = []
+    for c in candidates:
+        shape_results = tuple(
+            ShapeResult(shape=dict(shapes[i]), max_abs_err=c.errors.get(i, (None, None))[0],
+                        max_rel_err=c.errors.get(i, (None, None))[1], timing=timings[c.backend][i],
+                        first_call_s=c.first_call_s.get(i))
+            for i in indices
         )
-        lead = f"lead over {runner_up} {decision.lead_over_runner_up:+.1%}, " if runner_up else ""
-        self._emit("chosen", op, winner, f"{lead}noise margin {margin:.1%}", 1.0)
-        return decision
+        results.append(CandidateResult(backend=c.backend, status=c.status, reason=c.reason,
+                                       score=scores.get(c.backend), shapes=shape_results))
+    return Decision(
+        op=op, bucket=bucket, winner=winner, candidates=tuple(results), margin=verdict.margin, runner_up=runner_up,
+        lead_over_runner_up=(scores[runner_up] / scores[winner] - 1.0) if runner_up else None,
+        per_shape_winners=tuple((json.dumps(shapes[i], sort_keys=True), w) for i, w in zip(indices, verdict.shape_winners)),
+        **common,
+    )

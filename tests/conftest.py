@@ -16,3 +16,18 @@ def isolated_autosel(tmp_path, monkeypatch):
     selector.clear_cache()
     yield
     selector.clear_cache()
+
+
+def use_registry(monkeypatch, fresh) -> None:
+    """Selection, tuning and the CLI all read this registry for the test (each module bound the global one)."""
+    from autosel import selector, tuning
+
+    for module in (selector, tuning):
+        monkeypatch.setattr(module, "registry", fresh)
+
+
+def use_platform(monkeypatch, platform) -> None:
+    """Every caller of autosel.platforms.current_platform() sees `platform`."""
+    from autosel import platforms
+
+    monkeypatch.setattr(platforms, "current_platform", lambda: platform)

@@ -13,9 +13,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import use_platform, use_registry
 from click.testing import CliRunner
 
-from autosel import cli, selector
+from autosel import cli, tuning
 from autosel.decisions import CandidateResult, Decision, Measurement, ShapeResult
 from autosel.platforms import PlatformInfo
 from autosel.registry import KernelRegistry
@@ -45,8 +46,8 @@ def reg(monkeypatch):
     import autosel.timing
 
     fresh = KernelRegistry()
-    monkeypatch.setattr(selector, "registry", fresh)
-    monkeypatch.setattr(selector, "_platform", lambda: CPU)
+    use_registry(monkeypatch, fresh)
+    use_platform(monkeypatch, CPU)
     monkeypatch.setattr(autosel.timing, "timer_for", lambda device, mode: FakeTimer())
     monkeypatch.syspath_prepend(str(HERE))
     return fresh
@@ -78,7 +79,7 @@ def decision(op="toy.double", winner="triton", *, platform=CPU, versions=None, c
 def store(*decisions, db: Path | None = None):
     settings = cli._settings(str(db) if db else None, full=False)
     for d in decisions:
-        selector.database(settings).record(d)
+        tuning.database(settings).record(d)
 
 
 # --- every command: --help with an example, listed in the reference ---------------------------------------
@@ -430,11 +431,11 @@ def test_prune_removes_only_this_machines_stale_rows(reg):
     assert dry.exit_code == 0
     assert dry.stdout.splitlines()[-1] == "Would remove 1 stale decision(s) (run without --dry-run to remove them)."
     assert "versions differ: torch 1.0 -> (none)" in dry.stdout
-    assert len(selector.database(cli._settings(None, full=False)).decisions()) == 3
+    assert len(tuning.database(cli._settings(None, full=False)).decisions()) == 3
     result = run("prune", "--json")
     assert json.loads(result.stdout)["removed"] == 1
     left = {(d.platform_key, tuple(d.versions.items())) for d, _ in
-            selector.database(cli._settings(None, full=False)).decisions()}
+            tuning.database(cli._settings(None, full=False)).decisions()}
     assert left == {(CPU.key, ()), (OTHER_CPU.key, (("torch", "1.0"),))}
 
 

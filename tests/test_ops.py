@@ -7,9 +7,10 @@ import subprocess
 import sys
 
 import pytest
+from conftest import use_platform, use_registry
 import torch
 
-from autosel import checks, selector
+from autosel import checks, selector, tuning
 from autosel.ops import GROUPS, register_builtin_ops
 from autosel.platforms import PlatformInfo
 from autosel.registry import KernelRegistry
@@ -93,11 +94,11 @@ def test_torch_compile_agrees_with_the_reference(op, dtype):
 def test_select_kernel_tunes_a_builtin_op_between_cpu_backends(monkeypatch):
     fresh = KernelRegistry()
     register_builtin_ops(fresh)
-    monkeypatch.setattr(selector, "registry", fresh)
-    monkeypatch.setattr(selector, "_platform", lambda: CPU)
+    use_registry(monkeypatch, fresh)
+    use_platform(monkeypatch, CPU)
     monkeypatch.setenv("AUTOSEL_BUDGET_S", "20")
     spec = selector.select_kernel("activation.silu_and_mul")
-    decision, layer = selector.database().decisions("activation.silu_and_mul")[0]
+    decision, layer = tuning.database().decisions("activation.silu_and_mul")[0]
     assert spec.backend.value == decision.winner and layer.kind == "user"
     measured = {c.backend: c for c in decision.candidates}
     assert set(measured) == {"torch", "torch_compile"}

@@ -12,8 +12,9 @@ import threading
 from pathlib import Path
 
 import pytest
+from conftest import use_platform, use_registry
 
-from autosel import selector
+from autosel import dispatch, selector, tuning
 from autosel.platforms import PlatformInfo
 from autosel.registry import KernelRegistry
 from autosel.spec import CapabilityRequirement as Cap, KernelBackend as B, KernelSpec, OpDefinition
@@ -27,8 +28,8 @@ HERE = Path(__file__).parent
 @pytest.fixture
 def reg(monkeypatch):
     fresh = KernelRegistry()
-    monkeypatch.setattr(selector, "registry", fresh)
-    monkeypatch.setattr(selector, "_platform", lambda: CPU)
+    use_registry(monkeypatch, fresh)
+    use_platform(monkeypatch, CPU)
     monkeypatch.syspath_prepend(str(HERE))
     return fresh
 
@@ -137,7 +138,7 @@ def test_bad_tune_mode_names_the_variable_and_allowed_values(reg, monkeypatch):
 def test_several_eligible_picks_the_fastest_correct_kernel_and_stores_it(reg):
     toy(reg, B.TORCH, B.AOT, B.JIT, B.TRITON, B.CUTE_DSL)
     assert selector.select_kernel("toy.double").backend == B.TRITON
-    decision, layer = selector.database().decisions("toy.double")[0]
+    decision, layer = tuning.database().decisions("toy.double")[0]
     assert decision.winner == "triton" and layer.kind == "user"
     reasons = {c.backend: (c.status, c.reason or "") for c in decision.candidates}
     assert reasons["aot"][0] == "rejected" and "differs from the reference" in reasons["aot"][1]
@@ -168,10 +169,10 @@ def test_force_retunes_once_per_process(reg, monkeypatch):
     calls = []
     import autosel.tuner
 
-    original = autosel.tuner.Tuner.tune
-    monkeypatch.setattr(autosel.tuner.Tuner, "tune", lambda self, *a, **k: calls.append(1) or original(self, *a, **k))
+    original = autosel.tuner.Tuner.tune_buckets
+    monkeypatch.setattr(autosel.tuner.Tuner, "tune_buckets", lambda self, *a, **k: calls.append(1) or original(self, *a, **k))
     monkeypatch.setenv("AUTOSEL_TUNE", "force")
-    monkeypatch.setattr(selector, "_forced_done", set())
+    monkeypatch.setattr(tuning, "_forced_done", set())
     assert selector.select_kernel("toy.double").backend == B.TRITON
     assert selector.select_kernel("toy.double").backend == B.TRITON
     assert len(calls) == 1
@@ -216,7 +217,7 @@ def test_platform_key_separates_decisions(reg, monkeypatch):
     toy(reg, B.TORCH, B.TRITON)
     selector.select_kernel("toy.double")
     other_cpu = PlatformInfo("cpu", arch="x86_64", device_name="other cpu", multiprocessor_count=64)
-    monkeypatch.setattr(selector, "_platform", lambda: other_cpu)
+    use_platform(monkeypatch, other_cpu)
     monkeypatch.setenv("AUTOSEL_TUNE", "off")
     with pytest.raises(ValueError, match="multiple backends"):
         selector.select_kernel("toy.double")
@@ -229,8 +230,8 @@ def sign_op(reg, monkeypatch):
     reg.register(KernelSpec("test.sign", B.AOT, "operator:neg"))
     reg.register(KernelSpec("test.sign", B.TORCH, "operator:pos"))
     calls = []
-    original = selector.select_kernel
-    monkeypatch.setattr(selector, "select_kernel", lambda *a, **k: calls.append(a) or original(*a, **k))
+    original = selector._choose  # what get_kernel resolves through
+    monkeypatch.setattr(selector, "_choose", lambda *a, **k: calls.append(a) or original(*a, **k))
     return calls
 
 
@@ -248,7 +249,7 @@ def test_clear_cache_during_a_lookup_does_not_store_a_stale_entry(reg, monkeypat
     # Used to break with a plain lru_cache: the in-flight lookup put its result into the cleared cache.
     reg.register(KernelSpec("test.sign", B.AOT, "operator:neg"))
     entered, release, calls = threading.Event(), threading.Event(), []
-    original = selector.select_kernel
+    original = selector._choose
 
     def paused(*args, **kwargs):
         calls.append(args)
@@ -258,7 +259,7 @@ def test_clear_cache_during_a_lookup_does_not_store_a_stale_entry(reg, monkeypat
             release.wait(5)
         return spec
 
-    monkeypatch.setattr(selector, "select_kernel", paused)
+    monkeypatch.setattr(selector, "_choose", paused)
     result = {}
     worker = threading.Thread(target=lambda: result.setdefault("fn", selector.get_kernel("test.sign", B.AOT)))
     worker.start()
@@ -298,7 +299,7 @@ def test_record_appends_each_shape_bucket_once_per_process(reg, monkeypatch, tmp
                             shape_of=lambda x: {"n": 1 << (x.numel() - 1).bit_length()}))
     record = tmp_path / "record.jsonl"
     monkeypatch.setenv("AUTOSEL_RECORD", str(record))
-    monkeypatch.setattr(selector, "_recorded", set())
+    monkeypatch.setattr(dispatch, "_recorded", set())
     double = selector.get_kernel("toy.double")
     for n in (100, 100, 120, 300):
         assert torch.equal(double(torch.ones(n)), torch.full((n,), 2.0))

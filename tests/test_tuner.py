@@ -13,7 +13,8 @@ from autosel.checks import rotating_copies
 from autosel.errors import TuningError
 from autosel.spec import KernelBackend as B, KernelSpec, OpDefinition
 from autosel.timing import CpuTimer, SamplingTimer, block_sampler, common_drift_removed, measure_together
-from autosel.tuner import Tuner, choose, judge
+from autosel.policy import choose, judge
+from autosel.tuner import Tuner
 
 HERE = Path(__file__).parent
 OP = "toy.double"
@@ -352,7 +353,7 @@ def test_a_win_must_hold_in_every_round():
 
 
 def test_a_win_that_depends_on_the_host_speed_does_not_count():
-    from autosel.tuner import HOST_SLOWER, at_host_speed
+    from autosel.policy import HOST_SLOWER, at_host_speed
 
     # a: device-bound (host 10 us, device 40 us); b: launch-bound (host 30, device 5). b wins at this host's
     # speed (30 vs 40 us) but loses once the host runs HOST_SLOWER times slower (48 vs 40 us).
@@ -380,7 +381,7 @@ def test_a_host_in_its_fast_or_its_slow_state_gives_the_same_decision():
 
 
 def test_the_floor_follows_the_timing_method():
-    from autosel.tuner import RULES
+    from autosel.policy import RULES
 
     for method, floor in ((m, r.floor) for m, r in RULES.items()):
         stats = {"a": [_m(100.0, method=method)], "b": [_m(100.0 / (1 + floor) - 0.5, method=method)]}

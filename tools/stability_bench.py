@@ -20,6 +20,7 @@ The two tunes can also run as two processes (on two GPUs of one host, at the sam
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -27,8 +28,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from autosel import config, selector
+from autosel import config, tuning
+from autosel.decisions import OP_LEVEL_BUCKET
 from autosel.platforms import current_platform
+from autosel.policy import DEFAULT_POLICY, Policy
 
 
 def tune_once(db: Path, patterns, budget_s: float):
@@ -53,7 +56,7 @@ def tune_once(db: Path, patterns, budget_s: float):
             print(f"  [{now - began:7.1f}s] {event.op} {event.mode} {event.kind} {event.backend or ''} {detail}",
                   flush=True)
 
-    outcomes = selector.tune_ops(patterns, force=True, budget_s=budget_s, on_event=progress, settings=settings)
+    outcomes = tuning.tune_ops(patterns, force=True, budget_s=budget_s, on_event=progress, settings=settings)
     return outcomes, time.perf_counter() - began
 
 
@@ -158,7 +161,7 @@ def plain_picks(outcomes) -> dict[tuple[str, str, str], str]:
 
 def pick_quality(first, second, plain1, plain2) -> str:
     """Slowdown of each picker's per-shape choice against the pooled medians of both autosel tunes (6 rounds)."""
-    from autosel.tuner import geomean
+    from autosel.policy import geomean
 
     second_by_key = {(o.op, o.mode): o.decision for o in second if o.decision}
     rows = {"autosel": [], "plain": []}
@@ -214,7 +217,7 @@ def _inside_margin(decision, shape, a, b) -> bool:
 
 @dataclass
 class Stored:
-    """A decision read back from a tune's DB, shaped like selector.TuneOutcome for the comparisons."""
+    """A decision read back from a tune's DB, shaped like tuning.TuneOutcome for the comparisons."""
 
     op: str
     mode: str
@@ -226,7 +229,8 @@ def stored_outcomes(db: Path) -> list[Stored]:
     from autosel.db import TuningDB
 
     found = TuningDB.open(db, include_package=False).decisions()
-    return sorted((Stored(d.op, d.mode, d) for d, _ in found), key=lambda o: (o.op, o.mode))
+    return sorted((Stored(d.op, d.mode, d) for d, _ in found if d.bucket == OP_LEVEL_BUCKET),
+                  key=lambda o: (o.op, o.mode))
 
 
 def write_tune(args, index: int, platform) -> list:
@@ -248,18 +252,14 @@ def write_tune(args, index: int, platform) -> list:
     return outcomes
 
 
-def replayed(outcomes: list, margin_floor: float | None) -> list[Stored]:
-    """The same evidence decided again by autosel.tuner.judge, under another margin floor (None: each timing
-    method's own)."""
-    import dataclasses
-
-    from autosel.tuner import judge
+def replayed(outcomes: list, policy: Policy = DEFAULT_POLICY) -> list[Stored]:
+    """The same evidence decided again under `policy` (autosel.policy)."""
 
     out = []
     for o in outcomes:
         d = o.decision
         stats = {c.backend: [s.timing for s in c.shapes] for c in d.candidates if c.status == "ok"}
-        verdict = judge(stats, margin_floor)
+        verdict = policy.judge(stats)
         shapes = [shape for shape, _ in d.per_shape_winners]
         out.append(Stored(o.op, o.mode, dataclasses.replace(
             d, winner=verdict.winner, margin=verdict.margin,
@@ -296,7 +296,8 @@ def main() -> int:
     if args.compare and (args.replay or args.margin_floor):  # what-if: the stored evidence decided again
         runs = [stored_outcomes(args.out / f"tune{i}.db") for i in (1, 2)]
         for floor in args.margin_floor or [None]:
-            first, second = (replayed(r, floor) for r in runs)
+            policy = DEFAULT_POLICY if floor is None else dataclasses.replace(DEFAULT_POLICY, margin_floor=floor)
+            first, second = (replayed(r, policy) for r in runs)
             text, _ = stability(first, second)
             title = "each timing method's floor" if floor is None else f"margin floor {floor:g}"
             print(f"## {title}\n\n{text}\n{pick_quality(first, second, {}, {})}", flush=True)

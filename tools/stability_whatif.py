@@ -14,6 +14,7 @@ have been under other host-speed readings or another number of rounds a win may 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import itertools
 import math
 import sys
@@ -21,7 +22,7 @@ from pathlib import Path
 
 import stability_bench as sb
 
-from autosel import tuner
+from autosel.policy import DEFAULT_POLICY
 
 
 def drift(outcomes1, outcomes2) -> None:
@@ -58,29 +59,26 @@ def main() -> int:
     parser.add_argument("--floor", action="append", default=[], metavar="METHOD=FLOOR",
                         help="replay with this floor for one timing method (repeatable)")
     args = parser.parse_args()
+    policy = DEFAULT_POLICY
     if args.host_speed_range:
-        tuner.HOST_SPEEDS = (1 / args.host_speed_range, args.host_speed_range)
+        policy = dataclasses.replace(policy, host_speeds=(1 / args.host_speed_range, args.host_speed_range))
     if args.host_speeds is not None:
-        tuner.HOST_SPEEDS = tuple(args.host_speeds)
+        policy = dataclasses.replace(policy, host_speeds=tuple(args.host_speeds))
     if args.may_lose is not None:
-        tuner.RULES = {m: tuner.Rule(r.floor, args.may_lose) for m, r in tuner.RULES.items()}
+        policy = policy.with_may_lose(args.may_lose)
     for setting in args.floor:
         method, _, floor = setting.rpartition("=")
-        if method not in tuner.RULES:
-            parser.error(f"--floor {setting}: no timing method {method!r}; one of {', '.join(tuner.RULES)}")
         try:
-            rule = tuner.Rule(float(floor), tuner.RULES[method].may_lose)
-        except ValueError:
-            parser.error(f"--floor {setting}: the floor must be a number, such as {method}=0.05")
-        shared = tuner.RULES[method]  # the names sharing its rule too (graph replay's older name)
-        tuner.RULES.update({m: rule for m, r in tuner.RULES.items() if r is shared})
+            policy = policy.with_floor(method, float(floor))  # also the names sharing its rule (older names)
+        except ValueError as exc:
+            parser.error(f"--floor {setting}: {exc}; give METHOD=FLOOR, such as cuda:graph-replay=0.05")
     for d in args.dirs:
         runs = [sb.stored_outcomes(d / f"tune{i}.db") for i in (1, 2)]
         print(d)
         if args.drift:
             drift(*runs)
             continue
-        first, second = (sb.replayed(r, None) for r in runs)
+        first, second = (sb.replayed(r, policy) for r in runs)
         _, counts = sb.stability(first, second)
         quality = sb.pick_quality(first, second, {}, {}).splitlines()[2]
         print("  " + ", ".join(f"{mode} {c['agree']} of {c['decisions']}" for mode, c in counts.items()) +

@@ -21,14 +21,14 @@ from autosel.report import candidate_median_us, first_call_s, format_lead, forma
 # --- show -------------------------------------------------------------------------------------------------
 
 def _entries(settings: config.Settings, ops: tuple[str, ...], *, layers: str = "all") -> tuple[Any, list[Entry]]:
-    from autosel import selector
+    from autosel import platforms, tuning
 
-    platform = selector._platform()
-    selector.load_plugins()
-    db = selector.database(settings)
+    platform = platforms.current_platform()
+    tuning.load_plugins()
+    db = tuning.database(settings)
     pairs = [(d, layer) for d, layer in db.decisions()
              if _matches(d.op, ops) and (layers == "all" or layer.kind != "shipped")]
-    return platform, Inventory(platform, selector.registry).entries(pairs)
+    return platform, Inventory(platform, tuning.registry).entries(pairs)
 
 
 def _entry_json(entry: Entry) -> dict[str, Any]:
@@ -114,7 +114,7 @@ def doctor(db, as_json):
       autosel doctor
       autosel doctor --json | jq '.ops[] | select(.eligible == [])'
     """
-    from autosel import selector
+    from autosel import platforms, tuning
 
     registry_module = importlib.import_module("autosel.registry")  # `autosel.registry` the name is the object
 
@@ -125,18 +125,18 @@ def doctor(db, as_json):
     except ConfigError as exc:
         config_error = str(exc)
         blocking.append(f"{exc}; fix or unset the variable")
-    platform = selector._platform()
-    selector.load_plugins()
+    platform = platforms.current_platform()
+    tuning.load_plugins()
     plugin_errors = dict(registry_module.plugin_errors)
     blocking += [f"plug-in {name!r} failed to load ({error}); its ops are not registered. Reinstall or fix "
                  "the package that declares it" for name, error in plugin_errors.items()]
     ops = []
-    for op in selector.registry.ops():
-        specs = selector.registry.get(op)
+    for op in tuning.registry.ops():
+        specs = tuning.registry.get(op)
         backends = [{"backend": s.backend.value, "target": s.target, "reason": s.unavailable_reason(platform)}
                     for s in specs]
         eligible = [b["backend"] for b in backends if b["reason"] is None]
-        definition = selector.registry.definition(op)
+        definition = tuning.registry.definition(op)
         shapes = len(definition.shapes_for(platform)) if definition else 0
         if len(specs) == 1:
             selection = f"the only registered backend, {specs[0].backend.value}, is used without checks"
@@ -149,7 +149,7 @@ def doctor(db, as_json):
         else:
             selection = "several eligible but no representative shapes: selection raises unless backend=..."
         ops.append({"op": op, "eligible": eligible, "shapes": shapes, "selection": selection, "backends": backends})
-    layers = [vars(layer) for layer in selector.database(_settings(db, full=False)).layers]
+    layers = [vars(layer) for layer in tuning.database(_settings(db, full=False)).layers]
     ok = not blocking
     if as_json:
         _echo_json({"ok": ok, "blocking": blocking, "config_error": config_error,
@@ -215,7 +215,7 @@ def report(out, ops, db, include_all):
       autosel report --out activation.html --op 'activation.*' --db build.db
     """
     from autosel import __version__
-    from autosel import selector
+    from autosel import tuning
     from autosel.report import render_report
 
     settings = _settings(db, full=False)
@@ -226,7 +226,7 @@ def report(out, ops, db, include_all):
                                    "run `autosel tune` first, or pass --all to include stale rows")
     layers = [(layer.kind, f"{layer.path} ({'writable' if layer.writable else 'read-only'}, {layer.rows} rows"
                + (f"; {layer.problem}" if layer.problem else "") + ")")
-              for layer in selector.database(settings).layers]
+              for layer in tuning.database(settings).layers]
     facts = [("key", platform.key), ("device", platform.device.value), ("arch", platform.arch or "-"),
              ("device name", platform.device_name or "-"), ("multiprocessors", str(platform.multiprocessor_count)),
              ("versions", ", ".join(f"{k} {v}" for k, v in platform.versions) or "-")]

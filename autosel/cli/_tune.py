@@ -116,11 +116,11 @@ class _TuneProgress:
             self.say(f"  {event.op}: {event.backend} chosen ({event.detail})")
 
 
-def _plan(selector, platform, ops: tuple[str, ...], shapes_by_mode) -> list[tuple[list[str] | None, dict | None,
+def _plan(tuning, platform, ops: tuple[str, ...], shapes_by_mode) -> list[tuple[list[str] | None, dict | None,
                                                                                       list[str] | None]]:
     """(patterns, shapes, modes) per tune_ops call; tells the user about ops that cannot be tuned here."""
-    available = selector.modes_for(platform)
-    contested = {op for op, _ in selector.contested_ops(platform, list(ops) or None)}
+    available = tuning.modes_for(platform)
+    contested = {op for op, _ in tuning.contested_ops(platform, list(ops) or None)}
     runs = []
     for mode, shapes in shapes_by_mode.items():
         if shapes is None:
@@ -136,7 +136,7 @@ def _plan(selector, platform, ops: tuple[str, ...], shapes_by_mode) -> list[tupl
                 continue
             if op in contested:
                 targets.append(op)
-            elif not selector.registry.has(op):
+            elif not tuning.registry.has(op):
                 click.echo(f"Warning: op {op!r} is not registered here; its shapes are skipped", err=True)
             else:
                 click.echo(f"Warning: op {op!r} has fewer than two backends eligible here; nothing to tune", err=True)
@@ -146,15 +146,15 @@ def _plan(selector, platform, ops: tuple[str, ...], shapes_by_mode) -> list[tupl
     return runs
 
 
-def _nothing_to_tune(selector, platform, ops: tuple[str, ...]) -> str:
-    registered = selector.registry.ops()
+def _nothing_to_tune(tuning, platform, ops: tuple[str, ...]) -> str:
+    registered = tuning.registry.ops()
     for pattern in ops:
         if not any(fnmatch.fnmatchcase(op, pattern) for op in registered):
             return (f"no registered op matches --op {pattern!r}; registered ops: {', '.join(registered) or 'none'}")
     lone = []
     for op in registered:
         if _matches(op, ops):
-            eligible = [s.backend.value for s in selector.registry.get(op) if s.is_available(platform)]
+            eligible = [s.backend.value for s in tuning.registry.get(op) if s.is_available(platform)]
             lone.append(f"{op}: {', '.join(eligible) or 'none'} eligible")
     return ("no matching op has several backends eligible on this machine, so there is nothing to choose between "
             f"({'; '.join(lone)}); run `autosel doctor` to see why backends are not eligible")
@@ -196,28 +196,28 @@ def tune(ops, shapes_file, record_file, db, force, budget_s, isolate, isolate_ti
     if _torch_missing():
         raise click.ClickException(f"tuning runs the kernels, which needs PyTorch, and torch is not installed for "
                                    f"{sys.executable}; pip install torch, then run `autosel tune` again")
-    from autosel import selector
+    from autosel import platforms, tuning
 
     settings = _settings(db, full=True)
-    platform = selector._platform()
+    platform = platforms.current_platform()
     if record_file:
         shapes_by_mode: dict = read_record(record_file)
     elif shapes_file:
         shapes_by_mode = {None: read_shapes_file(shapes_file)}
     else:
         shapes_by_mode = {None: None}
-    runs = _plan(selector, platform, ops, shapes_by_mode)
-    total = sum(len(selector.contested_ops(platform, patterns)) * len(modes or selector.modes_for(platform))
+    runs = _plan(tuning, platform, ops, shapes_by_mode)
+    total = sum(len(tuning.contested_ops(platform, patterns)) * len(modes or tuning.modes_for(platform))
                 for patterns, _, modes in runs)
     if not total:
         if ops or shapes_file or record_file:
-            raise click.ClickException(_nothing_to_tune(selector, platform, ops))
+            raise click.ClickException(_nothing_to_tune(tuning, platform, ops))
         click.echo("Nothing to tune: no registered op has several backends eligible on this machine "
                    "(run `autosel doctor` to see why).", err=True)
     outcomes = []
     with _TuneProgress(total) as progress:
         for patterns, shapes, modes in runs:
-            outcomes += selector.tune_ops(patterns, force=force, budget_s=budget_s, shapes=shapes, modes=modes,
+            outcomes += tuning.tune_ops(patterns, force=force, budget_s=budget_s, shapes=shapes, modes=modes,
                                           on_event=progress.on_event, settings=settings,
                                           isolate_timeout_s=isolate_timeout_s if isolate else None,
                                           copy_found=db is not None)

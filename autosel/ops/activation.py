@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from autosel.ops.common import ShapesByDevice, dtype_name, dtype_of, standard_specs, token_bucket
+from autosel.ops.common import ShapesByDevice, dtype_name, dtype_of, rows_bucket, standard_specs, token_bucket
 from autosel.spec import OpDefinition
 
 # Intermediate sizes I: 3584 (Llama-3-70B at TP8), 14336 (Llama-3-8B), 18944 (Qwen2.5-7B),
@@ -33,7 +33,10 @@ SPECS = [
     *standard_specs("activation.gelu_and_mul", "gelu_and_mul", flashinfer="flashinfer.activation:gelu_and_mul",
                     sgl_kernel="sgl_kernel:gelu_and_mul"),
 ]
+# Bucket: (tokens rounded up to a power of two, the input's width 2 x intermediate).
 DEFINITIONS = [
-    OpDefinition("activation.silu_and_mul", shapes=SHAPES, make_inputs=gated_inputs, shape_of=gated_shape),
-    OpDefinition("activation.gelu_and_mul", shapes=SHAPES, make_inputs=gated_inputs, shape_of=gated_shape),
+    OpDefinition("activation.silu_and_mul", shapes=SHAPES, make_inputs=gated_inputs, shape_of=gated_shape,
+                 bucket=rows_bucket),
+    OpDefinition("activation.gelu_and_mul", shapes=SHAPES, make_inputs=gated_inputs, shape_of=gated_shape,
+                 bucket=rows_bucket),
 ]

@@ -45,7 +45,15 @@ def rope_shape(positions, query, key, head_size, cos_sin_cache, is_neox=True) ->
             "rotary_dim": cos_sin_cache.shape[-1], "is_neox": bool(is_neox), "dtype": dtype_name(query)}
 
 
+def rope_bucket(positions, query, key, head_size=None, cos_sin_cache=None, is_neox=True) -> tuple:
+    """(tokens rounded up to a power of two, query width, key width, is_neox): the heads' widths tell the
+    models apart; GPT-J's interleaved pairs run other code than neox's halves."""
+    tokens = positions.shape[0]
+    return (1 << (tokens - 1).bit_length() if tokens > 1 else 1, query.shape[-1], key.shape[-1], is_neox)
+
+
 SPECS = standard_specs("embeddings.rope", "rope",
                        flashinfer="flashinfer.rope:apply_rope_with_cos_sin_cache_inplace",
                        sgl_kernel="autosel.ops.vendor:sgl_rope")
-DEFINITIONS = [OpDefinition("embeddings.rope", shapes=SHAPES, make_inputs=rope_inputs, shape_of=rope_shape)]
+DEFINITIONS = [OpDefinition("embeddings.rope", shapes=SHAPES, make_inputs=rope_inputs, shape_of=rope_shape,
+                            bucket=rope_bucket)]

@@ -30,5 +30,12 @@ def mm_shape(a, b) -> dict:
     return {"m": token_bucket(a.shape[0]), "n": b.shape[0], "k": a.shape[1], "dtype": dtype_name(a)}
 
 
+def mm_bucket(a, b) -> tuple:
+    """(m rounded up to a power of two, n, k): the token count and the weight's shape."""
+    m = a.shape[0] if a.dim() == 2 else a.numel() // a.shape[-1]
+    n, k = b.shape
+    return (1 << (m - 1).bit_length() if m > 1 else 1, n, k)
+
+
 SPECS = standard_specs("gemm.mm", "mm")
-DEFINITIONS = [OpDefinition("gemm.mm", shapes=SHAPES, make_inputs=mm_inputs, shape_of=mm_shape)]
+DEFINITIONS = [OpDefinition("gemm.mm", shapes=SHAPES, make_inputs=mm_inputs, shape_of=mm_shape, bucket=mm_bucket)]

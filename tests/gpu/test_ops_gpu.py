@@ -9,7 +9,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 
-from autosel import checks, selector  # noqa: E402
+from autosel import checks, selector, tuning  # noqa: E402
 from autosel.ops import GROUPS  # noqa: E402
 from autosel.platforms import current_platform  # noqa: E402
 from autosel.spec import KernelBackend as B  # noqa: E402
@@ -42,7 +42,7 @@ def test_graph_capture_uses_the_graph_mode_decision(monkeypatch):
         registry.register(spec)
     monkeypatch.setattr(selector, "registry", registry)
     platform = current_platform()
-    db = selector.database()
+    db = tuning.database()
     db.record(_stored("toy.relu", "eager", "torch", eligible, platform))
     db.record(_stored("toy.relu", "graph", "triton", eligible, platform))
     x = torch.randn(8, 4096, device="cuda")

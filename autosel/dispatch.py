@@ -1,0 +1,148 @@
+"""The hot path: a dispatcher that sends each call to its shape bucket's winner, and the AUTOSEL_RECORD recorder.
+
+Everything is resolved when a dispatcher is built (mode, bucket table, loaded kernels); a call costs the op's
+bucket function, one dict lookup and the kernel's own call. A call never times, never reads the DB, never
+takes a lock. A bucket that was not tuned goes once through `BucketTable.route` (the nearest tuned bucket,
+else the op-level winner) and is then remembered in the lookup dict.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import math
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping
+
+log = logging.getLogger(__name__)
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def bucket_distance(a: tuple, b: tuple) -> float:
+    """How far apart two buckets are: the sum over their numeric components of |log2(a) - log2(b)|
+    (so 2048 tokens is as far from 1024 as from 4096); infinite when their lengths or any other component
+    (a string, a bool such as is_neox) differ."""
+    if len(a) != len(b):
+        return math.inf
+    total = 0.0
+    for x, y in zip(a, b):
+        if _is_number(x) and _is_number(y):
+            total += abs(math.log2(max(x, 1)) - math.log2(max(y, 1)))
+        elif x != y:
+            return math.inf
+    return total
+
+
+@dataclass(frozen=True)
+class BucketTable:
+    """One op's decisions in one mode: the op-level winner and each tuned bucket's winner (backend names)."""
+
+    op: str
+    mode: str
+    default: str
+    winners: Mapping[tuple, str] = field(default_factory=dict)
+
+    @property
+    def uniform(self) -> bool:
+        """True when every bucket has the op-level winner: get_kernel then returns the plain kernel."""
+        return all(w == self.default for w in self.winners.values())
+
+    def nearest(self, key: tuple) -> tuple | None:
+        """The tuned bucket nearest to `key` (bucket_distance; ties to the smaller bucket), or None."""
+        scored = [(bucket_distance(key, k), k) for k in self.winners]
+        scored = [(d, k) for d, k in scored if d < math.inf]
+        return min(scored, key=lambda s: (s[0], repr(s[1])))[1] if scored else None
+
+    def route(self, key: tuple) -> str:
+        """The backend a call in bucket `key` runs: its own winner, the nearest tuned bucket's, else the
+        op-level winner."""
+        if key in self.winners:
+            return self.winners[key]
+        near = self.nearest(key)
+        return self.winners[near] if near is not None else self.default
+
+
+def dispatcher(table: BucketTable, kernels: Mapping[str, Callable[..., Any]], bucket: Callable[..., tuple]
+               ) -> Callable[..., Any]:
+    """A callable that runs each call on its bucket's winner; `kernels` maps every backend the table names to
+    its loaded kernel. The plain kernel when the table is uniform (no added cost)."""
+    if table.uniform:
+        return kernels[table.default]
+    routes: dict[tuple, Callable[..., Any]] = {k: kernels[b] for k, b in table.winners.items()}
+    find = routes.get
+
+    def unseen(key: tuple) -> Callable[..., Any]:
+        backend = table.route(key)
+        log.debug("op %r (%s mode): bucket %r was not tuned; it runs %r", table.op, table.mode, key, backend)
+        routes[key] = kernels[backend]  # one dict store under the GIL: later calls take the fast path
+        return routes[key]
+
+    def dispatch(*args, **kwargs):
+        key = bucket(*args, **kwargs)
+        return (find(key) or unseen(key))(*args, **kwargs)
+
+    dispatch.__name__ = dispatch.__qualname__ = f"autosel_dispatch[{table.op}]"
+    dispatch.__doc__ = (f"autosel's dispatcher for {table.op} ({table.mode} mode): each shape bucket runs its "
+                        f"own winner; op-level winner {table.default}.")
+    dispatch.table = table  # type: ignore[attr-defined]
+    dispatch.kernels = dict(kernels)  # type: ignore[attr-defined]
+    return dispatch
+
+
+# --- AUTOSEL_RECORD: each new shape of an op appended once per process, never in the way of the call ---------
+
+_recorded: set[tuple[str, str, str]] = set()
+_record_lock = threading.Lock()
+_broken_paths: set[str] = set()
+
+
+def recording(op: str, fn: Callable[..., Any], path, mode: str, shape_of: Callable[..., dict] | None
+              ) -> Callable[..., Any]:
+    """Wrap `fn` so each new shape of `op` (shape_of) is appended to `path` once per process, after a call
+    that returned. Recording never breaks the call: a path that cannot be written is warned about once and
+    recording stops."""
+    if shape_of is None:
+        log.warning("AUTOSEL_RECORD: op %r declares no shape_of, so its calls are not recorded", op)
+        return fn
+
+    @functools.wraps(fn)
+    def recorded(*args, **kwargs):
+        result = fn(*args, **kwargs)
+        if str(path) not in _broken_paths:
+            _record(op, mode, shape_of, args, kwargs, path)
+        return result
+
+    return recorded
+
+
+def _record(op: str, mode: str, shape_of: Callable[..., dict], args, kwargs, path) -> None:
+    try:
+        shape = json.dumps(shape_of(*args, **kwargs), sort_keys=True)
+    except Exception as exc:  # a shape_of that fails on this call: say so once, keep the call's result
+        _stop_recording(path, f"shape_of of op {op!r} raised {type(exc).__name__}: {exc}")
+        return
+    if (op, mode, shape) in _recorded:
+        return
+    with _record_lock:
+        if (op, mode, shape) in _recorded:
+            return
+        try:
+            with open(path, "a", encoding="utf-8") as f:
+                f.write(json.dumps({"op": op, "shape": json.loads(shape), "mode": mode}) + "\n")
+        except OSError as exc:
+            _stop_recording(path, f"cannot append to {path}: {exc}")
+            return
+        _recorded.add((op, mode, shape))
+
+
+def _stop_recording(path, why: str) -> None:
+    import warnings
+
+    _broken_paths.add(str(path))
+    warnings.warn(f"AUTOSEL_RECORD: {why}; recording stops for this process (the kernels keep running). "
+                  "Point AUTOSEL_RECORD at a writable file.", RuntimeWarning, stacklevel=4)

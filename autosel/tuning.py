@@ -1,0 +1,236 @@
+"""Deciding an op: the stored decision from the DB layers, else a tune now under the DB's lease; and batch
+tuning of many ops (what `autosel tune` runs)."""
+
+from __future__ import annotations
+
+import fnmatch
+import logging
+import threading
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from autosel import config, platforms
+from autosel.decisions import OP_LEVEL_BUCKET, Decision, DecisionKey, parse_bucket, versions_hash
+from autosel.dispatch import BucketTable
+from autosel.errors import TuningError
+from autosel.platforms import PlatformInfo, capturing_cuda_graph, version_vector
+from autosel.registry import load_plugins, registry
+from autosel.spec import KernelBackend, KernelSpec, OpDefinition, spec_list
+
+log = logging.getLogger(__name__)
+
+HINT_TUNING_OFF = (
+    " [autosel: AUTOSEL_TUNE=off and no stored decision matches this machine; run `autosel tune` "
+    "or unset AUTOSEL_TUNE to let autosel time the backends]"
+)
+HINT_NO_SHAPES = (
+    " [autosel: no representative shapes are known for this op, so it cannot be timed; declare them with "
+    "autosel.register_op(op, shapes=[...], make_inputs=...)]"
+)
+
+
+def multiple_backends_message(op: str, platform: PlatformInfo, eligible: list[KernelSpec]) -> str:
+    return (f"op {op!r} has multiple backends usable on device {platform.device.value!r} "
+            f"({spec_list(eligible)}); pass backend=... to choose one")
+
+
+_databases: dict[tuple, Any] = {}
+_databases_lock = threading.Lock()
+_forced_done: set[DecisionKey] = set()
+
+
+def database(settings: config.Settings | None = None):
+    """The layered tuning DB for these settings, opened once per process."""
+    from autosel.db import TuningDB
+
+    settings = settings or config.settings()
+    key = (settings.db, settings.db_path)
+    with _databases_lock:
+        if key not in _databases:
+            _databases[key] = TuningDB.from_settings(settings)
+        return _databases[key]
+
+
+def decision_key(op: str, eligible: list[KernelSpec], platform: PlatformInfo, mode: str,
+                 versions: dict[str, str] | None = None) -> DecisionKey:
+    """The op-level key. versions: the version vector of `eligible`, if the caller has it already (reading it
+    asks the installed packages' metadata)."""
+    versions = version_vector(platform, eligible) if versions is None else versions
+    return DecisionKey(platform.key, op, mode, OP_LEVEL_BUCKET, versions_hash(versions))
+
+
+def table_of(decision: Decision, buckets: tuple[Decision, ...]) -> BucketTable:
+    """What a dispatcher needs from an op-level decision and its bucket rows."""
+    winners = {}
+    for row in buckets:
+        try:
+            winners[parse_bucket(row.bucket)] = row.winner
+        except ValueError:
+            log.debug("op %r: bucket %r is not a bucket key; ignored", row.op, row.bucket)
+    return BucketTable(decision.op, decision.mode, decision.winner, winners)
+
+
+def decide(op: str, eligible: list[KernelSpec], platform: PlatformInfo, mode: str,
+           settings: config.Settings) -> BucketTable:
+    """The stored or measured decision of `op` as a bucket table; with several ranks, rank 0's whole table
+    (autosel.distributed), so every rank dispatches every bucket alike."""
+    from autosel.distributed import agree, check_eligible
+
+    what = f"op {op!r} ({mode} mode)"
+    table = agree(lambda: _decide_here(op, eligible, platform, mode, settings), what=what,
+                  in_capture=capturing_cuda_graph())
+    check_eligible({table.default, *table.winners.values()}, {s.backend.value for s in eligible}, what=what)
+    return table
+
+
+def _lookup(db, key: DecisionKey, usable: Callable[[str], bool]) -> tuple[Decision, tuple[Decision, ...]] | None:
+    """The stored op-level decision and the bucket rows of its layer, or None."""
+    hit = db.lookup(key, usable=usable)
+    if hit is None:
+        return None
+    return hit[0], tuple(db.buckets(hit[0], hit[1], usable=usable))
+
+
+def _decide_here(op: str, eligible: list[KernelSpec], platform: PlatformInfo, mode: str,
+                 settings: config.Settings) -> BucketTable:
+    usable = {s.backend.value for s in eligible}.__contains__
+    key = decision_key(op, eligible, platform, mode)
+    db = database(settings)
+    retune = settings.tune == "force" and key not in _forced_done
+    if not retune:
+        found = _lookup(db, key, usable)
+        if found is not None:
+            return table_of(*found)
+    message = multiple_backends_message(op, platform, eligible)
+    if settings.tune == "off":
+        raise ValueError(message + HINT_TUNING_OFF)
+    definition = registry.definition(op)
+    if definition is None or not definition.shapes_for(platform):
+        raise ValueError(message + HINT_NO_SHAPES)
+    if capturing_cuda_graph():
+        raise TuningError(f"op {op!r} has no stored {mode}-mode decision and cannot be timed while a CUDA graph "
+                          "is being captured; call get_kernel for it before capture, or run `autosel tune`")
+    return table_of(*tune_and_record(definition, eligible, platform=platform, mode=mode, db=db,
+                                     budget_s=settings.budget_s, force=retune))
+
+
+def tune_and_record(definition: OpDefinition, eligible: list[KernelSpec], *, platform: PlatformInfo, mode: str,
+                    db, budget_s: float, force: bool = False, shapes: list[dict] | None = None,
+                    on_event: Callable | None = None, isolate_timeout_s: float | None = None
+                    ) -> tuple[Decision, tuple[Decision, ...]]:
+    """Tune under the DB's lease for (platform, op, mode), so processes on one device time it once; record the
+    op-level decision and its per-bucket decisions together. Whoever takes the lease looks the decision up
+    again first: another process may have written it since this one missed."""
+    from autosel import __version__
+    from autosel.timing import timer_for
+    from autosel.tuner import Tuner
+
+    op = definition.op
+    versions = version_vector(platform, eligible)  # read once: it asks the installed packages' metadata
+    key = decision_key(op, eligible, platform, mode, versions)
+    usable = {s.backend.value for s in eligible}.__contains__
+    with db.lease(platform.key, op, mode, ttl_s=max(600.0, 4 * budget_s)):
+        found = None if force else _lookup(db, key, usable)
+        if found is not None:
+            return found
+        tuner = Tuner(timer=timer_for(platform.torch_device, mode), device=platform.torch_device,
+                      budget_s=budget_s, on_event=on_event, isolate_timeout_s=isolate_timeout_s)
+        decision, buckets = tuner.tune_buckets(
+            definition, eligible, reference=reference_for(definition, eligible),
+            shapes=shapes or definition.shapes_for(platform), mode=mode, platform_key=platform.key,
+            versions=versions, autosel_version=__version__)
+        db.record(decision, buckets)
+    _forced_done.add(key)
+    log.info("op %r (%s mode): %s chosen over %s", op, mode, decision.winner, decision.runner_up)
+    return decision, tuple(buckets)
+
+
+def reference_for(definition: OpDefinition, eligible: list[KernelSpec]) -> Callable[..., Any]:
+    """The op's declared reference: a callable, a backend of the op, or by default its torch backend."""
+    if callable(definition.reference) and not isinstance(definition.reference, KernelBackend):
+        return definition.reference
+    backend = definition.reference or KernelBackend.TORCH
+    try:
+        return registry.get_backend(definition.op, backend).load()
+    except KeyError:
+        raise TuningError(
+            f"op {definition.op!r} has no reference to check candidates against: no '{backend.value}' backend is "
+            "registered; register a torch backend or pass reference= to register_op"
+        ) from None
+
+
+# --- offline tuning of many ops (what `autosel tune` runs) -------------------------------------------------
+
+@dataclass(frozen=True)
+class TuneOutcome:
+    """One (op, mode) of a batch tune: a fresh decision, a stored one reused, or why there is none.
+    buckets: the per-bucket decisions beside it (empty for an op without a bucket function)."""
+
+    op: str
+    mode: str
+    status: str  # "tuned", "stored", "copied" (from a shipped layer), "failed"
+    decision: Decision | None = None
+    detail: str = ""
+    buckets: tuple[Decision, ...] = ()
+
+
+def contested_ops(platform: PlatformInfo, patterns: list[str] | None = None) -> list[tuple[str, list[KernelSpec]]]:
+    """Registered ops matching the glob patterns that have several backends eligible on `platform`."""
+    load_plugins()
+    result = []
+    for op in registry.ops():
+        if patterns and not any(fnmatch.fnmatchcase(op, p) for p in patterns):
+            continue
+        eligible = [s for s in registry.get(op) if s.is_available(platform)]
+        if len(eligible) > 1:
+            result.append((op, eligible))
+    return result
+
+
+def modes_for(platform: PlatformInfo) -> list[str]:
+    """CUDA tunes both execution modes (prefill launches eagerly, decode replays graphs); others eager only."""
+    return list(config.EXECUTION_MODES) if platform.torch_device == "cuda" else ["eager"]
+
+
+def tune_ops(patterns: list[str] | None = None, *, force: bool = False, budget_s: float | None = None,
+             shapes: dict[str, list[dict]] | None = None, modes: list[str] | None = None,
+             on_event: Callable | None = None, settings: config.Settings | None = None,
+             isolate_timeout_s: float | None = None, copy_found: bool = False) -> list[TuneOutcome]:
+    """Tune every contested op (or those matching `patterns`) in every mode; stored decisions are reused.
+
+    isolate_timeout_s: check each candidate first in a child process killed after this many seconds.
+    copy_found: a decision found in a shipped layer is copied into the user layer (status "copied"), with its
+    bucket rows, so a DB built for an image (`autosel tune --db build.db`) holds every decision.
+    """
+    settings = settings or config.settings()
+    platform, db = platforms.current_platform(), database(settings)
+    outcomes = []
+    for op, eligible in contested_ops(platform, patterns):
+        definition = registry.definition(op)
+        usable = {s.backend.value for s in eligible}.__contains__
+        for mode in modes or modes_for(platform):
+            key = decision_key(op, eligible, platform, mode)
+            hit = None if force else db.lookup(key, usable=usable)
+            if hit is not None:
+                buckets = tuple(db.buckets(hit[0], hit[1], usable=usable))
+                copy = copy_found and hit[1].kind != "user"
+                if copy:
+                    db.record(hit[0], buckets)
+                status, where = ("copied", "copied from") if copy else ("stored", "stored in")
+                outcomes.append(TuneOutcome(op, mode, status, hit[0], f"{where} {hit[1].path}", buckets))
+                continue
+            op_shapes = (shapes or {}).get(op) or (definition.shapes_for(platform) if definition else [])
+            if definition is None or not op_shapes:
+                outcomes.append(TuneOutcome(op, mode, "failed", None,
+                                            "no representative shapes; declare them with autosel.register_op"))
+                continue
+            try:
+                decision, buckets = tune_and_record(definition, eligible, platform=platform, mode=mode, db=db,
+                                                    budget_s=budget_s or settings.budget_s, force=force,
+                                                    shapes=op_shapes, on_event=on_event,
+                                                    isolate_timeout_s=isolate_timeout_s)
+            except TuningError as exc:
+                outcomes.append(TuneOutcome(op, mode, "failed", None, str(exc)))
+                continue
+            outcomes.append(TuneOutcome(op, mode, "tuned", decision, "", buckets))
+    return outcomes
