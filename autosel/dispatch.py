@@ -38,6 +38,11 @@ def bucket_distance(a: tuple, b: tuple) -> float:
     return total
 
 
+def _order(key: tuple) -> tuple:
+    """A sort key for buckets whose components mix numbers and other values."""
+    return tuple((0, v, "") if _is_number(v) else (1, 0, str(v)) for v in key)
+
+
 @dataclass(frozen=True)
 class BucketTable:
     """One op's decisions in one mode: the op-level winner and each tuned bucket's winner (backend names)."""
@@ -54,9 +59,9 @@ class BucketTable:
 
     def nearest(self, key: tuple) -> tuple | None:
         """The tuned bucket nearest to `key` (bucket_distance; ties to the smaller bucket), or None."""
-        scored = [(bucket_distance(key, k), k) for k in self.winners]
-        scored = [(d, k) for d, k in scored if d < math.inf]
-        return min(scored, key=lambda s: (s[0], repr(s[1])))[1] if scored else None
+        scored = [(bucket_distance(key, k), _order(k), k) for k in self.winners]
+        scored = [s for s in scored if s[0] < math.inf]
+        return min(scored, key=lambda s: s[:2])[2] if scored else None
 
     def route(self, key: tuple) -> str:
         """The backend a call in bucket `key` runs: its own winner, the nearest tuned bucket's, else the
@@ -77,8 +82,7 @@ def dispatcher(table: BucketTable, kernels: Mapping[str, Callable[..., Any]], bu
     find = routes.get
 
     def unseen(key: tuple) -> Callable[..., Any]:
-        backend = table.route(key)
-        log.debug("op %r (%s mode): bucket %r was not tuned; it runs %r", table.op, table.mode, key, backend)
+        backend = table.route(key)  # no logging here: torch.compile(fullgraph=True) must trace this path
         routes[key] = kernels[backend]  # one dict store under the GIL: later calls take the fast path
         return routes[key]
 

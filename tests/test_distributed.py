@@ -16,7 +16,7 @@ RANK = textwrap.dedent("""
     import torch.distributed as dist
     import toy_kernels
     from autosel import selector
-    from autosel.spec import KernelSpec, KernelBackend as B
+    from autosel.spec import KernelSpec, KernelBackend as B, OpDefinition
 
     rank = int(os.environ["RANK"])
     dist.init_process_group("gloo", init_method="file://" + os.environ["INIT_FILE"], rank=rank, world_size=2)
@@ -32,7 +32,21 @@ RANK = textwrap.dedent("""
         error = None
     except ValueError as exc:
         error = str(exc)
-    print(json.dumps({"rank": rank, "winner": winner, "timed": len(timed), "error": error}))
+    reg.register(KernelSpec("toy.split", B.TORCH, "toy_kernels:slow"))
+    reg.register(KernelSpec("toy.split", B.TRITON, "toy_kernels:overhead"))
+    reg.define(OpDefinition("toy.split", shapes=toy_kernels.SPLIT_SHAPES, make_inputs=toy_kernels.inputs,
+                            bucket=toy_kernels.bucket))
+    table = selector.get_kernel("toy.split").table
+    reg.register(KernelSpec("toy.broken", B.TORCH, "toy_kernels:slow"))
+    reg.register(KernelSpec("toy.broken", B.TRITON, "toy_kernels:fast"))
+    reg.define(OpDefinition("toy.broken", shapes=toy_kernels.SHAPES, make_inputs=toy_kernels.broken_inputs))
+    try:
+        selector.select_kernel("toy.broken")
+        broken = None
+    except Exception as exc:
+        broken = f"{type(exc).__name__}: {exc}"
+    print(json.dumps({"rank": rank, "winner": winner, "timed": len(timed), "error": error,
+                      "table": sorted([list(k), w] for k, w in table.winners.items()), "broken": broken}))
     dist.destroy_process_group()
 """)
 
@@ -49,6 +63,13 @@ def test_every_rank_runs_rank_zeros_winner_and_gets_its_errors(tmp_path):
         out, err = proc.communicate(timeout=180)
         assert proc.returncode == 0, err
         results.append(json.loads(out.strip().splitlines()[-1]))
-    assert [(r["rank"], r["winner"], r["timed"]) for r in results] == [(0, "triton", 1), (1, "triton", 0)]
+    # rank 0 tuned toy.double, toy.split and toy.broken; rank 1 none of them
+    assert [(r["rank"], r["winner"], r["timed"]) for r in results] == [(0, "triton", 3), (1, "triton", 0)]
     assert results[0]["error"].startswith("op 'toy.missing_shapes' has multiple backends usable")
     assert results[1]["error"] == results[0]["error"] + " (decided on rank 0 of 2)"
+    # The whole bucket table is rank 0's: rank 1, with tuning off and an empty DB, dispatches alike.
+    assert results[0]["table"] == results[1]["table"] == [[[16], "torch"], [[1 << 18], "triton"]]
+    # Used to hang: a RuntimeError on rank 0 was raised before the broadcast, rank 1 waited forever.
+    assert results[0]["broken"] == "RuntimeError: input factory failed (simulated)"
+    assert results[1]["broken"].startswith("TuningError: op 'toy.broken' (eager mode): rank 0 failed with "
+                                           "RuntimeError: input factory failed (simulated)")

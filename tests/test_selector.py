@@ -329,3 +329,70 @@ def test_unwritable_db_location_keeps_decisions_in_memory(reg, tmp_path, monkeyp
         assert selector.select_kernel("toy.double").backend == B.TRITON
     monkeypatch.setenv("AUTOSEL_TUNE", "off")  # the decision is still there for this process
     assert selector.select_kernel("toy.double").backend == B.TRITON
+
+
+# --- shape buckets: get_kernel dispatches each call to its bucket's winner ---------------------------------
+
+def split_op(reg, op="toy.split"):
+    """slow (torch) wins tiny inputs, overhead (triton) wins SIZE elements: really measured, 2.5x apart."""
+    import toy_kernels
+
+    reg.register(KernelSpec(op, B.TORCH, "toy_kernels:slow"))
+    reg.register(KernelSpec(op, B.TRITON, "toy_kernels:overhead"))
+    reg.define(OpDefinition(op, shapes=toy_kernels.SPLIT_SHAPES, make_inputs=toy_kernels.inputs,
+                            bucket=toy_kernels.bucket))
+    return toy_kernels
+
+
+def test_get_kernel_dispatches_each_bucket_to_its_own_winner(reg, monkeypatch):
+    import torch
+
+    toy_kernels = split_op(reg)
+    fn = selector.get_kernel("toy.split")
+    assert fn.table.winners == {(16,): "torch", (262144,): "triton"}
+    assert fn.kernels == {"torch": toy_kernels.slow, "triton": toy_kernels.overhead}
+    rows = {d.bucket: d.winner for d, _ in tuning.database().decisions("toy.split")}
+    assert rows == {"*": fn.table.default, "[16]": "torch", "[262144]": "triton"}
+    ran = []
+    monkeypatch.setattr(toy_kernels, "RAN", ran)  # what `overhead` (triton) ran on
+    for n in (16, 12, 1 << 18, 200000):  # tuned, untuned (nearest: 16), tuned, untuned (nearest: 1 << 18)
+        assert torch.equal(fn(torch.ones(n)), torch.full((n,), 2.0))
+    assert ran == [1 << 18, 200000]
+    assert selector.get_kernel("toy.split") is fn  # cached
+
+
+def test_a_new_process_dispatches_from_the_stored_table_without_timing(reg, monkeypatch):
+    split_op(reg)
+    first = selector.get_kernel("toy.split").table
+    selector.clear_cache()
+    monkeypatch.setenv("AUTOSEL_TUNE", "off")  # any timing now would raise instead
+    assert selector.get_kernel("toy.split").table == first
+
+
+def test_a_retune_replaces_the_bucket_rows_of_the_earlier_tune(reg, monkeypatch):
+    # A force tune on other shapes must not leave the earlier tune's buckets beside the new table.
+    import toy_kernels
+
+    split_op(reg)
+    selector.select_kernel("toy.split")
+    definition = reg.definition("toy.split")
+    eligible = reg.get("toy.split")
+    db = tuning.database()
+    tuning.tune_and_record(definition, eligible, platform=CPU, mode="eager", db=db, budget_s=5, force=True,
+                           shapes=[{"n": 64}])
+    assert {d.bucket for d, _ in db.decisions("toy.split")} == {"*", "[64]"}
+    assert toy_kernels.SPLIT_SHAPES[0] == {"n": 16}
+
+
+def test_a_process_that_takes_the_lease_after_another_tuned_runs_the_stored_decision(reg, monkeypatch):
+    # Used to break: the lease winner never looked again, so two processes could run different backends.
+    import autosel.tuner
+
+    toy(reg, B.TORCH, B.TRITON)
+    stored = selector.select_kernel("toy.double")  # "the other process" tuned and recorded
+    tunes = []
+    original = autosel.tuner.Tuner.tune_buckets
+    monkeypatch.setattr(autosel.tuner.Tuner, "tune_buckets", lambda *a, **k: tunes.append(1) or original(*a, **k))
+    decision, _ = tuning.tune_and_record(reg.definition("toy.double"), reg.get("toy.double"), platform=CPU,
+                                         mode="eager", db=tuning.database(), budget_s=5)
+    assert decision.winner == stored.backend.value and tunes == []

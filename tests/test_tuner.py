@@ -492,3 +492,74 @@ def test_without_the_sleep_kernel_the_eager_timer_offers_no_split(monkeypatch, c
     timer = CudaEagerTimer()
     assert timer.host_and_device_us is None  # the tuner then stores no parts, and judges on eager times alone
     assert "torch.cuda._sleep is missing" in caplog.text
+
+
+# --- per-bucket decisions -----------------------------------------------------------------------------------
+
+def bucketed(toy_kernels):
+    return OpDefinition(OP, shapes=toy_kernels.SHAPES, make_inputs=toy_kernels.inputs, bucket=toy_kernels.bucket)
+
+
+def test_each_bucket_gets_its_own_decision_from_the_same_measurements(toy):
+    _, kernels = toy
+    n1, n2 = kernels.SHAPES[0]["n"], kernels.SHAPES[1]["n"]
+    # torch is 2x faster on the first shape, triton 3x faster on the second.
+    timer = FakeTimer({"torch": 100.0, "triton": 100.0}, noise=0.001,
+                      shape_factor={("triton", n1): 2.0, ("torch", n2): 3.0})
+    tuner = Tuner(timer=timer, device="cpu")
+    decision, buckets = tuner.tune_buckets(bucketed(kernels), specs(torch="fast", triton="fast"),
+                                           reference=kernels.fast, shapes=kernels.SHAPES, mode="eager",
+                                           platform_key="cpu/test", versions={"torch": "x"})
+    assert len(timer.calls) == 3 * 2 * 2  # no timing beyond the op-level tune's
+    assert decision.bucket == "*" and decision.winner == "triton"  # geomean: triton sqrt(2 x 1) < torch sqrt(1 x 3)
+    assert [(b.bucket, b.winner) for b in buckets] == [(f"[{n1}]", "torch"), (f"[{n2}]", "triton")]
+    first = buckets[0]
+    assert [s.shape for s in first.candidate("torch").shapes] == [{"n": n1}]  # evidence of its own shapes only
+    assert first.runner_up == "triton" and first.lead_over_runner_up == pytest.approx(1.0, rel=0.01)
+    assert first.per_shape_winners == ((f'{{"n": {n1}}}', "torch"),)
+
+
+def test_a_bucket_is_decided_by_the_same_margin_rule(toy):
+    _, kernels = toy
+    n1 = kernels.SHAPES[0]["n"]
+    # triton 2% faster on the first shape: inside the 3% floor, so that bucket keeps the default.
+    timer = FakeTimer({"torch": 100.0, "triton": 50.0}, noise=0.001, shape_factor={("triton", n1): 1.96})
+    _, buckets = Tuner(timer=timer, device="cpu").tune_buckets(
+        bucketed(kernels), specs(torch="fast", triton="fast"), reference=kernels.fast, shapes=kernels.SHAPES,
+        mode="eager", platform_key="cpu/test", versions={})
+    assert [b.winner for b in buckets] == ["torch", "triton"]
+
+
+def test_a_candidate_far_behind_overall_but_fastest_at_one_shape_is_kept(toy):
+    # Used to be dropped after round 1 (4x behind in geomean), though it would win its own bucket.
+    _, kernels = toy
+    n1, n2 = kernels.SHAPES[0]["n"], kernels.SHAPES[1]["n"]
+    timer = FakeTimer({"torch": 100.0, "triton": 100.0}, noise=0.001,
+                      shape_factor={("torch", n1): 0.9, ("torch", n2): 50.0})
+    _, buckets = Tuner(timer=timer, device="cpu").tune_buckets(
+        bucketed(kernels), specs(torch="fast", triton="fast"), reference=kernels.fast, shapes=kernels.SHAPES,
+        mode="eager", platform_key="cpu/test", versions={})
+    assert [b.winner for b in buckets] == ["torch", "triton"]
+    assert buckets[0].candidate("torch").status == "ok"
+
+
+def test_a_bucket_function_must_return_a_tuple(toy):
+    _, kernels = toy
+    definition = OpDefinition(OP, shapes=kernels.SHAPES, make_inputs=kernels.inputs, bucket=lambda x: x.numel())
+    with pytest.raises(TuningError, match="must return a tuple"):
+        Tuner(timer=FakeTimer({"torch": 1.0, "triton": 1.0}), device="cpu").tune_buckets(
+            definition, specs(torch="fast", triton="fast"), reference=kernels.fast, shapes=kernels.SHAPES,
+            mode="eager", platform_key="cpu/test", versions={})
+
+
+def test_a_policy_is_a_value_the_tuner_is_given(toy):
+    from autosel.policy import DEFAULT_POLICY, Policy
+
+    _, kernels = toy
+    timer = FakeTimer({"torch": 100.0, "triton": 90.0}, noise=0.001)  # 10% faster
+    strict = dataclasses.replace(DEFAULT_POLICY, margin_floor=0.2)
+    assert run(*toy, specs(torch="fast", triton="fast"), timer, policy=strict).winner == "torch"
+    assert run(*toy, specs(torch="fast", triton="fast"), timer, policy=Policy()).winner == "triton"
+    assert DEFAULT_POLICY.with_floor("cuda:graph-replay", 0.05).rule_for("cuda:do_bench_cudagraph").floor == 0.05
+    with pytest.raises(ValueError, match="no timing method 'cuda:nope'"):
+        DEFAULT_POLICY.with_floor("cuda:nope", 0.05)

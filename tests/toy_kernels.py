@@ -36,6 +36,10 @@ def inputs(shape: dict, device: str) -> tuple:
 SHAPES = [{"n": SIZE}, {"n": SIZE // 4}]
 
 
+def broken_inputs(shape: dict, device: str) -> tuple:
+    raise RuntimeError("input factory failed (simulated)")
+
+
 def segfaults(x: torch.Tensor) -> torch.Tensor:
     import ctypes
 
@@ -88,3 +92,24 @@ def use_fresh_registry() -> list:
     original = autosel.tuner.Tuner.tune_buckets
     autosel.tuner.Tuner.tune_buckets = lambda self, *a, **k: timed.append(1) or original(self, *a, **k)
     return timed
+
+
+def overhead(x: torch.Tensor) -> torch.Tensor:
+    """x * 2 after a fixed 0.5 ms: slower than `slow` on tiny inputs, faster on 1 << 18 elements."""
+    import time
+
+    time.sleep(0.0005)
+    RAN.append(x.numel())
+    return x * 2
+
+
+RAN: list = []  # the sizes `overhead` ran on
+
+
+def bucket(x: torch.Tensor) -> tuple:
+    """The element count rounded up to a power of two."""
+    n = x.numel()
+    return (1 << (n - 1).bit_length() if n > 1 else 1,)
+
+
+SPLIT_SHAPES = [{"n": 16}, {"n": 1 << 18}]  # `slow` wins the first (~0.1 ms against 0.6), `overhead` the second (~2 ms)

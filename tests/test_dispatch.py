@@ -1,0 +1,138 @@
+"""The bucket dispatcher (routes, nearest bucket, plain kernel when uniform, torch.compile) and the recorder."""
+
+from __future__ import annotations
+
+import json
+import math
+import warnings
+from pathlib import Path
+
+import pytest
+
+from autosel import dispatch
+from autosel.dispatch import BucketTable, bucket_distance, dispatcher, recording
+
+HERE = Path(__file__).parent
+
+
+def named(name):
+    def kernel(x):
+        return name, x
+    return kernel
+
+
+KERNELS = {"torch": named("torch"), "triton": named("triton"), "flashinfer": named("flashinfer")}
+TABLE = BucketTable("x.norm", "eager", "torch", {(1, 4096): "flashinfer", (16384, 4096): "triton",
+                                                 (16384, 8192): "triton"})
+
+
+def by_tokens(x):
+    tokens, width = x
+    return (1 << (tokens - 1).bit_length() if tokens > 1 else 1, width)
+
+
+@pytest.mark.parametrize("a, b, expected", [
+    ((1, 4096), (1, 4096), 0.0),
+    ((2048, 4096), (1024, 4096), 1.0),
+    ((2048, 4096), (4096, 4096), 1.0),  # a power of two each way is the same distance
+    ((4096, 6144), (8192, 4096), 1.0 + math.log2(1.5)),
+    ((1, 4096, True), (1, 4096, False), math.inf),  # a flag that differs is another kernel path
+    ((1, 4096), (1, 4096, 8), math.inf),
+])
+def test_bucket_distance_is_log2_per_number_and_infinite_on_other_values(a, b, expected):
+    assert bucket_distance(a, b) == pytest.approx(expected)
+
+
+@pytest.mark.parametrize("key, backend", [
+    ((1, 4096), "flashinfer"),       # tuned
+    ((2, 4096), "flashinfer"),       # nearest: one power of two from (1, 4096)
+    ((8192, 4096), "triton"),        # nearest: (16384, 4096)
+    ((16384, 6144), "triton"),       # between two triton buckets
+    (("fp8", 4096), "torch"),        # no tuned bucket is comparable: the op-level winner
+])
+def test_route_is_the_bucket_then_the_nearest_then_the_op_level_winner(key, backend):
+    assert TABLE.route(key) == backend
+
+
+def test_a_tie_in_distance_goes_to_the_same_bucket_every_time():
+    table = BucketTable("x", "eager", "torch", {(1024,): "triton", (4096,): "flashinfer"})
+    assert table.nearest((2048,)) == (1024,)
+    assert BucketTable("x", "eager", "torch", {(4096,): "flashinfer", (1024,): "triton"}).nearest((2048,)) == (1024,)
+
+
+def test_a_uniform_table_gives_the_plain_kernel():
+    table = BucketTable("x", "eager", "torch", {(1,): "torch", (64,): "torch"})
+    assert dispatcher(table, KERNELS, by_tokens) is KERNELS["torch"]
+    assert dispatcher(BucketTable("x", "eager", "triton"), KERNELS, by_tokens) is KERNELS["triton"]
+
+
+def test_each_call_runs_its_buckets_winner_and_remembers_unseen_buckets():
+    calls = []
+    table = BucketTable("x.norm", "eager", "torch", dict(TABLE.winners))
+    original = table.route
+
+    fn = dispatcher(table, KERNELS, by_tokens)
+    object.__setattr__(table, "route", lambda key: calls.append(key) or original(key))
+    assert fn((1, 4096)) == ("flashinfer", (1, 4096))
+    assert fn((12000, 4096)) == ("triton", (12000, 4096))
+    assert fn((3, 4096)) == ("flashinfer", (3, 4096))
+    assert fn((4, 4096)) == ("flashinfer", (4, 4096))  # the same untuned bucket (4, 4096): routed once
+    assert calls == [(4, 4096)]
+    assert fn.__name__ == "autosel_dispatch[x.norm]" and fn.table is table
+
+
+@pytest.mark.compile
+def test_the_dispatcher_traces_under_torch_compile_fullgraph():
+    torch = pytest.importorskip("torch")
+
+    def double(x):
+        return x * 2
+
+    def double_too(x):
+        return x + x
+
+    table = BucketTable("toy", "eager", "torch", {(16,): "torch", (65536,): "triton"})
+    fn = dispatcher(table, {"torch": double, "triton": double_too}, lambda x: (1 << (x.numel() - 1).bit_length(),))
+    compiled = torch.compile(lambda x: fn(x) + 1, fullgraph=True)  # a graph break would raise here
+    for n in (16, 65536, 1000):  # tuned, tuned, and a bucket first seen inside the compiled code
+        x = torch.randn(n)
+        assert torch.equal(compiled(x), x * 2 + 1)
+
+
+# --- AUTOSEL_RECORD -----------------------------------------------------------------------------------------
+
+@pytest.fixture
+def fresh_record(monkeypatch):
+    monkeypatch.setattr(dispatch, "_recorded", set())
+    monkeypatch.setattr(dispatch, "_broken_paths", set())
+
+
+def kernel(x):
+    """The kernel's own docstring."""
+    if x < 0:
+        raise ValueError("negative")
+    return x * 2
+
+
+def test_recording_keeps_the_kernels_name_and_skips_calls_that_raised(tmp_path, fresh_record):
+    # Used to break: the wrapper was called `recorded`, and a call that raised was recorded anyway.
+    path = tmp_path / "shapes.jsonl"
+    fn = recording("x.double", kernel, path, "eager", lambda x: {"n": abs(x)})
+    assert fn.__name__ == "kernel" and fn.__doc__ == "The kernel's own docstring." and fn.__wrapped__ is kernel
+    with pytest.raises(ValueError):
+        fn(-3)
+    assert not path.exists()
+    assert fn(3) == 6 and fn(3) == 6 and fn(4) == 8
+    assert [json.loads(line)["shape"] for line in path.read_text().splitlines()] == [{"n": 3}, {"n": 4}]
+
+
+@pytest.mark.parametrize("where", ["a folder", "a missing folder"])
+def test_a_bad_record_path_warns_once_and_never_breaks_the_call(tmp_path, fresh_record, where):
+    # Used to break: the first call of each new shape raised IsADirectoryError / FileNotFoundError.
+    path = tmp_path if where == "a folder" else tmp_path / "nope" / "shapes.jsonl"
+    fn = recording("x.double", kernel, path, "eager", lambda x: {"n": x})
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert [fn(n) for n in (1, 2, 3)] == [2, 4, 6]
+    messages = [str(w.message) for w in caught]
+    assert len(messages) == 1 and "recording stops" in messages[0] and str(path) in messages[0]
