@@ -15,6 +15,20 @@ def bucket_text(key: tuple) -> str:
     return json.dumps(list(key))
 
 
+def key_order(key: tuple) -> tuple:
+    """A sort key for bucket keys, whose components mix numbers and other values: numbers by value."""
+    return tuple((0, v, "") if isinstance(v, (int, float)) and not isinstance(v, bool) else (1, 0, str(v))
+                 for v in key)
+
+
+def bucket_order(text: str) -> tuple:
+    """Sorts stored buckets: the op-level one first, then by their numbers (2048 before 16384)."""
+    try:
+        return (1, key_order(parse_bucket(text)))
+    except ValueError:
+        return (0, ())
+
+
 def parse_bucket(text: str) -> tuple:
     """The inverse of bucket_text; ValueError for the op-level bucket or text that is not a JSON list."""
     value = json.loads(text)

@@ -16,6 +16,8 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
+from autosel.decisions import key_order
+
 log = logging.getLogger(__name__)
 
 
@@ -38,11 +40,6 @@ def bucket_distance(a: tuple, b: tuple) -> float:
     return total
 
 
-def _order(key: tuple) -> tuple:
-    """A sort key for buckets whose components mix numbers and other values."""
-    return tuple((0, v, "") if _is_number(v) else (1, 0, str(v)) for v in key)
-
-
 @dataclass(frozen=True)
 class BucketTable:
     """One op's decisions in one mode: the op-level winner and each tuned bucket's winner (backend names)."""
@@ -59,7 +56,7 @@ class BucketTable:
 
     def nearest(self, key: tuple) -> tuple | None:
         """The tuned bucket nearest to `key` (bucket_distance; ties to the smaller bucket), or None."""
-        scored = [(bucket_distance(key, k), _order(k), k) for k in self.winners]
+        scored = [(bucket_distance(key, k), key_order(k), k) for k in self.winners]
         scored = [s for s in scored if s[0] < math.inf]
         return min(scored, key=lambda s: s[:2])[2] if scored else None
 

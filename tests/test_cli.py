@@ -158,7 +158,7 @@ def test_tune_json_and_rerun_is_stored_without_timing(reg, monkeypatch):
 
     import autosel.tuner
 
-    monkeypatch.setattr(autosel.tuner.Tuner, "tune", lambda *a, **k: pytest.fail("timed a stored decision"))
+    monkeypatch.setattr(autosel.tuner.Tuner, "tune_buckets", lambda *a, **k: pytest.fail("timed a stored decision"))
     second = run("tune", "--json")
     assert second.exit_code == 0
     assert json.loads(second.stdout)["outcomes"][0]["status"] == "stored"
@@ -455,3 +455,33 @@ def test_report_after_a_tune_is_one_self_contained_page(reg, tmp_path):
 def test_report_with_no_decisions_is_an_error(reg, tmp_path):
     result = run("report", "--out", tmp_path / "r.html")
     assert result.exit_code == 1 and "run `autosel tune` first" in result.stderr
+
+
+class FlippingTimer(FakeTimer):
+    """triton 10x faster than torch on the larger toy shape, 2x slower on the smaller one."""
+
+    def measure(self, fn, *, backend: str, shape: dict) -> list[float]:
+        fn()
+        small = shape["n"] < 65536
+        base = {"torch": 100.0, "triton": 200.0 if small else 10.0}[backend]
+        return [base * (1 + 0.001 * i) for i in range(5)]
+
+
+def test_tune_says_how_many_buckets_each_op_has_and_show_lists_them(reg, monkeypatch):
+    import autosel.timing
+    import toy_kernels
+
+    monkeypatch.setattr(autosel.timing, "timer_for", lambda device, mode: FlippingTimer())
+    reg.register(KernelSpec("toy.double", B.TORCH, "toy_kernels:fast"))
+    reg.register(KernelSpec("toy.double", B.TRITON, "toy_kernels:fast"))
+    reg.define(OpDefinition("toy.double", shapes=toy_kernels.SHAPES, make_inputs=toy_kernels.inputs,
+                            bucket=toy_kernels.bucket))
+    result = run("tune", "--json")
+    outcome = json.loads(result.stdout)["outcomes"][0]
+    assert outcome["winner"] == "triton" and outcome["buckets_differ"] == 1
+    assert outcome["buckets"] == [{"bucket": "[65536]", "winner": "triton"}, {"bucket": "[16384]", "winner": "torch"}]
+    shown = json.loads(run("show", "--json").stdout)["decisions"]
+    assert [(d["bucket"], d["winner"], d["status"]) for d in shown] == [
+        ("*", "triton", "in use"), ("[16384]", "torch", "in use"), ("[65536]", "triton", "in use")]
+    table = run("tune").stdout  # stored now: the table still counts the buckets
+    assert "2, 1 differ" in table

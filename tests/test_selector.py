@@ -157,7 +157,7 @@ def test_stored_decision_is_used_without_timing(reg, monkeypatch):
     def no_timing(*args, **kwargs):
         raise AssertionError("tuned again although a decision is stored")
 
-    monkeypatch.setattr(autosel.tuner.Tuner, "tune", no_timing)
+    monkeypatch.setattr(autosel.tuner.Tuner, "tune_buckets", no_timing)
     assert selector.select_kernel("toy.double").backend == B.TRITON
     monkeypatch.setenv("AUTOSEL_TUNE", "off")  # off still reads stored decisions
     assert selector.select_kernel("toy.double").backend == B.TRITON

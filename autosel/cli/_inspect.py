@@ -13,6 +13,7 @@ import click
 from autosel import config
 from autosel.cli import (MEDIAN_NOTE, _console, _decision_summary, _echo_json, _matches, _runner_up_text, _settings,
                          _table, main)
+from autosel.decisions import bucket_order
 from autosel.errors import ConfigError
 from autosel.inventory import Entry, Inventory
 from autosel.report import candidate_median_us, first_call_s, format_lead, format_us
@@ -82,7 +83,7 @@ def show(ops, db, as_json):
         return
     table = _table("op", "mode", "bucket", "status", "winner", "runner-up", "margin", "evidence (median, score)",
                    "layer")
-    for e in entries:
+    for e in sorted(entries, key=lambda e: (e.decision.op, e.decision.mode, bucket_order(e.decision.bucket))):
         d = e.decision
         status = e.status + (f": {e.detail}" if e.detail else "")
         table.add_row(d.op, d.mode, d.bucket, status, d.winner, _runner_up_text(d), format_lead(d), _evidence(d),

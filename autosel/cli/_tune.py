@@ -146,6 +146,17 @@ def _plan(tuning, platform, ops: tuple[str, ...], shapes_by_mode) -> list[tuple[
     return runs
 
 
+def _differ(outcome) -> int:
+    """How many of the outcome's buckets have another winner than its op-level decision."""
+    return sum(b.winner != outcome.decision.winner for b in outcome.buckets) if outcome.decision else 0
+
+
+def _buckets_text(outcome) -> str:
+    if not outcome.buckets:
+        return "-"
+    return f"{len(outcome.buckets)}, {_differ(outcome)} differ"
+
+
 def _nothing_to_tune(tuning, platform, ops: tuple[str, ...]) -> str:
     registered = tuning.registry.ops()
     for pattern in ops:
@@ -226,20 +237,24 @@ def tune(ops, shapes_file, record_file, db, force, budget_s, isolate, isolate_ti
                     "median": MEDIAN_NOTE, "outcomes": [
                         {"op": o.op, "mode": o.mode, "status": o.status, "detail": o.detail,
                          **(_decision_summary(o.decision) if o.decision else {}),
+                         "buckets": [{"bucket": b.bucket, "winner": b.winner} for b in o.buckets],
+                         "buckets_differ": _differ(o),
                          "decision": o.decision.to_dict() if o.decision else None} for o in outcomes]})
     elif outcomes:
-        table = _table("op", "mode", "bucket", "status", "winner", "median", "runner-up", "margin", "rejected")
+        table = _table("op", "mode", "status", "winner", "median", "runner-up", "margin", "buckets", "rejected")
         for o in outcomes:
             d = o.decision
             if d is None:
-                table.add_row(o.op, o.mode, "-", o.status, "-", "-", "-", "-", o.detail)
+                table.add_row(o.op, o.mode, o.status, "-", "-", "-", "-", "-", o.detail)
                 continue
-            table.add_row(o.op, o.mode, d.bucket, o.status, d.winner,
+            table.add_row(o.op, o.mode, o.status, d.winner,
                           format_us(candidate_median_us(d.candidate(d.winner))), _runner_up_text(d), format_lead(d),
-                          _rejected_text(d))
+                          _buckets_text(o), _rejected_text(d))
         console = _console()
         console.print(table)
-        console.print(f"{MEDIAN_NOTE}; {MARGIN_NOTE}. DB: {settings.db}", markup=False)
+        console.print(f"{MEDIAN_NOTE}; {MARGIN_NOTE}; buckets: how many shape buckets have their own decision, "
+                      "and how many of them another winner than the op's (`autosel show` lists them). "
+                      f"DB: {settings.db}", markup=False)
     failed = [o for o in outcomes if o.status == "failed"]
     if failed:
         listed = "; ".join(f"{o.op} ({o.mode}): {o.detail}" for o in failed)
