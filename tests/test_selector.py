@@ -349,15 +349,15 @@ def test_get_kernel_dispatches_each_bucket_to_its_own_winner(reg, monkeypatch):
 
     toy_kernels = split_op(reg)
     fn = selector.get_kernel("toy.split")
-    assert fn.table.winners == {(16,): "torch", (262144,): "triton"}
+    assert fn.table.winners == {(16,): "torch", (1048576,): "triton"}
     assert fn.kernels == {"torch": toy_kernels.slow, "triton": toy_kernels.overhead}
     rows = {d.bucket: d.winner for d, _ in tuning.database().decisions("toy.split")}
-    assert rows == {"*": fn.table.default, "[16]": "torch", "[262144]": "triton"}
+    assert rows == {"*": fn.table.default, "[16]": "torch", "[1048576]": "triton"}
     ran = []
     monkeypatch.setattr(toy_kernels, "RAN", ran)  # what `overhead` (triton) ran on
-    for n in (16, 12, 1 << 18, 200000):  # tuned, untuned (nearest: 16), tuned, untuned (nearest: 1 << 18)
+    for n in (16, 12, 1 << 20, 800000):  # tuned, untuned (nearest: 16), tuned, untuned (nearest: 1 << 20)
         assert torch.equal(fn(torch.ones(n)), torch.full((n,), 2.0))
-    assert ran == [1 << 18, 200000]
+    assert ran == [1 << 20, 800000]
     assert selector.get_kernel("toy.split") is fn  # cached
 
 

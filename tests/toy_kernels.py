@@ -95,10 +95,10 @@ def use_fresh_registry() -> list:
 
 
 def overhead(x: torch.Tensor) -> torch.Tensor:
-    """x * 2 after a fixed 0.5 ms: slower than `slow` on tiny inputs, faster on 1 << 18 elements."""
+    """x * 2 after a fixed 2 ms: far slower than `slow` on tiny inputs, far faster on 1 << 20 elements."""
     import time
 
-    time.sleep(0.0005)
+    time.sleep(0.002)
     RAN.append(x.numel())
     return x * 2
 
@@ -112,4 +112,6 @@ def bucket(x: torch.Tensor) -> tuple:
     return (1 << (n - 1).bit_length() if n > 1 else 1,)
 
 
-SPLIT_SHAPES = [{"n": 16}, {"n": 1 << 18}]  # `slow` wins the first (~0.1 ms against 0.6), `overhead` the second (~2 ms)
+# `slow` wins the first (about 0.1 ms against 2), `overhead` the second (2 ms against about 10): 4x apart or more,
+# so a busy machine cannot turn either.
+SPLIT_SHAPES = [{"n": 16}, {"n": 1 << 20}]
