@@ -84,8 +84,11 @@ def dispatcher(table: BucketTable, kernels: Mapping[str, Callable[..., Any]], bu
         return routes[key]
 
     def dispatch(*args, **kwargs):
-        key = bucket(*args, **kwargs)
-        return (find(key) or unseen(key))(*args, **kwargs)
+        if kwargs:
+            key = bucket(*args, **kwargs)
+            return (find(key) or unseen(key))(*args, **kwargs)
+        key = bucket(*args)  # positional calls (the common case) skip passing an empty dict twice: ~40 ns
+        return (find(key) or unseen(key))(*args)
 
     dispatch.__name__ = dispatch.__qualname__ = f"autosel_dispatch[{table.op}]"
     dispatch.__doc__ = (f"autosel's dispatcher for {table.op} ({table.mode} mode): each shape bucket runs its "

@@ -136,3 +136,16 @@ def test_a_bad_record_path_warns_once_and_never_breaks_the_call(tmp_path, fresh_
         assert [fn(n) for n in (1, 2, 3)] == [2, 4, 6]
     messages = [str(w.message) for w in caught]
     assert len(messages) == 1 and "recording stops" in messages[0] and str(path) in messages[0]
+
+
+def test_keyword_arguments_reach_the_bucket_function_and_the_kernel():
+    seen = []
+
+    def kernel(x, *, eps):
+        seen.append((x, eps))
+        return x
+
+    table = BucketTable("x", "eager", "torch", {(1,): "torch", (8,): "triton"})
+    fn = dispatcher(table, {"torch": kernel, "triton": named("triton")}, lambda x, **kwargs: (x,))
+    assert fn(1, eps=0.5) == 1 and seen == [(1, 0.5)]
+    assert fn(8) == ("triton", 8)

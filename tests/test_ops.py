@@ -106,3 +106,35 @@ def test_select_kernel_tunes_a_builtin_op_between_cpu_backends(monkeypatch):
         assert candidate.status in ("ok", "dropped"), candidate.reason
         assert all(s.max_abs_err is not None for s in candidate.shapes)
     assert measured["torch"].shapes[0].timing.median_us > 0
+
+
+def test_the_built_in_bucket_keys():
+    import torch
+
+    from autosel.ops.common import rows_bucket
+    from autosel.ops.embeddings import rope_bucket
+    from autosel.ops.gemm import mm_bucket
+
+    assert rows_bucket(torch.empty(100, 4096), torch.empty(4096), 1e-6) == (128, 4096)
+    assert rows_bucket(torch.empty(2, 50, 4096)) == (128, 4096)  # [batch, seq, hidden]: 100 tokens
+    assert rows_bucket(torch.empty(1, 4096)) == (1, 4096) and rows_bucket(torch.empty(0, 64)) == (1, 64)
+    assert rows_bucket(torch.empty(2048, 8192)) == (2048, 8192)  # a power of two is its own bucket
+    assert rope_bucket(torch.arange(3), torch.empty(3, 4096), torch.empty(3, 1024), 128, None, False) == (4, 4096, False)
+    assert mm_bucket(torch.empty(17, 4096), torch.empty(6144, 4096)) == (32, 6144, 4096)
+    assert mm_bucket(torch.empty(2, 9, 4096), torch.empty(6144, 4096)) == (32, 6144, 4096)
+
+
+@pytest.mark.parametrize("op", ["layernorm.rmsnorm", "layernorm.fused_add_rmsnorm", "activation.silu_and_mul",
+                                "activation.gelu_and_mul", "embeddings.rope", "gemm.mm"])
+def test_every_built_in_op_buckets_its_own_inputs(op):
+    # The tuner computes each representative shape's bucket from the inputs it built: it must be a tuple of scalars.
+    from autosel.ops import register_builtin_ops
+    from autosel.registry import KernelRegistry
+    from autosel.tuner import bucket_of
+
+    reg = KernelRegistry()
+    register_builtin_ops(reg)
+    definition = reg.definition(op)
+    buckets = [bucket_of(definition, definition.make_inputs(shape, "cpu")) for shape in definition.shapes_for(CPU)]
+    assert len(buckets) == len(definition.shapes_for(CPU))
+    assert all(isinstance(b[0], int) and b[0] & (b[0] - 1) == 0 for b in buckets)  # tokens: powers of two

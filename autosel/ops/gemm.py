@@ -32,8 +32,9 @@ def mm_shape(a, b) -> dict:
 
 def mm_bucket(a, b) -> tuple:
     """(m rounded up to a power of two, n, k): the token count and the weight's shape."""
-    m = a.shape[0] if a.dim() == 2 else a.numel() // a.shape[-1]
     n, k = b.shape
+    shape = a.shape
+    m = shape[0] if len(shape) == 2 else a.numel() // k
     return (1 << (m - 1).bit_length() if m > 1 else 1, n, k)
 
 
