@@ -9,6 +9,8 @@ import pytest
 torch = pytest.importorskip("torch")
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 
+from conftest import use_registry  # noqa: E402
+
 from autosel import checks, selector, tuning  # noqa: E402
 from autosel.ops import GROUPS  # noqa: E402
 from autosel.platforms import current_platform  # noqa: E402
@@ -40,7 +42,7 @@ def test_graph_capture_uses_the_graph_mode_decision(monkeypatch):
                 KernelSpec("toy.relu", B.TRITON, "torch.nn.functional:relu")]
     for spec in eligible:
         registry.register(spec)
-    monkeypatch.setattr(selector, "registry", registry)
+    use_registry(monkeypatch, registry)
     platform = current_platform()
     db = tuning.database()
     db.record(_stored("toy.relu", "eager", "torch", eligible, platform))
