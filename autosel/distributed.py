@@ -1,5 +1,5 @@
 """Many ranks, one decision: when torch.distributed is initialised, rank 0 decides and broadcasts the winner,
-so every rank runs the same kernel by construction (DESIGN.md section 7).
+so every rank runs the same kernel by construction (docs/DESIGN.md section 7).
 
 The first selection of an op with several eligible backends is then a collective: every rank must make it,
 in the same order (engines select their kernels at model initialisation on every rank). It is not made

@@ -185,7 +185,7 @@ def _distribution_of(package: str) -> str:
 
 def version_vector(platform: PlatformInfo, specs) -> dict[str, str]:
     """The versions that can change which candidate wins or whether it runs, on this platform, among these
-    specs (docs/DESIGN.md, "Decision keys"). Triton counts on a GPU or when a spec requires it, so installing
+    specs (docs/DESIGN.md section 3). Triton counts on a GPU or when a spec requires it, so installing
     it on a CPU host does not turn that host's decisions stale. A changed vector is a new key: rows stored
     under an older vector are a miss, not an error."""
     keys = _BASE_VERSION_KEYS + (_GPU_VERSION_KEYS if platform.is_cuda or platform.is_hip else ())

@@ -73,7 +73,7 @@ def decision_key(op: str, eligible: list[KernelSpec], platform: PlatformInfo, mo
 
 
 def select_kernel(op: str, backend: KernelBackend | str | None = None, *, mode: str | None = None) -> KernelSpec:
-    """Resolve `op` to one spec. The table in DESIGN.md section 1, row by row."""
+    """Resolve `op` to one spec. The table in docs/DESIGN.md section 1, row by row."""
     load_plugins()
     specs = registry.get(op)
     if not specs:

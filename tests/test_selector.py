@@ -1,4 +1,4 @@
-"""The original selector's contract (DESIGN.md section 1), row by row, plus the measured decision that
+"""The original selector's contract (docs/DESIGN.md section 1), row by row, plus the measured decision that
 replaces "multiple backends usable"."""
 
 from __future__ import annotations
