@@ -158,13 +158,15 @@ def register_op(
     rtol: float | None = None,
     atol: float | None = None,
     shape_of: Callable[..., dict] | None = None,
+    signature: str = "",
 ) -> OpDefinition:
-    """Declare what tuning `op` needs. `reference` defaults to the op's torch backend."""
+    """Declare what tuning `op` needs. `reference` defaults to the op's torch backend; `signature` documents
+    how the op is called (shown by `autosel doctor`)."""
     if isinstance(reference, str):
         reference = KernelBackend.parse(reference)
     if not callable(shapes):
         shapes = tuple(dict(s) for s in shapes)
     return registry.define(
         OpDefinition(op=op, shapes=shapes, make_inputs=make_inputs, reference=reference, rtol=rtol, atol=atol,
-                     shape_of=shape_of)
+                     shape_of=shape_of, signature=signature)
     )

@@ -201,6 +201,8 @@ class OpDefinition:
     positional arguments of one call. An op whose kernels return None works in place: its tensor
     arguments after the call are its output. `shape_of(*args)`, the inverse of make_inputs, returns the
     shape bucket of a real call (token counts rounded up to a power of two); AUTOSEL_RECORD uses it.
+    `signature` is documentation only: how every backend of the op is called, what it returns or changes in
+    place, and its dtypes (`autosel doctor` shows it).
     """
 
     op: str
@@ -210,6 +212,7 @@ class OpDefinition:
     rtol: float | None = None
     atol: float | None = None
     shape_of: Callable[..., dict] | None = None
+    signature: str = ""
 
     def shapes_for(self, platform: "PlatformInfo") -> list[dict]:
         shapes = self.shapes(platform) if callable(self.shapes) else self.shapes

@@ -123,7 +123,8 @@ def test_installed_autosel_doctor_runs(tmp_path):
 def test_without_torch_the_db_commands_work_and_tune_says_to_install_it(tmp_path):
     block = "import sys; sys.modules['torch'] = None; from autosel.cli import main; main(prog_name='autosel')"
     base = [sys.executable, "-c", block]
-    doctor = subprocess.run(base + ["doctor"], capture_output=True, text=True)
+    # An explicit environment: pytest's readline puts COLUMNS=80 into the one children inherit by default.
+    doctor = subprocess.run(base + ["doctor"], capture_output=True, text=True, env=dict(os.environ))
     assert doctor.returncode == 0, doctor.stderr
     assert "pip install torch" in doctor.stdout  # built-in backends need torch: that is their reason
     show = subprocess.run(base + ["show"], capture_output=True, text=True)
@@ -324,6 +325,20 @@ def test_show_marks_in_use_stale_and_unknown_rows(reg):
     assert "triton *: 10 µs, 1.00x" in text.stdout
 
 
+def test_tables_fit_80_columns_without_splitting_names_and_piped_rows_stay_whole(reg, monkeypatch):
+    # In 80 columns op names were split ("activa/tion.g/elu_an/d_mul"); piped output was cut at 160 columns.
+    monkeypatch.delenv("COLUMNS", raising=False)
+    toy(reg, B.TORCH, B.TRITON, op="activation.gelu_and_mul")
+    store(decision(op="activation.gelu_and_mul"), decision(op="activation.gelu_and_mul", platform=OTHER_CPU))
+    narrow = CliRunner().invoke(cli.main, ["show"], env={"COLUMNS": "80"})
+    assert narrow.exit_code == 0
+    assert max(len(line) for line in narrow.stdout.splitlines()) <= 80
+    assert narrow.stdout.count("activation.gelu_and_mul") == 2
+    piped = run("show").stdout
+    stale = next(line for line in piped.splitlines() if "stale" in line)
+    assert f"stale: tuned on {OTHER_CPU.key}, this machine is {CPU.key}" in stale  # one row, one line
+
+
 def test_show_with_no_decisions_says_what_to_do(reg, tmp_path):
     result = run("show", "--db", tmp_path / "empty.db")
     assert result.exit_code == 0 and "run `autosel tune`" in result.stdout
@@ -343,11 +358,34 @@ def test_doctor_gives_each_backends_reason(reg):
     assert reasons["torch"] is None and reasons["triton"] is None
     assert reasons["flashinfer"] == "package 'flashinfer' is not installed (pip install flashinfer-python)"
     assert reasons["sgl_kernel"] == "needs cuda, device is cpu"
-    assert op["selection"] == "measured among torch, triton on 2 shapes"
+    assert op["selection"] == "none stored: measured among torch, triton on 2 shapes at first use (or by `autosel tune`)"
     assert {v["name"] for v in report["environment"]} >= {"AUTOSEL_DB", "AUTOSEL_TUNE", "AUTOSEL_RECORD"}
     text = run("doctor")
     assert "no: package 'flashinfer' is not installed (pip install flashinfer-python)" in text.stdout
     assert "OK: nothing blocks selection." in text.stdout
+
+
+def test_doctor_says_when_a_stored_decision_is_in_use(reg):
+    # The selection column said "measured among torch, triton on 2 shapes" although a stored decision was used.
+    toy(reg, B.TORCH, B.TRITON)
+    store(decision(winner="torch"))
+    [op] = json.loads(run("doctor", "--json").stdout)["ops"]
+    user_db = os.environ["AUTOSEL_DB"]
+    assert op["selection"] == f"torch, the stored decision in use (user DB {user_db})"
+    assert op["stored"] == {"eager": {"winner": "torch", "layer": user_db, "layer_kind": "user"}}
+
+
+def test_doctor_lists_how_each_builtin_op_is_called(reg):
+    # The built-in ops' call signatures were documented nowhere; get_kernel("layernorm.rmsnorm")(x, w) failed on eps.
+    from autosel.ops import register_builtin_ops
+
+    register_builtin_ops(into=reg)
+    ops = {item["op"]: item for item in json.loads(run("doctor", "--json").stdout)["ops"]}
+    assert ops["layernorm.rmsnorm"]["signature"].startswith("(x[T, H], weight[H], eps: float) -> new [T, H]")
+    assert "in place" in ops["layernorm.fused_add_rmsnorm"]["signature"]
+    assert all(item["signature"] for item in ops.values())
+    text = run("doctor").stdout
+    assert "How each op is called" in text and "a @ b.T" in text
 
 
 def test_doctor_op_with_no_eligible_backend_is_not_blocking(reg):

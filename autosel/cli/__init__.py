@@ -58,22 +58,40 @@ def _warnings_as_messages() -> Iterator[None]:
         yield
 
 
+# Piped or captured output is not wrapped at all (a row stays one line for grep and diff): rich would wrap at 80.
+UNWRAPPED_WIDTH = 100_000
+# Columns of names and short values: never split ("activa/tion.g/elu_an/d_mul"); the other columns wrap instead.
+WHOLE_COLUMNS = frozenset({"op", "mode", "bucket", "winner", "runner-up", "margin", "median", "backend", "kind",
+                           "access", "schema", "rows", "variable", "platform"})
+
+
 def _console(*, stderr: bool = False):
+    """A terminal gets tables sized to it; piped output gets its rows unwrapped, unless COLUMNS says a width."""
     from rich.console import Console
 
     console = Console(stderr=stderr, highlight=False)
-    if not console.is_terminal and "COLUMNS" not in os.environ:  # piped or captured: do not wrap at 80
-        console = Console(stderr=stderr, highlight=False, width=160)
+    if not console.is_terminal and "COLUMNS" not in os.environ:
+        console = Console(stderr=stderr, highlight=False, width=UNWRAPPED_WIDTH)
     return console
 
 
 def _table(*columns: str, title: str | None = None):
+    """Names and short values never wrap; long text (reasons, evidence, paths) folds to fit the width.
+    Cells are plain text: a reason such as "cache rows [cos | sin]" is not rich markup."""
     from rich import box
     from rich.table import Table
+    from rich.text import Text
 
-    table = Table(title=title, box=box.SIMPLE_HEAD, title_justify="left", show_edge=False)
+    class PlainTable(Table):
+        def add_row(self, *cells, **kwargs):
+            super().add_row(*(Text(c) if isinstance(c, str) else c for c in cells), **kwargs)
+
+    table = PlainTable(title=title, box=box.SIMPLE_HEAD, title_justify="left", show_edge=False)
     for column in columns:
-        table.add_column(column, overflow="fold")
+        if column in WHOLE_COLUMNS:
+            table.add_column(column, no_wrap=True, min_width=len(column))
+        else:
+            table.add_column(column, overflow="fold")
     return table
 
 

@@ -13,6 +13,7 @@ import click
 from autosel import config
 from autosel.cli import (MEDIAN_NOTE, _console, _decision_summary, _echo_json, _matches, _runner_up_text, _settings,
                          _table, main)
+from autosel.decisions import OP_LEVEL_BUCKET
 from autosel.errors import ConfigError
 from autosel.inventory import Entry, Inventory
 from autosel.report import candidate_median_us, first_call_s, format_lead, format_us
@@ -125,11 +126,12 @@ def doctor(db, as_json):
     except ConfigError as exc:
         config_error = str(exc)
         blocking.append(f"{exc}; fix or unset the variable")
-    platform = selector._platform()
-    selector.load_plugins()
+    platform, entries = _entries(_settings(db, full=False), ())
     plugin_errors = dict(registry_module.plugin_errors)
     blocking += [f"plug-in {name!r} failed to load ({error}); its ops are not registered. Reinstall or fix "
                  "the package that declares it" for name, error in plugin_errors.items()]
+    in_use = {(e.decision.op, e.decision.mode): e for e in entries
+              if e.status == "in use" and e.decision.bucket == OP_LEVEL_BUCKET}
     ops = []
     for op in selector.registry.ops():
         specs = selector.registry.get(op)
@@ -144,11 +146,12 @@ def doctor(db, as_json):
             selection = "no backend eligible here: only explicit backend=... calls work"
         elif len(eligible) == 1:
             selection = f"{eligible[0]} (the only eligible backend)"
-        elif shapes:
-            selection = f"measured among {', '.join(eligible)} on {shapes} shapes"
         else:
-            selection = "several eligible but no representative shapes: selection raises unless backend=..."
-        ops.append({"op": op, "eligible": eligible, "shapes": shapes, "selection": selection, "backends": backends})
+            selection = _contested_selection(op, eligible, shapes, selector.modes_for(platform), in_use)
+        stored = {mode: {"winner": e.decision.winner, "layer": e.layer_path, "layer_kind": e.layer_kind}
+                  for (name, mode), e in in_use.items() if name == op}
+        ops.append({"op": op, "signature": definition.signature if definition else "", "eligible": eligible,
+                    "shapes": shapes, "selection": selection, "stored": stored, "backends": backends})
     layers = [vars(layer) for layer in selector.database(_settings(db, full=False)).layers]
     ok = not blocking
     if as_json:
@@ -162,6 +165,22 @@ def doctor(db, as_json):
         _print_doctor(platform, ops, layers, plugin_errors, blocking)
     if not ok:
         raise click.ClickException("selection is blocked: " + "; ".join(blocking))
+
+
+def _contested_selection(op: str, eligible: list[str], shapes: int, modes: list[str], in_use: dict) -> str:
+    """Per mode: the stored decision selection uses, or that the backends are measured at first use."""
+    parts = []
+    for mode in modes:
+        entry = in_use.get((op, mode))
+        if entry is not None:
+            text = f"{entry.decision.winner}, the stored decision in use ({entry.layer_kind} DB {entry.layer_path})"
+        elif shapes:
+            text = (f"none stored: measured among {', '.join(eligible)} on {shapes} shapes at first use "
+                    "(or by `autosel tune`)")
+        else:
+            text = "several eligible, none stored and no representative shapes: selection raises unless backend=..."
+        parts.append(text if len(modes) == 1 else f"{mode}: {text}")
+    return "; ".join(parts)
 
 
 def _print_doctor(platform, ops, layers, plugin_errors, blocking) -> None:
@@ -179,6 +198,12 @@ def _print_doctor(platform, ops, layers, plugin_errors, blocking) -> None:
             table.add_row(item["op"] if n == 0 else "", b["backend"],
                           "yes" if b["reason"] is None else f"no: {b['reason']}", item["selection"] if n == 0 else "")
     console.print(table if ops else "No ops are registered.", markup=False)
+    calls = _table("op", "call (every backend takes these arguments)", title="How each op is called")
+    for item in ops:
+        if item["signature"]:
+            calls.add_row(item["op"], item["signature"])
+    if calls.rows:
+        console.print(calls)
     layer_table = _table("kind", "path", "access", "schema", "rows", "problem", title="Tuning DB layers (read in order)")
     for layer in layers:
         layer_table.add_row(layer["kind"], layer["path"], "writable" if layer["writable"] else "read-only",

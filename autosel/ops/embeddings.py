@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from autosel.ops.common import ShapesByDevice, dtype_name, dtype_of, standard_specs, token_bucket
+from autosel.ops.common import DTYPES, ShapesByDevice, dtype_name, dtype_of, standard_specs, token_bucket
 from autosel.spec import OpDefinition
 
 
@@ -48,4 +48,8 @@ def rope_shape(positions, query, key, head_size, cos_sin_cache, is_neox=True) ->
 SPECS = standard_specs("embeddings.rope", "rope",
                        flashinfer="flashinfer.rope:apply_rope_with_cos_sin_cache_inplace",
                        sgl_kernel="autosel.ops.vendor:sgl_rope")
-DEFINITIONS = [OpDefinition("embeddings.rope", shapes=SHAPES, make_inputs=rope_inputs, shape_of=rope_shape)]
+DEFINITIONS = [OpDefinition(
+    "embeddings.rope", shapes=SHAPES, make_inputs=rope_inputs, shape_of=rope_shape,
+    signature="(positions[T] int64, query[T, Hq*D], key[T, Hk*D], head_size: int, cos_sin_cache[P, R] fp32, "
+              "is_neox: bool) -> None, in place on query and key; cache rows [cos | sin]; " + DTYPES,
+)]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from autosel.ops.common import ShapesByDevice, dtype_name, dtype_of, standard_specs, token_bucket
+from autosel.ops.common import DTYPES, ShapesByDevice, dtype_name, dtype_of, standard_specs, token_bucket
 from autosel.spec import OpDefinition
 
 EPS = 1e-6
@@ -46,7 +46,10 @@ SPECS = [
                     sgl_kernel="autosel.ops.vendor:sgl_fused_add_rmsnorm"),
 ]
 DEFINITIONS = [
-    OpDefinition("layernorm.rmsnorm", shapes=SHAPES, make_inputs=rmsnorm_inputs, shape_of=rmsnorm_shape),
+    OpDefinition("layernorm.rmsnorm", shapes=SHAPES, make_inputs=rmsnorm_inputs, shape_of=rmsnorm_shape,
+                 signature="(x[T, H], weight[H], eps: float) -> new [T, H]; " + DTYPES),
     OpDefinition("layernorm.fused_add_rmsnorm", shapes=SHAPES, make_inputs=fused_add_rmsnorm_inputs,
-                 shape_of=rmsnorm_shape),
+                 shape_of=rmsnorm_shape,
+                 signature="(x[T, H], residual[T, H], weight[H], eps: float) -> None, in place: "
+                           "residual <- x + residual, x <- rmsnorm(residual); " + DTYPES),
 ]
