@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import difflib
 import enum
 import importlib
 import importlib.util
+import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Iterable
 
@@ -29,14 +31,27 @@ class KernelBackend(str, enum.Enum):
 
     @classmethod
     def parse(cls, value: "KernelBackend | str") -> "KernelBackend":
-        """Accept an enum member or its value; anything else is a ValueError listing the known values."""
+        """Accept an enum member, its value, or the spelling people write ("sgl-kernel", "torch.compile",
+        "DeepGEMM"); anything else is a ValueError naming the close match, if any, and the known values."""
         if isinstance(value, cls):
             return value
         try:
             return cls(value)
         except ValueError:
-            known = ", ".join(b.value for b in cls)
-            raise ValueError(f"unknown kernel backend {value!r}; known backends: {known}") from None
+            pass
+        spelt = _spelling(str(value))
+        for backend in cls:
+            if _spelling(backend.value) == spelt:
+                return backend
+        close = difflib.get_close_matches(spelt, [_spelling(b.value) for b in cls], n=1, cutoff=0.75)
+        hint = "".join(f" (did you mean {b.value!r}?)" for b in cls if close and _spelling(b.value) == close[0])
+        known = ", ".join(b.value for b in cls)
+        raise ValueError(f"unknown kernel backend {value!r}{hint}; known backends: {known}") from None
+
+
+def _spelling(name: str) -> str:
+    """What is left of a backend name once case and separators are ignored: 'sgl-kernel' -> 'sglkernel'."""
+    return re.sub(r"[\s._-]+", "", name.lower())
 
 
 class DeviceType(str, enum.Enum):

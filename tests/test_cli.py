@@ -92,6 +92,26 @@ def test_every_command_has_help_with_an_example_and_is_in_the_reference(command)
     assert f"### `autosel {command}`" in reference and f"autosel {command}" in reference
 
 
+@pytest.fixture
+def autosel_logger():
+    import logging
+
+    logger = logging.getLogger("autosel")
+    level, handlers = logger.level, list(logger.handlers)
+    yield logger
+    logger.handlers[:] = handlers
+    logger.setLevel(level)
+
+
+@pytest.mark.parametrize("args", [["-v", "tune"], ["tune", "-v"], ["tune", "--verbose"]])
+def test_verbose_is_accepted_before_and_after_the_command(reg, autosel_logger, args):
+    # `autosel show -v` failed with "No such option: -v": -v was accepted only before the command.
+    toy(reg, B.TORCH, B.TRITON)
+    result = run(*args, "--budget-s", "10")
+    assert result.exit_code == 0, result.output
+    assert "autosel: INFO: op 'toy.double' (eager mode): triton chosen" in result.stderr
+
+
 def test_usage_errors_exit_2():
     assert run("tune", "--budget-s", "0").exit_code == 2
     assert run("export", "--out", "x.db", "--format", "xml").exit_code == 2

@@ -154,6 +154,10 @@ Examples:
 def main(ctx: click.Context, verbose: int) -> None:
     """Time kernel backends per LLM op on this machine and keep the winners in a layered SQLite DB."""
     ctx.with_resource(_warnings_as_messages())
+    _log_verbosely(verbose)
+
+
+def _log_verbosely(verbose: int) -> None:
     if verbose:
         logger = logging.getLogger("autosel")
         if not any(isinstance(h, _StderrHandler) for h in logger.handlers):
@@ -163,4 +167,15 @@ def main(ctx: click.Context, verbose: int) -> None:
         logger.setLevel(logging.DEBUG if verbose > 1 else logging.INFO)
 
 
+def _verbose_option() -> click.Option:
+    """-v / -vv after the command too (`autosel show -v`), as people type it; the same as before the command."""
+    return click.Option(["-v", "--verbose"], count=True, expose_value=False, is_eager=True,
+                        callback=lambda ctx, param, value: value and _log_verbosely(
+                            max(value, ctx.find_root().params.get("verbose") or 0)),  # -vv show -v: debug
+                        help="Log what autosel does on stderr (-v info, -vv debug).")
+
+
 from autosel.cli import _files, _inspect, _tune  # noqa: E402,F401  (registers the commands)
+
+for _command in main.commands.values():
+    _command.params.append(_verbose_option())
