@@ -25,7 +25,8 @@ from autosel.report import candidate_median_us, format_us
 
 RECORD_EXAMPLE = '{"op": "layernorm.rmsnorm", "shape": {"tokens": 64, "hidden": 4096}, "mode": "eager"}'
 MEDIAN_NOTE = "median: geometric mean over the shapes of each shape's median time per call"
-MARGIN_NOTE = "margin: how much slower the runner-up is than the winner (negative: a tie inside the noise, default kept)"
+MARGIN_NOTE = ("margin: how much slower the runner-up is than the winner; \"default kept\": the runner-up was faster "
+               "but not by more than the noise in every round")
 
 
 class _Group(click.Group):
@@ -61,7 +62,7 @@ def _warnings_as_messages() -> Iterator[None]:
 # Piped or captured output is not wrapped at all (a row stays one line for grep and diff): rich would wrap at 80.
 UNWRAPPED_WIDTH = 100_000
 # Columns of names and short values: never split ("activa/tion.g/elu_an/d_mul"); the other columns wrap instead.
-WHOLE_COLUMNS = frozenset({"op", "mode", "bucket", "winner", "runner-up", "margin", "median", "backend", "kind",
+WHOLE_COLUMNS = frozenset({"op", "mode", "bucket", "winner", "runner-up", "median", "backend", "kind",
                            "access", "schema", "rows", "variable", "platform"})
 
 
