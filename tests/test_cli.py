@@ -453,6 +453,33 @@ def test_export_jsonl_and_sqlite(reg, tmp_path):
     assert run("export", "--out", db, "--force").exit_code == 0
 
 
+def test_existing_output_error_speaks_of_force_not_the_python_argument(reg, tmp_path):
+    # "already exists" told CLI users to pass overwrite=True, a Python argument.
+    store(decision())
+    out = tmp_path / "out.db"
+    out.write_text("keep me")
+    result = run("export", "--out", out)
+    assert result.exit_code == 1
+    assert result.stderr == (f"Error: {out} already exists; not overwriting it. Choose another --out, or pass --force "
+                             "to overwrite it\n")
+    assert out.read_text() == "keep me"
+
+
+@pytest.mark.parametrize("command", ["export", "merge"])
+def test_an_output_suffix_that_names_no_format_is_a_usage_error(reg, tmp_path, command):
+    # `export --out d.json` wrote SQLite into a file named .json.
+    store(decision())
+    source = tmp_path / "in.jsonl"
+    assert run("export", "--out", source).exit_code == 0
+    out = tmp_path / "d.json"
+    result = run(*(["export"] if command == "export" else ["merge", source]), "--out", out)
+    assert result.exit_code == 2 and "cannot tell the format from the suffix" in result.stderr
+    assert not out.exists()
+    assert run(*(["export"] if command == "export" else ["merge", source]), "--out", out, "--format", "jsonl"
+               ).exit_code == 0
+    assert json.loads(out.read_text().splitlines()[0])["op"] == "toy.double"
+
+
 def test_export_with_nothing_to_export_writes_nothing(reg, tmp_path):
     out = tmp_path / "empty.jsonl"
     result = run("export", "--out", out)
@@ -475,6 +502,33 @@ def test_merge_reports_conflicts_and_exits_1_when_left_out(reg, tmp_path):
     assert report["rows"] == 2 and len(report["conflicts"]) == 1 and not report["conflicts_left_out"]
     winners = {json.loads(line)["op"]: json.loads(line)["winner"] for line in (tmp_path / "n.jsonl").read_text().splitlines()}
     assert winners == {"toy.double": "torch", "toy.other": "triton"}
+
+
+def test_merge_of_a_junk_text_file_is_an_error_not_an_empty_input(reg, tmp_path):
+    # A junk text file was read as JSON Lines with every line skipped, and merge exited 0.
+    good = tmp_path / "good.jsonl"
+    good.write_text(decision().to_json() + "\n")
+    junk = tmp_path / "notes.txt"
+    junk.write_text("remember to tune gemm\nand rope\n")
+    out = tmp_path / "out.db"
+    result = run("merge", good, junk, "--out", out)
+    assert result.exit_code == 1
+    assert result.stderr.startswith(f"Error: {junk} is neither an autosel tuning DB (SQLite) nor a JSON Lines export "
+                                    "of decisions: line 1 is not valid JSON (Expecting value at column 1)")
+    assert not out.exists()
+
+
+def test_merge_warns_once_per_bad_line_in_the_files_terms(reg, tmp_path):
+    # A bad line was reported twice (the inputs were read twice) as "Decision.__init__() missing 5 required
+    # positional arguments".
+    mixed = tmp_path / "mixed.jsonl"
+    mixed.write_text(decision().to_json() + '\n{"op": "toy.double", "winner": "torch"}\n')
+    result = run("merge", mixed, "--out", tmp_path / "out.db")
+    assert result.exit_code == 0, result.output
+    warning = (f"Warning: {mixed}:2: skipping a line that is not a decision: it has no 'mode', 'bucket', "
+               "'platform_key', 'versions', 'candidates', 'margin'; each line must be one decision as "
+               "`autosel export --format jsonl` writes it\n")
+    assert result.stderr == warning
 
 
 def test_merge_missing_input_is_a_usage_error(tmp_path):
@@ -507,6 +561,32 @@ def test_report_after_a_tune_is_one_self_contained_page(reg, tmp_path):
     page = out.read_text()
     assert "<svg" in page and "toy.double" in page and "raised RuntimeError" in page and CPU.key in page
     assert "<script" not in page and "<link" not in page and "http" not in page.replace('xmlns="http://www.w3.org/2000/svg"', "")
+
+
+def test_report_refuses_to_overwrite_without_force_like_export_and_merge(reg, tmp_path):
+    # report overwrote an existing file while export and merge refused without --force.
+    toy(reg, B.TORCH, B.TRITON)
+    store(decision())
+    out = tmp_path / "report.html"
+    out.write_text("keep me")
+    result = run("report", "--out", out)
+    assert result.exit_code == 1 and "already exists" in result.stderr and "--force" in result.stderr
+    assert out.read_text() == "keep me"
+    assert run("report", "--out", out, "--force").exit_code == 0
+    assert out.read_text().startswith("<!DOCTYPE html>")
+
+
+@pytest.mark.parametrize("command", ["show", "report"])
+def test_an_op_glob_matching_nothing_is_an_error_as_in_tune(reg, tmp_path, command):
+    # `show --op 'nosuch*'` exited 0 (an empty table) while `tune --op 'nosuch*'` exited 1.
+    toy(reg, B.TORCH, B.TRITON)
+    store(decision(op="stored.only"))
+    args = ["--out", tmp_path / "r.html"] if command == "report" else []
+    result = run(command, "--op", "nosuch*", *args)
+    assert result.exit_code == 1
+    assert result.stderr == ("Error: no registered op or stored decision matches --op 'nosuch*'; known ops: "
+                             "stored.only, toy.double\n")
+    assert run("show", "--op", "stored.*").exit_code == 0
 
 
 def test_report_with_no_decisions_is_an_error(reg, tmp_path):

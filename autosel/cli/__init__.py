@@ -51,12 +51,38 @@ class _StderrHandler(logging.StreamHandler):
         pass
 
 
+class _WarningLines(logging.Handler):
+    """The library's logged warnings (without -v) as `Warning: ...` lines on stderr, each text once."""
+
+    def __init__(self, shown: set[str]) -> None:
+        super().__init__(logging.WARNING)
+        self.shown = shown
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if not any(isinstance(h, _StderrHandler) for h in logging.getLogger("autosel").handlers):  # -v shows it
+            _warn_once(self.shown, record.getMessage())
+
+
+def _warn_once(shown: set[str], text: str) -> None:
+    if text not in shown:
+        shown.add(text)
+        click.echo(f"Warning: {text}", err=True)
+
+
 @contextmanager
 def _warnings_as_messages() -> Iterator[None]:
-    """The library warns for degraded-but-working paths; show them as one plain line each, not with a traceback."""
+    """The library warns for degraded-but-working paths (warnings and logged warnings); show each as one plain
+    line, once per command, not with a traceback and not again when a second code path meets the same file."""
+    shown: set[str] = set()
+    logger = logging.getLogger("autosel")
+    handler = _WarningLines(shown)
     with warnings.catch_warnings():
-        warnings.showwarning = lambda message, *args, **kwargs: click.echo(f"Warning: {message}", err=True)
-        yield
+        warnings.showwarning = lambda message, *args, **kwargs: _warn_once(shown, str(message))
+        logger.addHandler(handler)
+        try:
+            yield
+        finally:
+            logger.removeHandler(handler)
 
 
 # Piped or captured output is not wrapped at all (a row stays one line for grep and diff): rich would wrap at 80.
@@ -113,6 +139,33 @@ def _settings(db: str | None, *, full: bool) -> config.Settings:
 
 def _matches(op: str, patterns: tuple[str, ...] | list[str]) -> bool:
     return not patterns or any(fnmatch.fnmatchcase(op, p) for p in patterns)
+
+
+def _check_globs(patterns: tuple[str, ...], known: set[str], what: str) -> None:
+    """An --op glob that matches no registered op and no stored decision is a mistake, as in `tune`: exit 1."""
+    for pattern in patterns:
+        if not any(fnmatch.fnmatchcase(op, pattern) for op in known):
+            raise click.ClickException(f"no {what} matches --op {pattern!r}; known ops: "
+                                       f"{', '.join(sorted(known)) or 'none'}")
+
+
+FILE_FORMATS = {".db": "sqlite", ".sqlite": "sqlite", ".sqlite3": "sqlite", ".jsonl": "jsonl", ".ndjson": "jsonl"}
+
+
+def _format_of(out, fmt: str | None = None) -> str:
+    """--format, else the format --out's suffix names; an unknown suffix (d.json) is a usage error, not SQLite."""
+    if fmt:
+        return fmt
+    if out.suffix.lower() in FILE_FORMATS:
+        return FILE_FORMATS[out.suffix.lower()]
+    raise click.BadParameter(f"cannot tell the format from the suffix of {out} (.db/.sqlite: SQLite, .jsonl: JSON "
+                             "Lines); name the file so, or pass --format sqlite|jsonl", param_hint="--out")
+
+
+def _refuse_overwrite(out, force: bool) -> None:
+    if out.exists() and not force:
+        raise click.ClickException(f"{out} already exists; not overwriting it. Choose another --out, or pass --force "
+                                   "to overwrite it")
 
 
 def _decision_summary(decision) -> dict[str, Any]:

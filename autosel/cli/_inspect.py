@@ -11,8 +11,8 @@ from typing import Any
 import click
 
 from autosel import config
-from autosel.cli import (MEDIAN_NOTE, _console, _decision_summary, _echo_json, _matches, _runner_up_text, _settings,
-                         _table, main)
+from autosel.cli import (MEDIAN_NOTE, _check_globs, _console, _decision_summary, _echo_json, _matches,
+                         _refuse_overwrite, _runner_up_text, _settings, _table, main)
 from autosel.decisions import OP_LEVEL_BUCKET
 from autosel.errors import ConfigError
 from autosel.inventory import Entry, Inventory
@@ -25,9 +25,11 @@ def _entries(settings: config.Settings, ops: tuple[str, ...], *, layers: str = "
     from autosel import selector
 
     platform = selector._platform()
-    selector.load_plugins()
+    selector.load_plugins()  # doctor reads plugin_errors afterwards
     db = selector.database(settings)
-    pairs = [(d, layer) for d, layer in db.decisions()
+    stored = db.decisions()
+    _check_globs(ops, set(selector.registry.ops()) | {d.op for d, _ in stored}, "registered op or stored decision")
+    pairs = [(d, layer) for d, layer in stored
              if _matches(d.op, ops) and (layers == "all" or layer.kind != "shipped")]
     return platform, Inventory(platform, selector.registry).entries(pairs)
 
@@ -229,7 +231,8 @@ def _print_doctor(platform, ops, layers, plugin_errors, blocking) -> None:
 @click.option("--op", "ops", multiple=True, metavar="GLOB", help="Only ops matching this glob (repeatable).")
 @click.option("--db", metavar="PATH", help="Read this DB as the user layer instead of the default user DB.")
 @click.option("--all", "include_all", is_flag=True, help="Also include stale and shadowed rows (badged).")
-def report(out, ops, db, include_all):
+@click.option("--force", is_flag=True, help="Overwrite --out if it exists.")
+def report(out, ops, db, include_all, force):
     """Write a self-contained HTML page of the decisions in use: plots, per-shape winners, rejections.
 
     The page has no scripts and loads nothing from the network; plots are inline SVG.
@@ -243,6 +246,7 @@ def report(out, ops, db, include_all):
     from autosel import selector
     from autosel.report import render_report
 
+    _refuse_overwrite(out, force)
     settings = _settings(db, full=False)
     platform, entries = _entries(settings, ops)
     chosen = entries if include_all else [e for e in entries if e.status == "in use"]
