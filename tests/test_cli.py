@@ -354,6 +354,7 @@ def test_tables_fit_80_columns_without_splitting_names_and_piped_rows_stay_whole
     assert narrow.exit_code == 0
     assert max(len(line) for line in narrow.stdout.splitlines()) <= 80
     assert narrow.stdout.count("activation.gelu_and_mul") == 2
+    assert "\n  winner: triton\n" in narrow.stdout  # too narrow for a table of whole names: one record per row
     piped = run("show").stdout
     stale = next(line for line in piped.splitlines() if "stale" in line)
     assert f"stale: tuned on {OTHER_CPU.key}, this machine is {CPU.key}" in stale  # one row, one line

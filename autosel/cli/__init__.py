@@ -104,14 +104,32 @@ def _console(*, stderr: bool = False):
 
 def _table(*columns: str, title: str | None = None):
     """Names and short values never wrap; long text (reasons, evidence, paths) folds to fit the width.
-    Cells are plain text: a reason such as "cache rows [cos | sin]" is not rich markup."""
+    Cells are plain text: a reason such as "cache rows [cos | sin]" is not rich markup. A terminal too narrow
+    for the names gets one record per row ("  column: value" lines) instead of a table of cut names."""
     from rich import box
+    from rich.measure import Measurement
     from rich.table import Table
     from rich.text import Text
 
     class PlainTable(Table):
         def add_row(self, *cells, **kwargs):
+            self.records = getattr(self, "records", []) + [[str(c) for c in cells]]
             super().add_row(*(Text(c) if isinstance(c, str) else c for c in cells), **kwargs)
+
+        def __rich_console__(self, console, options):
+            needed = Measurement.get(console, options.update_width(UNWRAPPED_WIDTH), self).minimum
+            if needed <= options.max_width:
+                yield from super().__rich_console__(console, options)
+                return
+            if self.title:
+                yield Text(str(self.title))
+            names = [str(c.header) for c in self.columns]
+            for first, *rest in getattr(self, "records", []):
+                if first:
+                    yield Text(first)
+                for name, value in zip(names[1:], rest):
+                    if value:
+                        yield Text(f"  {name}: " + value.replace("\n", "\n    "))
 
     table = PlainTable(title=title, box=box.SIMPLE_HEAD, title_justify="left", show_edge=False)
     for column in columns:
