@@ -112,8 +112,10 @@ def _table(*columns: str, title: str | None = None):
     from rich.text import Text
 
     class PlainTable(Table):
+        records: list[list[str]]  # the cells as text, for the one-record-per-row layout
+
         def add_row(self, *cells, **kwargs):
-            self.records = getattr(self, "records", []) + [[str(c) for c in cells]]
+            self.records.append([str(c) for c in cells])
             super().add_row(*(Text(c) if isinstance(c, str) else c for c in cells), **kwargs)
 
         def __rich_console__(self, console, options):
@@ -124,7 +126,7 @@ def _table(*columns: str, title: str | None = None):
             if self.title:
                 yield Text(str(self.title))
             names = [str(c.header) for c in self.columns]
-            for first, *rest in getattr(self, "records", []):
+            for first, *rest in self.records:
                 if first:
                     yield Text(first)
                 for name, value in zip(names[1:], rest):
@@ -132,6 +134,7 @@ def _table(*columns: str, title: str | None = None):
                         yield Text(f"  {name}: " + value.replace("\n", "\n    "))
 
     table = PlainTable(title=title, box=box.SIMPLE_HEAD, title_justify="left", show_edge=False)
+    table.records = []
     for column in columns:
         if column in WHOLE_COLUMNS:
             table.add_column(column, no_wrap=True, min_width=len(column))
