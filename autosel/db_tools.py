@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import sqlite3
 import sys
 from contextlib import contextmanager
-from dataclasses import astuple, dataclass
+from dataclasses import MISSING, astuple, dataclass, fields
 from pathlib import Path
 from typing import Callable, Iterable, Iterator, Sequence
 
@@ -199,14 +200,36 @@ def read_decisions(path: Path) -> list[Decision]:
             conn.close()
         found = [parse_row(str(path), row) for row in rows]
         return sorted((d for d in found if d is not None), key=_sort_key)
-    out = []
+    out, problems = [], []
     for n, line in enumerate(path.read_text(encoding="utf-8", errors="replace").splitlines(), 1):
         if line.strip():
             try:
                 out.append(Decision.from_json(line))
             except Exception as exc:  # data, never code: a bad line is skipped, the rest still imports
-                logger.warning("%s:%d: skipping a line that is not a decision: %s", path, n, exc)
+                problems.append((n, line_problem(line, exc)))
+    if problems and not out:
+        n, problem = problems[0]
+        raise DatabaseError(f"{path} is neither an autosel tuning DB (SQLite) nor a JSON Lines export of decisions: "
+                            f"line {n} is {problem}; pass files written by `autosel export` or `autosel merge`")
+    for n, problem in problems:
+        logger.warning("%s:%d: skipping a line that is %s; each line must be one decision as "
+                       "`autosel export --format jsonl` writes it", path, n, problem)
     return out
+
+
+def line_problem(line: str, exc: Exception) -> str:
+    """Why a JSON Lines line is not a decision, in the file's terms (not the dataclass constructor's)."""
+    try:
+        data = json.loads(line)
+    except json.JSONDecodeError as error:
+        return f"not valid JSON ({error.msg} at column {error.colno})"
+    if not isinstance(data, dict):
+        return f"not a JSON object (a {type(data).__name__})"
+    required = [f.name for f in fields(Decision) if f.default is MISSING and f.default_factory is MISSING]
+    missing = [name for name in required if name not in data]
+    if missing:
+        return f"not a decision: it has no {', '.join(repr(m) for m in missing)}"
+    return f"not a decision: {type(exc).__name__}: {exc}"
 
 
 @dataclass(frozen=True)
@@ -224,16 +247,21 @@ class MergeReport:
     sources: tuple[str, ...]
 
 
-def merge(inputs: Sequence[Path], out: Path, *, prefer: str | None = None, overwrite: bool = False) -> MergeReport:
-    """Merge decisions of several DBs/exports into `out` (.jsonl: JSON Lines, else SQLite).
+def merge(inputs: Sequence[Path], out: Path, *, prefer: str | None = None, overwrite: bool = False,
+          fmt: str | None = None) -> MergeReport:
+    """Merge decisions of several DBs/exports into `out` (`fmt`, else .jsonl: JSON Lines, else SQLite).
     Same key and winner: the newest row (created_at) is kept. Same key, different winners: a Conflict,
-    left out unless prefer="newest" or "first" (the earliest input) says which to keep."""
+    left out unless prefer="newest" or "first" (the earliest input) says which to keep. Each input is read
+    once; inputs with no decision at all are a DatabaseError and nothing is written."""
     if prefer not in PREFER:
         raise DatabaseError(f"prefer={prefer!r} is not valid; use None (leave conflicts out), 'newest' or 'first'")
     seen: dict[DecisionKey, list[tuple[str, Decision]]] = {}
     for source in inputs:
         for decision in read_decisions(Path(source)):
             seen.setdefault(decision.key, []).append((str(source), decision))
+    if not seen:
+        raise DatabaseError(f"none of {', '.join(map(str, inputs))} holds a decision, so {out} was not written; "
+                            "check the inputs (autosel export writes them)")
     kept, conflicts = [], []
     for key, found in seen.items():
         newest = max(found, key=lambda item: item[1].created_at)[1]
@@ -243,7 +271,7 @@ def merge(inputs: Sequence[Path], out: Path, *, prefer: str | None = None, overw
                 continue
             newest = found[0][1] if prefer == "first" else newest
         kept.append(newest)
-    fmt = "jsonl" if Path(out).suffix == ".jsonl" else "sqlite"
+    fmt = fmt or ("jsonl" if Path(out).suffix == ".jsonl" else "sqlite")
     rows = export_decisions(kept, Path(out), fmt=fmt, overwrite=overwrite)
     conflicts.sort(key=lambda c: astuple(c.key))
     return MergeReport(rows=rows, conflicts=tuple(conflicts), sources=tuple(str(s) for s in inputs))

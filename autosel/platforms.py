@@ -204,7 +204,9 @@ def _never() -> bool:
 
 
 # Packages whose versions matter for every decision, when installed: they run or compile the kernels.
-_BASE_VERSION_KEYS = ("torch", "triton", "cuda", "hip", "driver_major")
+_BASE_VERSION_KEYS = ("torch", "cuda", "hip", "driver_major")
+# ...and on a GPU also Triton, which torch.compile generates its GPU kernels with (on a CPU it emits C++).
+_GPU_VERSION_KEYS = ("triton",)
 
 
 @functools.lru_cache(maxsize=None)
@@ -214,8 +216,12 @@ def _distribution_of(package: str) -> str:
 
 
 def version_vector(platform: PlatformInfo, specs) -> dict[str, str]:
-    """The versions that can change which candidate wins or whether it runs (DESIGN.md section 3)."""
-    versions = {k: v for k, v in platform.versions if k in _BASE_VERSION_KEYS}
+    """The versions that can change which candidate wins or whether it runs, on this platform, among these
+    specs (docs/DESIGN.md section 3). Triton counts on a GPU or when a spec requires it, so installing
+    it on a CPU host does not turn that host's decisions stale. A changed vector is a new key: rows stored
+    under an older vector are a miss, not an error."""
+    keys = _BASE_VERSION_KEYS + (_GPU_VERSION_KEYS if platform.is_cuda or platform.is_hip else ())
+    versions = {k: v for k, v in platform.versions if k in keys}
     for spec in specs:
         for package in spec.requires:
             top = package.partition(".")[0]

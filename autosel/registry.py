@@ -1,4 +1,9 @@
-"""The process-wide registry of kernel specs and op definitions, and the plug-in entry points that fill it."""
+"""The process-wide registry of kernel specs and op definitions, and the plug-in entry points that fill it.
+
+The process-wide `registry` runs the `autosel.ops` entry points before its first read or registration, so
+every reader sees the plug-ins' ops and a user's registration that conflicts with a plug-in's fails at the
+user's own call, never inside the plug-in.
+"""
 
 from __future__ import annotations
 
@@ -16,14 +21,24 @@ ENTRY_POINT_GROUP = "autosel.ops"
 
 
 class KernelRegistry:
-    """Specs per op in registration order; registration order is also the tie-break order when tuning."""
+    """Specs per op in registration order; registration order is also the tie-break order when tuning.
 
-    def __init__(self) -> None:
+    `load`, if given, runs before every read and registration (the process-wide registry passes load_plugins;
+    a registry built by a test starts empty and stays so).
+    """
+
+    def __init__(self, load: Callable[[], None] | None = None) -> None:
         self._specs: dict[str, list[KernelSpec]] = defaultdict(list)
         self._ops: dict[str, OpDefinition] = {}
         self._lock = threading.RLock()
+        self._load = load
+
+    def _loaded(self) -> None:
+        if self._load is not None:
+            self._load()
 
     def register(self, spec: KernelSpec) -> KernelSpec:
+        self._loaded()
         with self._lock:
             existing = self._specs[spec.op]
             for current in existing:
@@ -32,26 +47,29 @@ class KernelRegistry:
                 if current == spec:
                     return current
                 # Silently replacing would make selection depend on import order.
-                raise ValueError(
+                return _conflict(current, ValueError(
                     f"Conflicting kernel registration for op {spec.op!r} backend {spec.backend.value!r}: "
                     f"already registered with target {current.target!r}, now {spec.target!r}; "
-                    "register each (op, backend) once"
-                )
+                    "register each (op, backend) once, or register your kernel under an op name of your own "
+                    "(e.g. 'myengine.rmsnorm')"
+                ))
             existing.append(spec)
             return spec
 
     def define(self, definition: OpDefinition) -> OpDefinition:
+        self._loaded()
         with self._lock:
             current = self._ops.get(definition.op)
             if current is not None and current != definition:
-                raise ValueError(
+                return _conflict(current, ValueError(
                     f"Conflicting op definition for {definition.op!r}: register_op was already called for it; "
-                    "define each op once"
-                )
+                    "define each op once, or use an op name of your own (e.g. 'myengine.rmsnorm')"
+                ))
             self._ops[definition.op] = definition
             return definition
 
     def get(self, op: str) -> list[KernelSpec]:
+        self._loaded()
         with self._lock:
             return list(self._specs.get(op, ()))
 
@@ -63,14 +81,17 @@ class KernelRegistry:
         raise KeyError(f"No '{backend.value}' backend registered for op {op!r}")
 
     def definition(self, op: str) -> OpDefinition | None:
+        self._loaded()
         with self._lock:
             return self._ops.get(op)
 
     def has(self, op: str) -> bool:
+        self._loaded()
         with self._lock:
             return bool(self._specs.get(op))
 
     def ops(self) -> list[str]:
+        self._loaded()
         with self._lock:
             return sorted(op for op, specs in self._specs.items() if specs)
 
@@ -78,11 +99,22 @@ class KernelRegistry:
         return [spec for op in self.ops() for spec in self.get(op)]
 
 
-registry = KernelRegistry()
-
 _plugins_loaded = False
-_plugins_lock = threading.Lock()
+_plugins_lock = threading.RLock()  # re-entered by the hooks themselves: they register into the registry
+_loading = threading.local()  # .plugin: the entry point whose hook is running on this thread
 plugin_errors: dict[str, str] = {}
+
+
+def _conflict(current, error: ValueError):
+    """Raise `error` at the caller's registration; inside a plug-in's hook, note it and keep the first
+    registration, so one conflicting spec does not cost the plug-in its other registrations."""
+    plugin = getattr(_loading, "plugin", None)
+    if plugin is None:
+        raise error
+    note = f"ValueError: {error}"
+    plugin_errors[plugin] = f"{plugin_errors[plugin]}; {note}" if plugin in plugin_errors else note
+    log.warning("autosel.ops entry point %r: %s; that registration is skipped, its others are kept", plugin, error)
+    return current
 
 
 def load_plugins() -> None:
@@ -91,18 +123,26 @@ def load_plugins() -> None:
     if _plugins_loaded:
         return
     with _plugins_lock:
-        if _plugins_loaded:
+        if _plugins_loaded or hasattr(_loading, "plugin"):  # a hook registering: the load is under way
             return
-        for entry in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
-            try:
-                hook: Any = entry.load()
-                if callable(hook):
-                    hook()
-            except Exception as exc:  # one bad plug-in must not hide the others' kernels
-                plugin_errors[entry.name] = f"{type(exc).__name__}: {exc}"
-                log.warning("autosel.ops entry point %r (%s) failed: %s: %s; its ops are not registered",
-                            entry.name, entry.value, type(exc).__name__, exc)
-        _plugins_loaded = True
+        try:
+            for entry in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
+                _loading.plugin = entry.name
+                try:
+                    hook: Any = entry.load()
+                    if callable(hook):
+                        hook()
+                except Exception as exc:  # one bad plug-in must not hide the others' kernels
+                    plugin_errors[entry.name] = f"{type(exc).__name__}: {exc}"
+                    log.warning("autosel.ops entry point %r (%s) failed: %s: %s; its ops are not registered",
+                                entry.name, entry.value, type(exc).__name__, exc)
+        finally:
+            if hasattr(_loading, "plugin"):
+                del _loading.plugin
+            _plugins_loaded = True
+
+
+registry = KernelRegistry(load=load_plugins)
 
 
 def register_kernel(spec: KernelSpec) -> KernelSpec:
@@ -119,15 +159,17 @@ def register_op(
     atol: float | None = None,
     shape_of: Callable[..., dict] | None = None,
     bucket: Callable[..., tuple] | None = None,
+    signature: str = "",
 ) -> OpDefinition:
     """Declare what tuning `op` needs. `reference` defaults to the op's torch backend. `bucket(*args)`: the
     shape bucket of a call, a tuple such as (tokens rounded up to a power of two, hidden); with it, each
-    bucket the shapes cover gets its own decision and get_kernel dispatches by bucket."""
+    bucket the shapes cover gets its own decision and get_kernel dispatches by bucket. `signature` documents
+    how the op is called (shown by `autosel doctor`)."""
     if isinstance(reference, str):
         reference = KernelBackend.parse(reference)
     if not callable(shapes):
         shapes = tuple(dict(s) for s in shapes)
     return registry.define(
         OpDefinition(op=op, shapes=shapes, make_inputs=make_inputs, reference=reference, rtol=rtol, atol=atol,
-                     shape_of=shape_of, bucket=bucket)
+                     shape_of=shape_of, bucket=bucket, signature=signature)
     )

@@ -44,13 +44,40 @@ def format_us(value: float | None) -> str:
 
 
 def format_lead(decision: Decision) -> str:
-    """How much slower the runner-up is than the winner (negative: a tie inside the noise, default kept)."""
+    """How much slower the runner-up is than the winner; a runner-up that was faster overall is said in words:
+    it did not beat the default by more than the noise round after round, so the default was kept."""
     lead = decision.lead_over_runner_up
-    return "-" if lead is None else f"{lead:+.1%}"
+    if lead is None:
+        return "-"
+    if lead >= 0:
+        return f"{lead:+.1%}"
+    return f"default kept: runner-up {-lead:.1%} faster, not beyond the noise in every round"
 
 
 def shape_label(shape: dict) -> str:
     return "×".join(str(v) for v in shape.values())
+
+
+def shape_order(shapes: Sequence[dict]) -> list[int]:
+    """Indices of `shapes` from the smallest problem to the largest (product of the numeric values, then the
+    values), so a plot's lines rise instead of zig-zagging in the order the shapes were declared."""
+    def size(i: int) -> tuple:
+        numbers = [v for v in shapes[i].values() if isinstance(v, (int, float)) and not isinstance(v, bool)]
+        return (math.prod(numbers), [str(v) for v in shapes[i].values()])
+
+    return sorted(range(len(shapes)), key=size)
+
+
+def fastest_at(decision: Decision) -> dict[int, str]:
+    """Shape index -> the candidate (measured to the end) with the lowest median there."""
+    best: dict[int, tuple[float, str]] = {}
+    for c in decision.candidates:
+        if not c.ok:
+            continue
+        for i, s in enumerate(c.shapes):
+            if s.timing is not None and s.timing.median_us > 0 and (i not in best or s.timing.median_us < best[i][0]):
+                best[i] = (s.timing.median_us, c.backend)
+    return {i: backend for i, (_, backend) in best.items()}
 
 
 # --- the plot ---------------------------------------------------------------------------------------------
@@ -69,25 +96,27 @@ def _log_ticks(lo: float, hi: float) -> tuple[float, float, list[tuple[float, bo
 
 
 def svg_chart(decision: Decision, *, width: int = 880, height: int = 340) -> str:
-    """Time per call of each timed backend across the shapes, log scale; the winner drawn thick and starred,
-    each shape's own winner ringed, p20-p80 as whiskers, a tooltip (<title>) on every point."""
+    """Time per call of each timed backend across the shapes (smallest to largest), log scale; the winner drawn
+    thick and starred, each shape's fastest ringed, p20-p80 as whiskers, a tooltip (<title>) on every point."""
     timed = [c for c in decision.candidates if any(s.timing for s in c.shapes)]
     if not timed:
         return '<p class="muted">No candidate was timed, so there is nothing to plot.</p>'
     shapes = [s.shape for s in timed[0].shapes]
     per_shape_winner = {shape: backend for shape, backend in decision.per_shape_winners}
+    fastest = fastest_at(decision)
+    position = {index: n for n, index in enumerate(shape_order(shapes))}  # shape index -> place on the x axis
     values = [v for c in timed for s in c.shapes if s.timing
               for v in (s.timing.median_us, s.timing.p20_us, s.timing.p80_us) if v > 0]
     lo_exp, hi_exp, ticks = _log_ticks(min(values), max(values))
     legend_chars = max(len(c.backend) + (9 if c.backend == decision.winner else 0) + (0 if c.ok else len(c.status) + 3)
                        for c in timed)
     left, right, top = 78, max(190, 50 + 8 * legend_chars), 16
-    labels = [shape_label(s) for s in shapes]
+    labels = [shape_label(shapes[i]) for i in shape_order(shapes)]
     rotate = max(len(t) for t in labels) * 7 > (width - left - right) / max(len(shapes), 1)
     bottom = 96 if rotate else 58
     plot_w, plot_h = width - left - right, height - top - bottom
 
-    def x(i: int) -> float:
+    def x(i: int) -> float:  # i: a place on the x axis
         return left + (i + 0.5) * plot_w / len(shapes)
 
     def y(v: float) -> float:
@@ -119,24 +148,27 @@ def svg_chart(decision: Decision, *, width: int = 880, height: int = 340) -> str
     for candidate in sorted(timed, key=lambda c: c.backend == decision.winner):  # the winner on top
         color = PALETTE[order[candidate.backend] % len(PALETTE)]
         is_winner = candidate.backend == decision.winner
-        points = [(i, s.timing) for i, s in enumerate(candidate.shapes) if s.timing and s.timing.median_us > 0]
+        points = sorted(((i, s.timing) for i, s in enumerate(candidate.shapes) if s.timing and s.timing.median_us > 0),
+                        key=lambda point: position[point[0]])
         dash = "" if candidate.ok else ' stroke-dasharray="6,4"'
-        path = " ".join(f"{x(i):.1f},{y(t.median_us):.1f}" for i, t in points)
+        path = " ".join(f"{x(position[i]):.1f},{y(t.median_us):.1f}" for i, t in points)
         out.append(f'<polyline points="{path}" fill="none" stroke="{color}" '
                    f'stroke-width="{3.5 if is_winner else 1.6}"{dash}/>')
         for i, t in points:
-            cx, cy = x(i), y(t.median_us)
+            cx, cy = x(position[i]), y(t.median_us)
             if t.p20_us > 0 and t.p80_us > 0:
                 out.append(f'<line x1="{cx:.1f}" x2="{cx:.1f}" y1="{y(t.p80_us):.1f}" y2="{y(t.p20_us):.1f}" '
                            f'stroke="{color}" stroke-width="1"/>')
             shape_winner = per_shape_winner.get(json.dumps(shapes[i], sort_keys=True)) == candidate.backend
-            ring = ' stroke="#111" stroke-width="2"' if shape_winner else ""
+            is_fastest = fastest.get(i) == candidate.backend
+            ring = ' stroke="#111" stroke-width="2"' if is_fastest else ""
             tip = (f"{candidate.backend} at {shape_text(shapes[i])}: median {format_us(t.median_us)} "
                    f"(p20 {format_us(t.p20_us)}, p80 {format_us(t.p80_us)}, {t.samples} samples)"
                    + (f"; host {format_us(t.host_us)}, device {format_us(t.device_us)} per call"
                       if t.host_us and t.device_us else "")
+                   + ("; fastest at this shape" if is_fastest else "")
                    + ("; chosen at this shape" if shape_winner else ""))
-            out.append(f'<circle cx="{cx:.1f}" cy="{cy:.1f}" r="{6 if shape_winner else 3.5}" fill="{color}"{ring}>'
+            out.append(f'<circle cx="{cx:.1f}" cy="{cy:.1f}" r="{6 if is_fastest else 3.5}" fill="{color}"{ring}>'
                        f'<title>{html.escape(tip)}</title></circle>')
     legend_x, legend_y = left + plot_w + 16, top + 8
     for n, candidate in enumerate(timed):
@@ -151,7 +183,7 @@ def svg_chart(decision: Decision, *, width: int = 880, height: int = 340) -> str
         out.append(f'<text x="{legend_x + 28}" y="{ly + 4}" class="legend"{weight}>{html.escape(name)}</text>')
     note_y = legend_y + len(timed) * 22 + 10
     out.append(f'<circle cx="{legend_x + 11}" cy="{note_y}" r="6" fill="#fff" stroke="#111" stroke-width="2"/>')
-    out.append(f'<text x="{legend_x + 28}" y="{note_y + 4}" class="legend">chosen at that shape</text>')
+    out.append(f'<text x="{legend_x + 28}" y="{note_y + 4}" class="legend">fastest at that shape</text>')
     out.append("</svg>")
     return "\n".join(out)
 
@@ -167,7 +199,7 @@ section.op { border-top: 2px solid #ddd; margin-top: 26px; padding-top: 4px; }
 table { border-collapse: collapse; margin: 6px 0 10px; }
 th, td { border-bottom: 1px solid #e5e5e5; padding: 3px 10px 3px 0; text-align: left; vertical-align: top; }
 th { font-weight: 600; color: #555; } td.num { text-align: right; font-variant-numeric: tabular-nums; }
-.muted { color: #777; } .winner { font-weight: 700; }
+.muted { color: #777; } .winner { font-weight: 700; } .chosen { color: #2a6a2a; }
 .badge { display: inline-block; padding: 0 7px; border-radius: 9px; font-size: 12px; background: #e8e8e8; }
 .badge.in-use { background: #d8f0d8; } .badge.stale, .badge.unusable { background: #f6dcdc; }
 .badge.shadowed { background: #eee; } .reason { color: #8a2a2a; }
@@ -208,20 +240,34 @@ def _per_shape_table(decision: Decision) -> str:
     if not timed:
         return ""
     winners = dict(decision.per_shape_winners)
+    fastest = fastest_at(decision)
     head = "".join(f"<th>{_e(c.backend)}</th>" for c in timed)
     rows = []
-    for i, shape in enumerate(s.shape for s in timed[0].shapes):
+    shapes = [s.shape for s in timed[0].shapes]
+    for i in shape_order(shapes):
+        shape = shapes[i]
         winner = winners.get(json.dumps(shape, sort_keys=True), "-")
         cells = []
         for c in timed:
             timing = c.shapes[i].timing if i < len(c.shapes) else None
-            cls = "num winner" if c.backend == winner else "num"
-            cells.append(f'<td class="{cls}">{_e(format_us(timing.median_us if timing else None))}</td>')
+            cls = "num winner" if fastest.get(i) == c.backend else "num"
+            mark = ' <span class="chosen" title="chosen at this shape">✓</span>' if c.backend == winner else ""
+            cells.append(f'<td class="{cls}">{_e(format_us(timing.median_us if timing else None))}{mark}</td>')
         rows.append(f"<tr><td><code>{_e(shape_text(shape))}</code></td><td>{_e(winner)}</td>{''.join(cells)}</tr>")
-    note = ('<p class="muted">Chosen here: the winner at that shape among the candidates measured to the end; '
-            "a dropped candidate's first-round times are shown but it cannot win.</p>"
-            if any(c.status == "dropped" for c in timed) else "")
+    note = ('<p class="muted">Bold: the fastest median at that shape. ✓ and "chosen here": the backend the rule '
+            "picked at that shape, which keeps the first-registered one unless another beat it by more than the "
+            "noise in every round"
+            + ("; a dropped candidate's first-round times are shown but it cannot win" if any(
+                c.status == "dropped" for c in timed) else "") + ".</p>")
     return (f"<table><tr><th>shape</th><th>chosen here</th>{head}</tr>" + "".join(rows) + "</table>" + note)
+
+
+def _runner_up_words(d: Decision) -> str:
+    lead = d.lead_over_runner_up
+    if lead is None or lead >= 0:
+        return f"margin {format_lead(d)}: that much slower than the winner"
+    return (f"{-lead:.1%} faster than {d.winner} overall, but not by more than the noise in every round, "
+            f"so the default, {d.winner}, was kept")
 
 
 def _op_section(entry: Entry) -> str:
@@ -231,7 +277,7 @@ def _op_section(entry: Entry) -> str:
     winner_median = format_us(candidate_median_us(d.candidate(d.winner)))
     facts = _facts([
         ("winner", f"{d.winner} ({winner_median} median*)"),
-        ("runner-up", f"{d.runner_up} (margin {format_lead(d)})" if d.runner_up
+        ("runner-up", f"{d.runner_up} ({_runner_up_words(d)})" if d.runner_up
          else "none measured to the end (the others were rejected or dropped)"),
         ("noise margin", f"{d.margin:.1%}: to rule a candidate out, the fastest had to beat it by more, "
                          "round after round (twice the typical standard error of the medians, never below "

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import difflib
 import enum
 import importlib
 import importlib.util
+import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Iterable
 
@@ -29,14 +31,27 @@ class KernelBackend(str, enum.Enum):
 
     @classmethod
     def parse(cls, value: "KernelBackend | str") -> "KernelBackend":
-        """Accept an enum member or its value; anything else is a ValueError listing the known values."""
+        """Accept an enum member, its value, or the spelling people write ("sgl-kernel", "torch.compile",
+        "DeepGEMM"); anything else is a ValueError naming the close match, if any, and the known values."""
         if isinstance(value, cls):
             return value
         try:
             return cls(value)
         except ValueError:
-            known = ", ".join(b.value for b in cls)
-            raise ValueError(f"unknown kernel backend {value!r}; known backends: {known}") from None
+            pass
+        spelt = _spelling(str(value))
+        for backend in cls:
+            if _spelling(backend.value) == spelt:
+                return backend
+        close = difflib.get_close_matches(spelt, [_spelling(b.value) for b in cls], n=1, cutoff=0.75)
+        hint = "".join(f" (did you mean {b.value!r}?)" for b in cls if close and _spelling(b.value) == close[0])
+        known = ", ".join(b.value for b in cls)
+        raise ValueError(f"unknown kernel backend {value!r}{hint}; known backends: {known}") from None
+
+
+def _spelling(name: str) -> str:
+    """What is left of a backend name once case and separators are ignored: 'sgl-kernel' -> 'sglkernel'."""
+    return re.sub(r"[\s._-]+", "", name.lower())
 
 
 class DeviceType(str, enum.Enum):
@@ -204,6 +219,8 @@ class OpDefinition:
     `bucket(*args)` returns the shape bucket of a call as a tuple of JSON scalars, such as (tokens rounded
     up to a power of two, hidden); it runs on every call of a dispatcher (autosel.dispatch), so it must
     cost well under a microsecond. Without it the op has one decision, not one per bucket.
+    `signature` is documentation only: how every backend of the op is called, what it returns or changes in
+    place, and its dtypes (`autosel doctor` shows it).
     """
 
     op: str
@@ -214,6 +231,7 @@ class OpDefinition:
     atol: float | None = None
     shape_of: Callable[..., dict] | None = None
     bucket: Callable[..., tuple] | None = None
+    signature: str = ""
 
     def shapes_for(self, platform: "PlatformInfo") -> list[dict]:
         shapes = self.shapes(platform) if callable(self.shapes) else self.shapes

@@ -93,6 +93,26 @@ def test_every_command_has_help_with_an_example_and_is_in_the_reference(command)
     assert f"### `autosel {command}`" in reference and f"autosel {command}" in reference
 
 
+@pytest.fixture
+def autosel_logger():
+    import logging
+
+    logger = logging.getLogger("autosel")
+    level, handlers = logger.level, list(logger.handlers)
+    yield logger
+    logger.handlers[:] = handlers
+    logger.setLevel(level)
+
+
+@pytest.mark.parametrize("args", [["-v", "tune"], ["tune", "-v"], ["tune", "--verbose"]])
+def test_verbose_is_accepted_before_and_after_the_command(reg, autosel_logger, args):
+    # `autosel show -v` failed with "No such option: -v": -v was accepted only before the command.
+    toy(reg, B.TORCH, B.TRITON)
+    result = run(*args, "--budget-s", "10")
+    assert result.exit_code == 0, result.output
+    assert "autosel: INFO: op 'toy.double' (eager mode): triton chosen" in result.stderr
+
+
 def test_usage_errors_exit_2():
     assert run("tune", "--budget-s", "0").exit_code == 2
     assert run("export", "--out", "x.db", "--format", "xml").exit_code == 2
@@ -124,7 +144,8 @@ def test_installed_autosel_doctor_runs(tmp_path):
 def test_without_torch_the_db_commands_work_and_tune_says_to_install_it(tmp_path):
     block = "import sys; sys.modules['torch'] = None; from autosel.cli import main; main(prog_name='autosel')"
     base = [sys.executable, "-c", block]
-    doctor = subprocess.run(base + ["doctor"], capture_output=True, text=True)
+    # An explicit environment: pytest's readline puts COLUMNS=80 into the one children inherit by default.
+    doctor = subprocess.run(base + ["doctor"], capture_output=True, text=True, env=dict(os.environ))
     assert doctor.returncode == 0, doctor.stderr
     assert "pip install torch" in doctor.stdout  # built-in backends need torch: that is their reason
     show = subprocess.run(base + ["show"], capture_output=True, text=True)
@@ -325,6 +346,21 @@ def test_show_marks_in_use_stale_and_unknown_rows(reg):
     assert "triton *: 10 µs, 1.00x" in text.stdout
 
 
+def test_tables_fit_80_columns_without_splitting_names_and_piped_rows_stay_whole(reg, monkeypatch):
+    # In 80 columns op names were split ("activa/tion.g/elu_an/d_mul"); piped output was cut at 160 columns.
+    monkeypatch.delenv("COLUMNS", raising=False)
+    toy(reg, B.TORCH, B.TRITON, op="activation.gelu_and_mul")
+    store(decision(op="activation.gelu_and_mul"), decision(op="activation.gelu_and_mul", platform=OTHER_CPU))
+    narrow = CliRunner().invoke(cli.main, ["show"], env={"COLUMNS": "80"})
+    assert narrow.exit_code == 0
+    assert max(len(line) for line in narrow.stdout.splitlines()) <= 80
+    assert narrow.stdout.count("activation.gelu_and_mul") == 2
+    assert "\n  winner: triton\n" in narrow.stdout  # too narrow for a table of whole names: one record per row
+    piped = run("show").stdout
+    stale = next(line for line in piped.splitlines() if "stale" in line)
+    assert f"stale: tuned on {OTHER_CPU.key}, this machine is {CPU.key}" in stale  # one row, one line
+
+
 def test_show_with_no_decisions_says_what_to_do(reg, tmp_path):
     result = run("show", "--db", tmp_path / "empty.db")
     assert result.exit_code == 0 and "run `autosel tune`" in result.stdout
@@ -344,11 +380,34 @@ def test_doctor_gives_each_backends_reason(reg):
     assert reasons["torch"] is None and reasons["triton"] is None
     assert reasons["flashinfer"] == "package 'flashinfer' is not installed (pip install flashinfer-python)"
     assert reasons["sgl_kernel"] == "needs cuda, device is cpu"
-    assert op["selection"] == "measured among torch, triton on 2 shapes"
+    assert op["selection"] == "none stored: measured among torch, triton on 2 shapes at first use (or by `autosel tune`)"
     assert {v["name"] for v in report["environment"]} >= {"AUTOSEL_DB", "AUTOSEL_TUNE", "AUTOSEL_RECORD"}
     text = run("doctor")
     assert "no: package 'flashinfer' is not installed (pip install flashinfer-python)" in text.stdout
     assert "OK: nothing blocks selection." in text.stdout
+
+
+def test_doctor_says_when_a_stored_decision_is_in_use(reg):
+    # The selection column said "measured among torch, triton on 2 shapes" although a stored decision was used.
+    toy(reg, B.TORCH, B.TRITON)
+    store(decision(winner="torch"))
+    [op] = json.loads(run("doctor", "--json").stdout)["ops"]
+    user_db = os.environ["AUTOSEL_DB"]
+    assert op["selection"] == f"torch, the stored decision in use (user DB {user_db})"
+    assert op["stored"] == {"eager": {"winner": "torch", "layer": user_db, "layer_kind": "user"}}
+
+
+def test_doctor_lists_how_each_builtin_op_is_called(reg):
+    # The built-in ops' call signatures were documented nowhere; get_kernel("layernorm.rmsnorm")(x, w) failed on eps.
+    from autosel.ops import register_builtin_ops
+
+    register_builtin_ops(into=reg)
+    ops = {item["op"]: item for item in json.loads(run("doctor", "--json").stdout)["ops"]}
+    assert ops["layernorm.rmsnorm"]["signature"].startswith("(x[T, H], weight[H], eps: float) -> new [T, H]")
+    assert "in place" in ops["layernorm.fused_add_rmsnorm"]["signature"]
+    assert all(item["signature"] for item in ops.values())
+    text = run("doctor").stdout
+    assert "How each op is called" in text and "a @ b.T" in text
 
 
 def test_doctor_op_with_no_eligible_backend_is_not_blocking(reg):
@@ -396,6 +455,33 @@ def test_export_jsonl_and_sqlite(reg, tmp_path):
     assert run("export", "--out", db, "--force").exit_code == 0
 
 
+def test_existing_output_error_speaks_of_force_not_the_python_argument(reg, tmp_path):
+    # "already exists" told CLI users to pass overwrite=True, a Python argument.
+    store(decision())
+    out = tmp_path / "out.db"
+    out.write_text("keep me")
+    result = run("export", "--out", out)
+    assert result.exit_code == 1
+    assert result.stderr == (f"Error: {out} already exists; not overwriting it. Choose another --out, or pass --force "
+                             "to overwrite it\n")
+    assert out.read_text() == "keep me"
+
+
+@pytest.mark.parametrize("command", ["export", "merge"])
+def test_an_output_suffix_that_names_no_format_is_a_usage_error(reg, tmp_path, command):
+    # `export --out d.json` wrote SQLite into a file named .json.
+    store(decision())
+    source = tmp_path / "in.jsonl"
+    assert run("export", "--out", source).exit_code == 0
+    out = tmp_path / "d.json"
+    result = run(*(["export"] if command == "export" else ["merge", source]), "--out", out)
+    assert result.exit_code == 2 and "cannot tell the format from the suffix" in result.stderr
+    assert not out.exists()
+    assert run(*(["export"] if command == "export" else ["merge", source]), "--out", out, "--format", "jsonl"
+               ).exit_code == 0
+    assert json.loads(out.read_text().splitlines()[0])["op"] == "toy.double"
+
+
 def test_export_with_nothing_to_export_writes_nothing(reg, tmp_path):
     out = tmp_path / "empty.jsonl"
     result = run("export", "--out", out)
@@ -418,6 +504,33 @@ def test_merge_reports_conflicts_and_exits_1_when_left_out(reg, tmp_path):
     assert report["rows"] == 2 and len(report["conflicts"]) == 1 and not report["conflicts_left_out"]
     winners = {json.loads(line)["op"]: json.loads(line)["winner"] for line in (tmp_path / "n.jsonl").read_text().splitlines()}
     assert winners == {"toy.double": "torch", "toy.other": "triton"}
+
+
+def test_merge_of_a_junk_text_file_is_an_error_not_an_empty_input(reg, tmp_path):
+    # A junk text file was read as JSON Lines with every line skipped, and merge exited 0.
+    good = tmp_path / "good.jsonl"
+    good.write_text(decision().to_json() + "\n")
+    junk = tmp_path / "notes.txt"
+    junk.write_text("remember to tune gemm\nand rope\n")
+    out = tmp_path / "out.db"
+    result = run("merge", good, junk, "--out", out)
+    assert result.exit_code == 1
+    assert result.stderr.startswith(f"Error: {junk} is neither an autosel tuning DB (SQLite) nor a JSON Lines export "
+                                    "of decisions: line 1 is not valid JSON (Expecting value at column 1)")
+    assert not out.exists()
+
+
+def test_merge_warns_once_per_bad_line_in_the_files_terms(reg, tmp_path):
+    # A bad line was reported twice (the inputs were read twice) as "Decision.__init__() missing 5 required
+    # positional arguments".
+    mixed = tmp_path / "mixed.jsonl"
+    mixed.write_text(decision().to_json() + '\n{"op": "toy.double", "winner": "torch"}\n')
+    result = run("merge", mixed, "--out", tmp_path / "out.db")
+    assert result.exit_code == 0, result.output
+    warning = (f"Warning: {mixed}:2: skipping a line that is not a decision: it has no 'mode', 'bucket', "
+               "'platform_key', 'versions', 'candidates', 'margin'; each line must be one decision as "
+               "`autosel export --format jsonl` writes it\n")
+    assert result.stderr == warning
 
 
 def test_merge_missing_input_is_a_usage_error(tmp_path):
@@ -450,6 +563,32 @@ def test_report_after_a_tune_is_one_self_contained_page(reg, tmp_path):
     page = out.read_text()
     assert "<svg" in page and "toy.double" in page and "raised RuntimeError" in page and CPU.key in page
     assert "<script" not in page and "<link" not in page and "http" not in page.replace('xmlns="http://www.w3.org/2000/svg"', "")
+
+
+def test_report_refuses_to_overwrite_without_force_like_export_and_merge(reg, tmp_path):
+    # report overwrote an existing file while export and merge refused without --force.
+    toy(reg, B.TORCH, B.TRITON)
+    store(decision())
+    out = tmp_path / "report.html"
+    out.write_text("keep me")
+    result = run("report", "--out", out)
+    assert result.exit_code == 1 and "already exists" in result.stderr and "--force" in result.stderr
+    assert out.read_text() == "keep me"
+    assert run("report", "--out", out, "--force").exit_code == 0
+    assert out.read_text().startswith("<!DOCTYPE html>")
+
+
+@pytest.mark.parametrize("command", ["show", "report"])
+def test_an_op_glob_matching_nothing_is_an_error_as_in_tune(reg, tmp_path, command):
+    # `show --op 'nosuch*'` exited 0 (an empty table) while `tune --op 'nosuch*'` exited 1.
+    toy(reg, B.TORCH, B.TRITON)
+    store(decision(op="stored.only"))
+    args = ["--out", tmp_path / "r.html"] if command == "report" else []
+    result = run(command, "--op", "nosuch*", *args)
+    assert result.exit_code == 1
+    assert result.stderr == ("Error: no registered op or stored decision matches --op 'nosuch*'; known ops: "
+                             "stored.only, toy.double\n")
+    assert run("show", "--op", "stored.*").exit_code == 0
 
 
 def test_report_with_no_decisions_is_an_error(reg, tmp_path):

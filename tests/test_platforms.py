@@ -48,3 +48,18 @@ def test_version_vector_holds_base_versions_and_candidate_packages_only():
     assert versions["cuda"] == "13.0" and "flashinfer-python" not in versions  # not a candidate's package
     assert versions["torch"]  # from installed metadata
     assert "autosel" in versions  # own kernels change with autosel releases
+
+
+@pytest.mark.parametrize("device, eligible, has_triton", [
+    ("cpu", [B.TORCH, B.TORCH_COMPILE], False),
+    ("cpu", [B.TORCH, B.TRITON], True),
+    ("cuda", [B.TORCH, B.TORCH_COMPILE], True),
+])
+def test_triton_is_in_the_version_vector_only_where_it_can_change_the_decision(device, eligible, has_triton):
+    # Installing triton on a CPU host (the Quick start's step 2) turned every CPU decision stale:
+    # "versions differ: triton (none) -> 3.9.0", although no triton backend was eligible there.
+    platform = PlatformInfo(device, versions=(("torch", "2.13.0"), ("triton", "3.9.0")))
+    requires = {B.TRITON: ("torch", "triton")}
+    specs = [KernelSpec("a.b", b, f"autosel.ops.torch_impl:{b.value}", requires=requires.get(b, ("torch",)))
+             for b in eligible]
+    assert ("triton" in version_vector(platform, specs)) is has_triton

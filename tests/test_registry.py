@@ -98,3 +98,95 @@ def test_third_party_package_registers_through_the_entry_point(tmp_path):
     env = dict(os.environ, PYTHONPATH=str(target))
     out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["-3", "True"]
+
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BUILTIN_OPS = ["activation.gelu_and_mul", "activation.silu_and_mul", "embeddings.rope", "gemm.mm",
+               "layernorm.fused_add_rmsnorm", "layernorm.rmsnorm"]
+
+
+def _python(code: str, tmp_path, extra_path: str = "") -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (extra_path, ROOT) if p),
+               AUTOSEL_DB=str(tmp_path / "user.db"))
+    script = tmp_path / "probe.py"
+    script.write_text(code)
+    return subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, cwd=tmp_path)
+
+
+def _readme_block(heading: str) -> str:
+    text = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
+    section = text[text.index(heading):]
+    return section[section.index("```python") + len("```python"):].split("```", 1)[0]
+
+
+def test_readme_engine_snippet_runs_as_pasted_and_keeps_the_builtin_ops(tmp_path):
+    # The snippet registered a torch rmsnorm under layernorm.rmsnorm: the built-in plug-in then failed as a
+    # whole and get_kernel("activation.silu_and_mul") raised KeyError; it also used an undefined input factory.
+    check = textwrap.dedent("""
+        assert y.shape == (8, 4096) and out.shape == (8, 1024), (y.shape, out.shape)
+        assert autosel.registry.ops() == %r, autosel.registry.ops()
+        print("ok")
+    """) % (sorted(BUILTIN_OPS + ["myengine.rmsnorm"]),)
+    result = _python(_readme_block("## Using it from an engine") + check, tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["ok"]
+
+
+def test_registry_reads_see_the_plugins_before_any_selection_and_import_no_torch(tmp_path):
+    # The registry was empty (ops() == [], has("gemm.mm") False) until the first select_kernel loaded the plug-ins.
+    code = textwrap.dedent("""
+        import sys, autosel
+        print(autosel.registry.ops() == %r, autosel.registry.has("gemm.mm"),
+              autosel.registry.definition("gemm.mm") is not None, "torch" in sys.modules, "triton" in sys.modules)
+    """) % (BUILTIN_OPS,)
+    result = _python(code, tmp_path)
+    assert result.stdout.split() == ["True", "True", "True", "False", "False"], result.stderr
+
+
+def test_user_registration_conflicting_with_a_builtin_fails_at_the_users_call(tmp_path):
+    # A conflicting user spec registered first made the built-in plug-in fail, unregistering every built-in op.
+    code = textwrap.dedent("""
+        import autosel, importlib
+        from autosel import KernelSpec
+        try:
+            autosel.register_kernel(KernelSpec("layernorm.rmsnorm", "torch", "myengine.norm:rmsnorm_torch"))
+        except ValueError as exc:
+            print(exc)
+        print(len(autosel.registry.ops()), importlib.import_module("autosel.registry").plugin_errors)
+    """)
+    result = _python(code, tmp_path)
+    lines = result.stdout.splitlines()
+    assert lines[0].startswith("Conflicting kernel registration for op 'layernorm.rmsnorm' backend 'torch': already "
+                               "registered with target 'autosel.ops.torch_impl:rmsnorm', now "
+                               "'myengine.norm:rmsnorm_torch'"), result.stderr
+    assert lines[1] == "6 {}"
+
+
+def test_a_plugin_whose_one_spec_conflicts_keeps_its_other_specs(tmp_path):
+    # One conflicting registration inside an entry point's hook used to abort the hook and lose its other specs.
+    site = tmp_path / "site"
+    info = site / "clashing-0.1.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: clashing\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text("[autosel.ops]\nclashing = clashing:register\n")
+    (site / "clashing.py").write_text(textwrap.dedent("""
+        from autosel import KernelSpec, register_kernel
+        def register():
+            register_kernel(KernelSpec("layernorm.rmsnorm", "torch", "clashing:rmsnorm"))
+            register_kernel(KernelSpec("clashing.neg", "torch", "operator:neg"))
+    """))
+    code = textwrap.dedent("""
+        import autosel, importlib
+        errors = importlib.import_module("autosel.registry").plugin_errors
+        print(autosel.registry.ops())
+        print(sorted(errors))
+        print(autosel.registry.get("layernorm.rmsnorm")[0].target in ("autosel.ops.torch_impl:rmsnorm",
+                                                                      "clashing:rmsnorm"))
+        print(list(errors.values())[0])
+    """)
+    result = _python(code, tmp_path, extra_path=str(site))
+    lines = result.stdout.splitlines()
+    assert lines[0] == repr(sorted(BUILTIN_OPS + ["clashing.neg"])), result.stderr
+    assert lines[1] in ("['builtin']", "['clashing']")  # whichever entry point ran second met the conflict
+    assert lines[2] == "True"
+    assert "Conflicting kernel registration for op 'layernorm.rmsnorm' backend 'torch'" in lines[3]

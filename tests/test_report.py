@@ -8,7 +8,7 @@ import pytest
 
 from autosel.decisions import CandidateResult, Decision, Measurement, ShapeResult
 from autosel.inventory import Entry
-from autosel.report import candidate_median_us, format_us, render_report, svg_chart
+from autosel.report import candidate_median_us, format_lead, format_us, render_report, svg_chart
 
 SHAPES = [{"tokens": 1, "hidden": 4096}, {"tokens": 512, "hidden": 4096}]
 
@@ -139,3 +139,44 @@ def test_compile_time_is_reported_apart_from_the_timed_medians():
     html = page(decision(candidates=decision().candidates + (compiled,)))
     assert "first call (with compile)" in html and "21.30 s" in html
     assert candidate_median_us(compiled) == pytest.approx((4.0 * 200.0) ** 0.5)
+
+
+def kept_default() -> Decision:
+    """torch kept as the default although triton's medians are lower: triton did not win by more than the noise."""
+    return decision(winner="torch", runner_up="triton", lead_over_runner_up=-0.187,
+                    per_shape_winners=(('{"hidden": 4096, "tokens": 1}', "torch"),
+                                       ('{"hidden": 4096, "tokens": 512}', "torch")))
+
+
+def test_a_faster_runner_up_is_said_in_words_not_as_a_negative_margin():
+    # "torch chosen, runner-up torch_compile (margin -18.7%)" read as a bug.
+    assert format_lead(kept_default()) == "default kept: runner-up 18.7% faster, not beyond the noise in every round"
+    assert format_lead(decision()) == "+42.0%"
+    html = page(kept_default())
+    assert "triton (18.7% faster than torch overall, but not by more than the noise in every round, so the " \
+           "default, torch, was kept)" in html
+    assert "-18.7%" not in html
+
+
+def test_per_shape_table_bolds_the_fastest_and_marks_the_chosen_apart():
+    # The table bolded the chosen backend, so a kept default looked fastest; the README says the fastest is marked.
+    html = page(kept_default())
+    row = re.search(r"<code>tokens=1, hidden=4096</code>.*?</tr>", html).group(0)
+    assert '<td class="num">8 µs <span class="chosen" title="chosen at this shape">✓</span></td>' in row
+    assert '<td class="num winner">5 µs</td>' in row
+    svg = svg_chart(kept_default())
+    assert re.search(r'r="6" fill="[^"]+" stroke="#111" stroke-width="2"><title>triton at tokens=1', svg)
+    assert "fastest at that shape" in svg
+
+
+def test_shapes_are_plotted_from_the_smallest_to_the_largest():
+    # Shapes were plotted in declaration order, so the lines zig-zagged.
+    big_first = [dict(SHAPES[1]), dict(SHAPES[0])]
+    flipped = [CandidateResult(c.backend, c.status, c.reason, c.score,
+                               tuple(ShapeResult(shape=s, timing=r.timing) for s, r in zip(big_first, c.shapes[::-1])))
+               for c in decision().candidates]
+    svg = svg_chart(decision(candidates=tuple(flipped)))
+    labels = [t for t in re.findall(r'class="tick">([^<]+)</text>', svg) if "×" in t]
+    assert labels == ["1×4096", "512×4096"]
+    html = page(decision(candidates=tuple(flipped)))
+    assert html.index("<code>tokens=1, hidden=4096") < html.index("<code>tokens=512, hidden=4096")

@@ -1,4 +1,4 @@
-"""The original selector's contract (DESIGN.md section 1), row by row, plus the measured decision that
+"""The original selector's contract (docs/DESIGN.md section 1), row by row, plus the measured decision that
 replaces "multiple backends usable"."""
 
 from __future__ import annotations
@@ -68,7 +68,8 @@ def test_explicit_backend_not_registered_is_a_key_error(reg):
 
 def test_unknown_backend_string_names_the_known_ones(reg):
     reg.register(KernelSpec("x.y", B.TORCH, "m:a"))
-    with pytest.raises(ValueError, match=r"unknown kernel backend 'trtion'; known backends: torch, torch_compile"):
+    with pytest.raises(ValueError, match=r"unknown kernel backend 'trtion' \(did you mean 'triton'\?\); "
+                                         r"known backends: torch, torch_compile"):
         selector.select_kernel("x.y", "trtion")
 
 

@@ -93,6 +93,21 @@ def test_backend_strings_are_parsed_and_unknown_ones_rejected():
         KernelSpec("a.b", "cuda_magic", "m:f")
 
 
+@pytest.mark.parametrize("written, backend", [
+    ("sgl-kernel", B.SGL_KERNEL), ("torch.compile", B.TORCH_COMPILE), ("Triton", B.TRITON),
+    ("DeepGEMM", B.DEEPGEMM), ("deep_gemm", B.DEEPGEMM), ("cute-dsl", B.CUTE_DSL),
+])
+def test_backend_spellings_people_write_are_accepted(written, backend):
+    # "sgl-kernel" and "torch.compile", as the README's prose writes them, were rejected as unknown backends.
+    assert B.parse(written) is backend
+
+
+def test_a_misspelt_backend_names_the_close_match():
+    # A near miss was answered with the whole list only, not with the name the user probably meant.
+    with pytest.raises(ValueError, match=r"unknown kernel backend 'flashinfr' \(did you mean 'flashinfer'\?\); known"):
+        B.parse("flashinfr")
+
+
 def test_group_and_name():
     spec = KernelSpec("layernorm.rmsnorm", B.TORCH, "m:f")
     assert (spec.group, spec.name) == ("layernorm", "rmsnorm")

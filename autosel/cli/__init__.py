@@ -25,7 +25,8 @@ from autosel.report import candidate_median_us, format_us
 
 RECORD_EXAMPLE = '{"op": "layernorm.rmsnorm", "shape": {"tokens": 64, "hidden": 4096}, "mode": "eager"}'
 MEDIAN_NOTE = "median: geometric mean over the shapes of each shape's median time per call"
-MARGIN_NOTE = "margin: how much slower the runner-up is than the winner (negative: a tie inside the noise, default kept)"
+MARGIN_NOTE = ("margin: how much slower the runner-up is than the winner; \"default kept\": the runner-up was faster "
+               "but not by more than the noise in every round")
 
 
 class _Group(click.Group):
@@ -50,30 +51,95 @@ class _StderrHandler(logging.StreamHandler):
         pass
 
 
+class _WarningLines(logging.Handler):
+    """The library's logged warnings (without -v) as `Warning: ...` lines on stderr, each text once."""
+
+    def __init__(self, shown: set[str]) -> None:
+        super().__init__(logging.WARNING)
+        self.shown = shown
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if not any(isinstance(h, _StderrHandler) for h in logging.getLogger("autosel").handlers):  # -v shows it
+            _warn_once(self.shown, record.getMessage())
+
+
+def _warn_once(shown: set[str], text: str) -> None:
+    if text not in shown:
+        shown.add(text)
+        click.echo(f"Warning: {text}", err=True)
+
+
 @contextmanager
 def _warnings_as_messages() -> Iterator[None]:
-    """The library warns for degraded-but-working paths; show them as one plain line each, not with a traceback."""
+    """The library warns for degraded-but-working paths (warnings and logged warnings); show each as one plain
+    line, once per command, not with a traceback and not again when a second code path meets the same file."""
+    shown: set[str] = set()
+    logger = logging.getLogger("autosel")
+    handler = _WarningLines(shown)
     with warnings.catch_warnings():
-        warnings.showwarning = lambda message, *args, **kwargs: click.echo(f"Warning: {message}", err=True)
-        yield
+        warnings.showwarning = lambda message, *args, **kwargs: _warn_once(shown, str(message))
+        logger.addHandler(handler)
+        try:
+            yield
+        finally:
+            logger.removeHandler(handler)
+
+
+# Piped or captured output is not wrapped at all (a row stays one line for grep and diff): rich would wrap at 80.
+UNWRAPPED_WIDTH = 100_000
+# Columns of names and short values: never split ("activa/tion.g/elu_an/d_mul"); the other columns wrap instead.
+WHOLE_COLUMNS = frozenset({"op", "mode", "bucket", "winner", "runner-up", "median", "backend", "kind",
+                           "access", "schema", "rows", "variable", "platform"})
 
 
 def _console(*, stderr: bool = False):
+    """A terminal gets tables sized to it; piped output gets its rows unwrapped, unless COLUMNS says a width."""
     from rich.console import Console
 
     console = Console(stderr=stderr, highlight=False)
-    if not console.is_terminal and "COLUMNS" not in os.environ:  # piped or captured: do not wrap at 80
-        console = Console(stderr=stderr, highlight=False, width=160)
+    if not console.is_terminal and "COLUMNS" not in os.environ:
+        console = Console(stderr=stderr, highlight=False, width=UNWRAPPED_WIDTH)
     return console
 
 
 def _table(*columns: str, title: str | None = None):
+    """Names and short values never wrap; long text (reasons, evidence, paths) folds to fit the width.
+    Cells are plain text: a reason such as "cache rows [cos | sin]" is not rich markup. A terminal too narrow
+    for the names gets one record per row ("  column: value" lines) instead of a table of cut names."""
     from rich import box
+    from rich.measure import Measurement
     from rich.table import Table
+    from rich.text import Text
 
-    table = Table(title=title, box=box.SIMPLE_HEAD, title_justify="left", show_edge=False)
+    class PlainTable(Table):
+        records: list[list[str]]  # the cells as text, for the one-record-per-row layout
+
+        def add_row(self, *cells, **kwargs):
+            self.records.append([str(c) for c in cells])
+            super().add_row(*(Text(c) if isinstance(c, str) else c for c in cells), **kwargs)
+
+        def __rich_console__(self, console, options):
+            needed = Measurement.get(console, options.update_width(UNWRAPPED_WIDTH), self).minimum
+            if needed <= options.max_width:
+                yield from super().__rich_console__(console, options)
+                return
+            if self.title:
+                yield Text(str(self.title))
+            names = [str(c.header) for c in self.columns]
+            for first, *rest in self.records:
+                if first:
+                    yield Text(first)
+                for name, value in zip(names[1:], rest):
+                    if value:
+                        yield Text(f"  {name}: " + value.replace("\n", "\n    "))
+
+    table = PlainTable(title=title, box=box.SIMPLE_HEAD, title_justify="left", show_edge=False)
+    table.records = []
     for column in columns:
-        table.add_column(column, overflow="fold")
+        if column in WHOLE_COLUMNS:
+            table.add_column(column, no_wrap=True, min_width=len(column))
+        else:
+            table.add_column(column, overflow="fold")
     return table
 
 
@@ -94,6 +160,33 @@ def _settings(db: str | None, *, full: bool) -> config.Settings:
 
 def _matches(op: str, patterns: tuple[str, ...] | list[str]) -> bool:
     return not patterns or any(fnmatch.fnmatchcase(op, p) for p in patterns)
+
+
+def _check_globs(patterns: tuple[str, ...], known: set[str], what: str) -> None:
+    """An --op glob that matches no registered op and no stored decision is a mistake, as in `tune`: exit 1."""
+    for pattern in patterns:
+        if not any(fnmatch.fnmatchcase(op, pattern) for op in known):
+            raise click.ClickException(f"no {what} matches --op {pattern!r}; known ops: "
+                                       f"{', '.join(sorted(known)) or 'none'}")
+
+
+FILE_FORMATS = {".db": "sqlite", ".sqlite": "sqlite", ".sqlite3": "sqlite", ".jsonl": "jsonl", ".ndjson": "jsonl"}
+
+
+def _format_of(out, fmt: str | None = None) -> str:
+    """--format, else the format --out's suffix names; an unknown suffix (d.json) is a usage error, not SQLite."""
+    if fmt:
+        return fmt
+    if out.suffix.lower() in FILE_FORMATS:
+        return FILE_FORMATS[out.suffix.lower()]
+    raise click.BadParameter(f"cannot tell the format from the suffix of {out} (.db/.sqlite: SQLite, .jsonl: JSON "
+                             "Lines); name the file so, or pass --format sqlite|jsonl", param_hint="--out")
+
+
+def _refuse_overwrite(out, force: bool) -> None:
+    if out.exists() and not force:
+        raise click.ClickException(f"{out} already exists; not overwriting it. Choose another --out, or pass --force "
+                                   "to overwrite it")
 
 
 def _decision_summary(decision) -> dict[str, Any]:
@@ -136,6 +229,10 @@ Examples:
 def main(ctx: click.Context, verbose: int) -> None:
     """Time kernel backends per LLM op on this machine and keep the winners in a layered SQLite DB."""
     ctx.with_resource(_warnings_as_messages())
+    _log_verbosely(verbose)
+
+
+def _log_verbosely(verbose: int) -> None:
     if verbose:
         logger = logging.getLogger("autosel")
         if not any(isinstance(h, _StderrHandler) for h in logger.handlers):
@@ -145,4 +242,15 @@ def main(ctx: click.Context, verbose: int) -> None:
         logger.setLevel(logging.DEBUG if verbose > 1 else logging.INFO)
 
 
+def _verbose_option() -> click.Option:
+    """-v / -vv after the command too (`autosel show -v`), as people type it; the same as before the command."""
+    return click.Option(["-v", "--verbose"], count=True, expose_value=False, is_eager=True,
+                        callback=lambda ctx, param, value: value and _log_verbosely(
+                            max(value, ctx.find_root().params.get("verbose") or 0)),  # -vv show -v: debug
+                        help="Log what autosel does on stderr (-v info, -vv debug).")
+
+
 from autosel.cli import _files, _inspect, _tune  # noqa: E402,F401  (registers the commands)
+
+for _command in main.commands.values():
+    _command.params.append(_verbose_option())

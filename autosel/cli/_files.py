@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from autosel.cli import _echo_json, _matches, _settings, main
+from autosel.cli import _echo_json, _format_of, _matches, _refuse_overwrite, _settings, main
 from autosel.inventory import Inventory
 
 
@@ -15,7 +15,8 @@ from autosel.inventory import Inventory
 @main.command()
 @click.option("--out", required=True, type=click.Path(dir_okay=False, path_type=Path), help="The file to write.")
 @click.option("--format", "fmt", type=click.Choice(["sqlite", "jsonl"]),
-              help="sqlite (to ship) or jsonl (to review in a pull request); default: from --out's suffix.")
+              help="sqlite (to ship) or jsonl (to review in a pull request); default: from --out's suffix "
+                   "(.db, .sqlite: sqlite; .jsonl: jsonl).")
 @click.option("--op", "ops", multiple=True, metavar="GLOB", help="Only ops matching this glob (repeatable).")
 @click.option("--db", metavar="PATH", help="Export this DB instead of the default user DB.")
 @click.option("--all-layers", is_flag=True, help="Also export rows of the read-only shipped layers.")
@@ -32,7 +33,8 @@ def export(out, fmt, ops, db, all_layers, force, as_json):
     from autosel import tuning
     from autosel.db_tools import export_decisions
 
-    fmt = fmt or ("jsonl" if out.suffix == ".jsonl" else "sqlite")
+    fmt = _format_of(out, fmt)
+    _refuse_overwrite(out, force)
     settings = _settings(db, full=False)
     pairs = [(d, layer) for d, layer in tuning.database(settings).decisions()
              if _matches(d.op, ops) and (all_layers or layer.kind != "shipped")]
@@ -50,12 +52,13 @@ def export(out, fmt, ops, db, all_layers, force, as_json):
 @main.command()
 @click.argument("inputs", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.option("--out", required=True, type=click.Path(dir_okay=False, path_type=Path),
-              help="The merged file (.jsonl: JSON Lines, else SQLite).")
+              help="The merged file (.db, .sqlite: SQLite; .jsonl: JSON Lines).")
+@click.option("--format", "fmt", type=click.Choice(["sqlite", "jsonl"]), help="Default: from --out's suffix.")
 @click.option("--prefer", type=click.Choice(["newest", "first"]),
               help="Keep one row of each conflict: the newest, or the first input's. Default: leave conflicts out.")
 @click.option("--force", is_flag=True, help="Overwrite --out if it exists.")
 @click.option("--json", "as_json", is_flag=True, help="Write the merge report as JSON on stdout.")
-def merge(inputs, out, prefer, force, as_json):
+def merge(inputs, out, fmt, prefer, force, as_json):
     """Merge tuning DBs or JSON Lines exports into one file.
 
     A conflict is one key (platform, op, mode, versions) with different winners. Without --prefer conflicts
@@ -66,12 +69,11 @@ def merge(inputs, out, prefer, force, as_json):
       autosel merge host1.db host2.db --out fleet.db
       autosel merge a.jsonl b.jsonl --out merged.jsonl --prefer newest
     """
-    from autosel.db_tools import merge as merge_files, read_decisions
+    from autosel.db_tools import merge as merge_files
 
-    if not any(read_decisions(p) for p in inputs):
-        raise click.ClickException(f"none of {', '.join(map(str, inputs))} holds a decision, so {out} was not "
-                                   "written; check the inputs (autosel export writes them)")
-    report = merge_files(list(inputs), out, prefer=prefer, overwrite=force)
+    fmt = _format_of(out, fmt)
+    _refuse_overwrite(out, force)
+    report = merge_files(list(inputs), out, prefer=prefer, overwrite=force, fmt=fmt)
     conflicts = [{"op": c.key.op, "mode": c.key.mode, "bucket": c.key.bucket, "platform_key": c.key.platform_key,
                   "versions_hash": c.key.versions_hash,
                   "winners": [{"source": src, "winner": w} for src, w in c.winners]} for c in report.conflicts]

@@ -11,9 +11,9 @@ from typing import Any
 import click
 
 from autosel import config
-from autosel.cli import (MEDIAN_NOTE, _console, _decision_summary, _echo_json, _matches, _runner_up_text, _settings,
-                         _table, main)
-from autosel.decisions import bucket_order
+from autosel.cli import (MEDIAN_NOTE, _check_globs, _console, _decision_summary, _echo_json, _matches,
+                         _refuse_overwrite, _runner_up_text, _settings, _table, main)
+from autosel.decisions import OP_LEVEL_BUCKET, bucket_order
 from autosel.errors import ConfigError
 from autosel.inventory import Entry, Inventory
 from autosel.report import candidate_median_us, first_call_s, format_lead, format_us
@@ -25,9 +25,11 @@ def _entries(settings: config.Settings, ops: tuple[str, ...], *, layers: str = "
     from autosel import platforms, tuning
 
     platform = platforms.current_platform()
-    tuning.load_plugins()
+    tuning.load_plugins()  # doctor reads plugin_errors afterwards
     db = tuning.database(settings)
-    pairs = [(d, layer) for d, layer in db.decisions()
+    stored = db.decisions()
+    _check_globs(ops, set(tuning.registry.ops()) | {d.op for d, _ in stored}, "registered op or stored decision")
+    pairs = [(d, layer) for d, layer in stored
              if _matches(d.op, ops) and (layers == "all" or layer.kind != "shipped")]
     return platform, Inventory(platform, tuning.registry).entries(pairs)
 
@@ -115,7 +117,7 @@ def doctor(db, as_json):
       autosel doctor
       autosel doctor --json | jq '.ops[] | select(.eligible == [])'
     """
-    from autosel import platforms, tuning
+    from autosel import tuning
 
     registry_module = importlib.import_module("autosel.registry")  # `autosel.registry` the name is the object
 
@@ -126,11 +128,12 @@ def doctor(db, as_json):
     except ConfigError as exc:
         config_error = str(exc)
         blocking.append(f"{exc}; fix or unset the variable")
-    platform = platforms.current_platform()
-    tuning.load_plugins()
+    platform, entries = _entries(_settings(db, full=False), ())
     plugin_errors = dict(registry_module.plugin_errors)
     blocking += [f"plug-in {name!r} failed to load ({error}); its ops are not registered. Reinstall or fix "
                  "the package that declares it" for name, error in plugin_errors.items()]
+    in_use = {(e.decision.op, e.decision.mode): e for e in entries
+              if e.status == "in use" and e.decision.bucket == OP_LEVEL_BUCKET}
     ops = []
     for op in tuning.registry.ops():
         specs = tuning.registry.get(op)
@@ -145,11 +148,12 @@ def doctor(db, as_json):
             selection = "no backend eligible here: only explicit backend=... calls work"
         elif len(eligible) == 1:
             selection = f"{eligible[0]} (the only eligible backend)"
-        elif shapes:
-            selection = f"measured among {', '.join(eligible)} on {shapes} shapes"
         else:
-            selection = "several eligible but no representative shapes: selection raises unless backend=..."
-        ops.append({"op": op, "eligible": eligible, "shapes": shapes, "selection": selection, "backends": backends})
+            selection = _contested_selection(op, eligible, shapes, tuning.modes_for(platform), in_use)
+        stored = {mode: {"winner": e.decision.winner, "layer": e.layer_path, "layer_kind": e.layer_kind}
+                  for (name, mode), e in in_use.items() if name == op}
+        ops.append({"op": op, "signature": definition.signature if definition else "", "eligible": eligible,
+                    "shapes": shapes, "selection": selection, "stored": stored, "backends": backends})
     layers = [vars(layer) for layer in tuning.database(_settings(db, full=False)).layers]
     ok = not blocking
     if as_json:
@@ -163,6 +167,22 @@ def doctor(db, as_json):
         _print_doctor(platform, ops, layers, plugin_errors, blocking)
     if not ok:
         raise click.ClickException("selection is blocked: " + "; ".join(blocking))
+
+
+def _contested_selection(op: str, eligible: list[str], shapes: int, modes: list[str], in_use: dict) -> str:
+    """Per mode: the stored decision selection uses, or that the backends are measured at first use."""
+    parts = []
+    for mode in modes:
+        entry = in_use.get((op, mode))
+        if entry is not None:
+            text = f"{entry.decision.winner}, the stored decision in use ({entry.layer_kind} DB {entry.layer_path})"
+        elif shapes:
+            text = (f"none stored: measured among {', '.join(eligible)} on {shapes} shapes at first use "
+                    "(or by `autosel tune`)")
+        else:
+            text = "several eligible, none stored and no representative shapes: selection raises unless backend=..."
+        parts.append(text if len(modes) == 1 else f"{mode}: {text}")
+    return "; ".join(parts)
 
 
 def _print_doctor(platform, ops, layers, plugin_errors, blocking) -> None:
@@ -180,6 +200,12 @@ def _print_doctor(platform, ops, layers, plugin_errors, blocking) -> None:
             table.add_row(item["op"] if n == 0 else "", b["backend"],
                           "yes" if b["reason"] is None else f"no: {b['reason']}", item["selection"] if n == 0 else "")
     console.print(table if ops else "No ops are registered.", markup=False)
+    calls = _table("op", "call (every backend takes these arguments)", title="How each op is called")
+    for item in ops:
+        if item["signature"]:
+            calls.add_row(item["op"], item["signature"])
+    if calls.rows:
+        console.print(calls)
     layer_table = _table("kind", "path", "access", "schema", "rows", "problem", title="Tuning DB layers (read in order)")
     for layer in layers:
         layer_table.add_row(layer["kind"], layer["path"], "writable" if layer["writable"] else "read-only",
@@ -205,7 +231,8 @@ def _print_doctor(platform, ops, layers, plugin_errors, blocking) -> None:
 @click.option("--op", "ops", multiple=True, metavar="GLOB", help="Only ops matching this glob (repeatable).")
 @click.option("--db", metavar="PATH", help="Read this DB as the user layer instead of the default user DB.")
 @click.option("--all", "include_all", is_flag=True, help="Also include stale and shadowed rows (badged).")
-def report(out, ops, db, include_all):
+@click.option("--force", is_flag=True, help="Overwrite --out if it exists.")
+def report(out, ops, db, include_all, force):
     """Write a self-contained HTML page of the decisions in use: plots, per-shape winners, rejections.
 
     The page has no scripts and loads nothing from the network; plots are inline SVG.
@@ -219,6 +246,7 @@ def report(out, ops, db, include_all):
     from autosel import tuning
     from autosel.report import render_report
 
+    _refuse_overwrite(out, force)
     settings = _settings(db, full=False)
     platform, entries = _entries(settings, ops)
     chosen = entries if include_all else [e for e in entries if e.status == "in use"]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from autosel.ops.common import ShapesByDevice, dtype_name, dtype_of, rows_bucket, standard_specs, token_bucket
+from autosel.ops.common import DTYPES, ShapesByDevice, dtype_name, dtype_of, rows_bucket, standard_specs, token_bucket
 from autosel.spec import OpDefinition
 
 # Intermediate sizes I: 3584 (Llama-3-70B at TP8), 14336 (Llama-3-8B), 18944 (Qwen2.5-7B),
@@ -36,7 +36,9 @@ SPECS = [
 # Bucket: (tokens rounded up to a power of two, the input's width 2 x intermediate).
 DEFINITIONS = [
     OpDefinition("activation.silu_and_mul", shapes=SHAPES, make_inputs=gated_inputs, shape_of=gated_shape,
-                 bucket=rows_bucket),
+                 bucket=rows_bucket,
+                 signature="(x[T, 2I]) -> new [T, I] = silu(x[:, :I]) * x[:, I:]; " + DTYPES),
     OpDefinition("activation.gelu_and_mul", shapes=SHAPES, make_inputs=gated_inputs, shape_of=gated_shape,
-                 bucket=rows_bucket),
+                 bucket=rows_bucket,
+                 signature="(x[T, 2I]) -> new [T, I] = gelu(x[:, :I]) * x[:, I:] (exact gelu); " + DTYPES),
 ]

@@ -11,6 +11,8 @@ from autosel.spec import CapabilityRequirement, KernelBackend, KernelSpec
 GPU = frozenset({CapabilityRequirement.CUDA, CapabilityRequirement.HIP})
 # flashinfer and sgl-kernel ship CUDA kernels for Ampere and newer.
 CUDA_SM80 = frozenset({CapabilityRequirement.cuda(min_sm=(8, 0))})
+# The dtypes every built-in op's signature (OpDefinition.signature) names: what the vendors' kernels take.
+DTYPES = "bf16/fp16 (fp32 on torch, torch_compile, triton)"
 
 
 def standard_specs(op: str, fn: str, *, triton: bool = True, flashinfer: str | None = None,

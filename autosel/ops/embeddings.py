@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from autosel.ops.common import ShapesByDevice, dtype_name, dtype_of, standard_specs, token_bucket
+from autosel.ops.common import DTYPES, ShapesByDevice, dtype_name, dtype_of, standard_specs, token_bucket
 from autosel.spec import OpDefinition
 
 
@@ -57,5 +57,8 @@ def rope_bucket(positions, query, key, head_size=None, cos_sin_cache=None, is_ne
 SPECS = standard_specs("embeddings.rope", "rope",
                        flashinfer="flashinfer.rope:apply_rope_with_cos_sin_cache_inplace",
                        sgl_kernel="autosel.ops.vendor:sgl_rope")
-DEFINITIONS = [OpDefinition("embeddings.rope", shapes=SHAPES, make_inputs=rope_inputs, shape_of=rope_shape,
-                            bucket=rope_bucket)]
+DEFINITIONS = [OpDefinition(
+    "embeddings.rope", shapes=SHAPES, make_inputs=rope_inputs, shape_of=rope_shape, bucket=rope_bucket,
+    signature="(positions[T] int64, query[T, Hq*D], key[T, Hk*D], head_size: int, cos_sin_cache[P, R] fp32, "
+              "is_neox: bool) -> None, in place on query and key; cache rows [cos | sin]; " + DTYPES,
+)]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from autosel.ops.common import ShapesByDevice, dtype_name, dtype_of, rows_bucket, standard_specs, token_bucket
+from autosel.ops.common import DTYPES, ShapesByDevice, dtype_name, dtype_of, rows_bucket, standard_specs, token_bucket
 from autosel.spec import OpDefinition
 
 EPS = 1e-6
@@ -47,7 +47,10 @@ SPECS = [
 ]
 DEFINITIONS = [
     OpDefinition("layernorm.rmsnorm", shapes=SHAPES, make_inputs=rmsnorm_inputs, shape_of=rmsnorm_shape,
-                 bucket=rows_bucket),  # (tokens rounded up to a power of two, hidden)
+                 bucket=rows_bucket,  # (tokens rounded up to a power of two, hidden)
+                 signature="(x[T, H], weight[H], eps: float) -> new [T, H]; " + DTYPES),
     OpDefinition("layernorm.fused_add_rmsnorm", shapes=SHAPES, make_inputs=fused_add_rmsnorm_inputs,
-                 shape_of=rmsnorm_shape, bucket=rows_bucket),
+                 shape_of=rmsnorm_shape, bucket=rows_bucket,
+                 signature="(x[T, H], residual[T, H], weight[H], eps: float) -> None, in place: "
+                           "residual <- x + residual, x <- rmsnorm(residual); " + DTYPES),
 ]
