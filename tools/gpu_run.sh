@@ -7,6 +7,9 @@
 # env: GPU_TESTS (default tests/gpu; "none" skips), TESTS_TIMEOUT_S (420), BUDGET_S (20), BENCH_ARGS,
 #      TOTAL_S (560: everything is stopped by then, so the DBs are saved within the device's 600 s),
 #      RUNS (1: how many two-tune runs, one after the other, into bench, bench-2, bench-3, ...)
+# BENCH=heldout instead: one fresh `autosel tune` into $OUT/tune.db, then tools/heldout_bench.py on it (eager
+# and graph; on two GPUs the tests and the graph half on GPU 0, the tune and the eager half on GPU 1), and
+# tools/dispatch_bench.py on this host; the flashinfer modules built on the way come back as fi_aot.tar.gz.
 set -uo pipefail
 deadline=$((SECONDS + ${TOTAL_S:-560}))
 . tools/gpu_env.sh || exit 1
@@ -26,6 +29,36 @@ run_tests() {
   timeout "${TESTS_TIMEOUT_S:-420}" python3 -m pytest ${GPU_TESTS:-tests/gpu} -q -p no:cacheprovider \
     > "$OUT/gpu_tests.txt" 2>&1
 }
+heldout() {  # heldout MODE: the held-out benchmark in one mode, on the DB the tune wrote
+  AUTOSEL_DB=$OUT/tune.db AUTOSEL_TUNE=off timeout "$(left)" python3 tools/heldout_bench.py --out "$OUT/heldout-$1" \
+    --mode "$1" > "$OUT/heldout-$1.log" 2>&1
+}
+if [ "${BENCH:-stability}" = heldout ]; then
+  tune() {
+    local began=$SECONDS
+    timeout "$(left)" python3 -m autosel tune --db "$OUT/tune.db" --budget-s "${BUDGET_S:-20}" --json \
+      > "$OUT/tune.json" 2> "$OUT/tune.log"
+    echo "tune wall $((SECONDS - began)) s" >> "$OUT/tune.log"
+    touch "$OUT/tuned"
+  }
+  if [ "$(nvidia-smi -L | wc -l)" -ge 2 ]; then
+    (export CUDA_VISIBLE_DEVICES=1; tune; heldout eager) &
+    (export CUDA_VISIBLE_DEVICES=0; run_tests; while [ ! -f "$OUT/tuned" ] && [ "$(left)" -gt 0 ]; do sleep 2; done
+     heldout graph)
+    wait
+  else
+    run_tests; tune; heldout eager; heldout graph
+  fi
+  python3 tools/dispatch_bench.py > "$OUT/dispatch_bench.md" 2>&1
+  python3 -c "import sqlite3; sqlite3.connect('$OUT/tune.db').execute('PRAGMA wal_checkpoint(TRUNCATE)')"
+  tail -3 "$OUT/gpu_tests.txt" 2>/dev/null; tail -2 "$OUT/tune.log"; cat "$OUT/dispatch_bench.md"
+  cat "$OUT"/heldout-*/heldout.md 2>/dev/null
+  ops="${FLASHINFER_WORKSPACE_BASE:-/tmp/fiws}/.cache/flashinfer/0.7.4/90a/cached_ops"
+  [ -d "$ops" ] && (mkdir -p /tmp/aot && for m in "$ops"/*/; do n=$(basename "$m"); [ -f "$m/$n.so" ] && mkdir -p \
+    "/tmp/aot/$n" && cp "$m/$n.so" "/tmp/aot/$n/"; done; tar -czf "$OUT/fi_aot.tar.gz" -C /tmp/aot .)
+  (cd "$OUT" && tar -czf results.tar.gz heldout-* tune.* dispatch_bench.md gpu.txt && rm -rf heldout-* tune.* tuned)
+  exit 0
+fi
 if [ "$(nvidia-smi -L | wc -l)" -ge 2 ]; then
   (export CUDA_VISIBLE_DEVICES=0; run_tests; bench 1) &
   CUDA_VISIBLE_DEVICES=1 bench 2
