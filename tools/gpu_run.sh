@@ -10,6 +10,7 @@
 # BENCH=heldout instead: one fresh `autosel tune` into $OUT/tune.db, then tools/heldout_bench.py on it (eager
 # and graph; on two GPUs the tests and the graph half on GPU 0, the tune and the eager half on GPU 1), and
 # tools/dispatch_bench.py on this host; the flashinfer modules built on the way come back as fi_aot.tar.gz.
+# HELDOUT_MODES (one GPU; default "eager graph"); a tune.db already in $OUT (carried) is reused, not retuned.
 set -uo pipefail
 deadline=$((SECONDS + ${TOTAL_S:-560}))
 . tools/gpu_env.sh || exit 1
@@ -35,6 +36,7 @@ heldout() {  # heldout MODE: the held-out benchmark in one mode, on the DB the t
 }
 if [ "${BENCH:-stability}" = heldout ]; then
   tune() {
+    [ -f "$OUT/tune.db" ] && { touch "$OUT/tuned"; return; }
     local began=$SECONDS
     timeout "$(left)" python3 -m autosel tune --db "$OUT/tune.db" --budget-s "${BUDGET_S:-20}" --json \
       > "$OUT/tune.json" 2> "$OUT/tune.log"
@@ -47,7 +49,7 @@ if [ "${BENCH:-stability}" = heldout ]; then
      heldout graph)
     wait
   else
-    run_tests; tune; heldout eager; heldout graph
+    run_tests; tune; for mode in ${HELDOUT_MODES:-eager graph}; do heldout "$mode"; done
   fi
   python3 tools/dispatch_bench.py > "$OUT/dispatch_bench.md" 2>&1
   python3 -c "import sqlite3; sqlite3.connect('$OUT/tune.db').execute('PRAGMA wal_checkpoint(TRUNCATE)')"
