@@ -40,6 +40,13 @@ def bucket_distance(a: tuple, b: tuple) -> float:
     return total
 
 
+# How far (bucket_distance) a tuned bucket may be from an untuned one and still decide for it: a factor of two
+# in all its numbers together. Farther, a bucket's winner says little (on the H200, eager rmsnorm at 1500 x 6144
+# tokens x hidden ran 1.8x slower on the winner of 2048 x 16384), and the op-level winner, judged on every
+# shape, is the safer guess.
+NEAREST_WITHIN = 1.0
+
+
 @dataclass(frozen=True)
 class BucketTable:
     """One op's decisions in one mode: the op-level winner and each tuned bucket's winner (backend names)."""
@@ -55,14 +62,15 @@ class BucketTable:
         return all(w == self.default for w in self.winners.values())
 
     def nearest(self, key: tuple) -> tuple | None:
-        """The tuned bucket nearest to `key` (bucket_distance; ties to the smaller bucket), or None."""
+        """The tuned bucket nearest to `key` (bucket_distance; ties to the smaller bucket) if it is no farther
+        than NEAREST_WITHIN, else None."""
         scored = [(bucket_distance(key, k), key_order(k), k) for k in self.winners]
-        scored = [s for s in scored if s[0] < math.inf]
+        scored = [s for s in scored if s[0] <= NEAREST_WITHIN]
         return min(scored, key=lambda s: s[:2])[2] if scored else None
 
     def route(self, key: tuple) -> str:
-        """The backend a call in bucket `key` runs: its own winner, the nearest tuned bucket's, else the
-        op-level winner."""
+        """The backend a call in bucket `key` runs: its own winner, the nearest tuned bucket's (within
+        NEAREST_WITHIN), else the op-level winner."""
         if key in self.winners:
             return self.winners[key]
         near = self.nearest(key)

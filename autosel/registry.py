@@ -162,7 +162,7 @@ def register_op(
     signature: str = "",
 ) -> OpDefinition:
     """Declare what tuning `op` needs. `reference` defaults to the op's torch backend. `bucket(*args)`: the
-    shape bucket of a call, a tuple such as (tokens rounded up to a power of two, hidden); with it, each
+    shape bucket of a call, a tuple such as (tokens rounded to a power of two, hidden); with it, each
     bucket the shapes cover gets its own decision and get_kernel dispatches by bucket. `signature` documents
     how the op is called (shown by `autosel doctor`)."""
     if isinstance(reference, str):

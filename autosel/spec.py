@@ -215,7 +215,7 @@ class OpDefinition:
     one (so a CPU host need not time 16k-token GEMMs). `make_inputs(shape, device)` returns the
     positional arguments of one call. An op whose kernels return None works in place: its tensor
     arguments after the call are its output. `shape_of(*args)`, the inverse of make_inputs, returns the
-    shape of a real call as a dict (token counts rounded up to a power of two); AUTOSEL_RECORD uses it.
+    shape of a real call as a dict (token counts rounded to a power of two); AUTOSEL_RECORD uses it.
     `bucket(*args)` returns the shape bucket of a call as a tuple of JSON scalars, such as (tokens rounded
     up to a power of two, hidden); it runs on every call of a dispatcher (autosel.dispatch), so it must
     cost well under a microsecond. Without it the op has one decision, not one per bucket.

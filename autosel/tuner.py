@@ -269,8 +269,13 @@ class Tuner:
         for i, key in enumerate(buckets):
             if key is not None:
                 groups.setdefault(key, []).append(i)
+        # A bucket's default is the op-level winner: it is kept unless beaten by more than the margin in every
+        # reading at that bucket's shapes. With registration order instead, a near-tie at one shape handed the
+        # bucket to an earlier-registered backend (triton before the vendors) that lost by 1.8x on the held-out
+        # shapes routed to it (H200, eager rmsnorm; docs/BENCHMARKS.md).
+        by_default = {decision.winner: stats[decision.winner], **stats}
         per_bucket = [_decision(op, bucket_text(key), v, candidates, timings, shapes, groups[key], common)
-                      for key, v in self.policy.judge_groups(stats, groups).items()]
+                      for key, v in self.policy.judge_groups(by_default, groups).items()]
         lead = f"lead over {decision.runner_up} {decision.lead_over_runner_up:+.1%}, " if decision.runner_up else ""
         differ = sum(d.winner != decision.winner for d in per_bucket)
         buckets_text = f", {len(per_bucket)} buckets ({differ} with another winner)" if per_bucket else ""
@@ -283,7 +288,7 @@ def bucket_of(definition: OpDefinition, args: tuple) -> tuple:
     key = definition.bucket(*args)
     if not isinstance(key, tuple) or not all(isinstance(v, (int, float, str, bool)) for v in key):
         raise TuningError(f"op {definition.op!r}: its bucket function returned {key!r}; it must return a tuple "
-                          "of ints, floats, strings or bools (such as (tokens rounded up to a power of two, hidden))")
+                          "of ints, floats, strings or bools (such as (tokens rounded to a power of two, hidden))")
     return key
 
 

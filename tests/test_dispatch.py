@@ -49,6 +49,8 @@ def test_bucket_distance_is_log2_per_number_and_infinite_on_other_values(a, b, e
     ((8192, 4096), "triton"),        # nearest: (16384, 4096)
     ((16384, 6144), "triton"),       # between two triton buckets
     (("fp8", 4096), "torch"),        # no tuned bucket is comparable: the op-level winner
+    ((4, 4096), "torch"),            # the nearest, (1, 4096), is two powers of two away: the op-level winner
+    ((2048, 6144), "torch"),         # every tuned bucket is more than a factor of two away
 ])
 def test_route_is_the_bucket_then_the_nearest_then_the_op_level_winner(key, backend):
     assert TABLE.route(key) == backend
@@ -75,9 +77,10 @@ def test_each_call_runs_its_buckets_winner_and_remembers_unseen_buckets():
     object.__setattr__(table, "route", lambda key: calls.append(key) or original(key))
     assert fn((1, 4096)) == ("flashinfer", (1, 4096))
     assert fn((12000, 4096)) == ("triton", (12000, 4096))
-    assert fn((3, 4096)) == ("flashinfer", (3, 4096))
-    assert fn((4, 4096)) == ("flashinfer", (4, 4096))  # the same untuned bucket (4, 4096): routed once
-    assert calls == [(4, 4096)]
+    assert fn((2, 4096)) == ("flashinfer", (2, 4096))
+    assert fn((3, 4096)) == ("torch", (3, 4096))  # bucket (4, 4096): too far from (1, 4096), op-level winner
+    assert fn((4, 4096)) == ("torch", (4, 4096))  # the same untuned bucket (4, 4096): routed once
+    assert calls == [(2, 4096), (4, 4096)]
     assert fn.__name__ == "autosel_dispatch[x.norm]" and fn.table is table
 
 

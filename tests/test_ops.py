@@ -120,8 +120,22 @@ def test_the_built_in_bucket_keys():
     assert rows_bucket(torch.empty(1, 4096)) == (1, 4096) and rows_bucket(torch.empty(0, 64)) == (1, 64)
     assert rows_bucket(torch.empty(2048, 8192)) == (2048, 8192)  # a power of two is its own bucket
     assert rope_bucket(torch.arange(3), torch.empty(3, 4096), torch.empty(3, 1024), 128, None, False) == (4, 4096, False)
-    assert mm_bucket(torch.empty(17, 4096), torch.empty(6144, 4096)) == (32, 6144, 4096)
-    assert mm_bucket(torch.empty(2, 9, 4096), torch.empty(6144, 4096)) == (32, 6144, 4096)
+    assert mm_bucket(torch.empty(17, 4096), torch.empty(6144, 4096)) == (16, 6144, 4096)  # nearest, not up
+    assert mm_bucket(torch.empty(2, 12, 4096), torch.empty(6144, 4096)) == (32, 6144, 4096)
+
+
+def test_token_buckets_round_to_the_nearest_power_of_two_and_every_bucket_function_agrees():
+    import torch
+
+    from autosel.ops.common import rows_bucket, token_bucket
+    from autosel.ops.embeddings import rope_bucket
+    from autosel.ops.gemm import mm_bucket
+
+    assert [token_bucket(t) for t in (0, 1, 2, 3, 5, 6, 1300, 1500, 3000, 4096)] == [
+        1, 1, 2, 4, 4, 8, 1024, 2048, 4096, 4096]
+    for t in range(1, 300):
+        x = torch.empty(t, 8)
+        assert rows_bucket(x)[0] == rope_bucket(None, x, None)[0] == mm_bucket(x, torch.empty(4, 8))[0] == token_bucket(t)
 
 
 @pytest.mark.parametrize("op", ["layernorm.rmsnorm", "layernorm.fused_add_rmsnorm", "activation.silu_and_mul",

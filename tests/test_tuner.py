@@ -519,15 +519,19 @@ def test_each_bucket_gets_its_own_decision_from_the_same_measurements(toy):
     assert first.per_shape_winners == ((f'{{"n": {n1}}}', "torch"),)
 
 
-def test_a_bucket_is_decided_by_the_same_margin_rule(toy):
+@pytest.mark.parametrize("triton_factor, expected", [
+    (2.04, ["triton", "triton"]),  # torch 2% faster on the first shape: inside the 3% floor, triton kept there
+    (2.2, ["torch", "triton"]),    # torch 9% faster: beyond the floor in every round
+])
+def test_a_bucket_is_decided_by_the_same_margin_rule(toy, triton_factor, expected):
     _, kernels = toy
     n1 = kernels.SHAPES[0]["n"]
-    # triton 2% faster on the first shape: inside the 3% floor, so that bucket keeps the default.
-    timer = FakeTimer({"torch": 100.0, "triton": 50.0}, noise=0.001, shape_factor={("triton", n1): 1.96})
-    _, buckets = Tuner(timer=timer, device="cpu").tune_buckets(
+    # triton, the op-level winner, is 2x faster on the second shape.
+    timer = FakeTimer({"torch": 100.0, "triton": 50.0}, noise=0.001, shape_factor={("triton", n1): triton_factor})
+    decision, buckets = Tuner(timer=timer, device="cpu").tune_buckets(
         bucketed(kernels), specs(torch="fast", triton="fast"), reference=kernels.fast, shapes=kernels.SHAPES,
         mode="eager", platform_key="cpu/test", versions={})
-    assert [b.winner for b in buckets] == ["torch", "triton"]
+    assert decision.winner == "triton" and [b.winner for b in buckets] == expected
 
 
 def test_a_candidate_far_behind_overall_but_fastest_at_one_shape_is_kept(toy):
@@ -563,3 +567,17 @@ def test_a_policy_is_a_value_the_tuner_is_given(toy):
     assert DEFAULT_POLICY.with_floor("cuda:graph-replay", 0.05).rule_for("cuda:do_bench_cudagraph").floor == 0.05
     with pytest.raises(ValueError, match="no timing method 'cuda:nope'"):
         DEFAULT_POLICY.with_floor("cuda:nope", 0.05)
+
+
+def test_a_buckets_default_is_the_op_level_winner_not_the_first_registered(toy):
+    # Used to break: a near-tie at one shape went to the earlier-registered backend (triton before flashinfer),
+    # whose bucket then ran 1.8x slower on the shapes routed to it (H200, eager rmsnorm).
+    _, kernels = toy
+    n2 = kernels.SHAPES[1]["n"]
+    # "triton" (registered first) is 2% slower than "jit" on the first shape and 2x slower on the second.
+    timer = FakeTimer({"triton": 100.0, "jit": 98.0}, noise=0.001, shape_factor={("triton", n2): 2.0})
+    decision, buckets = Tuner(timer=timer, device="cpu").tune_buckets(
+        bucketed(kernels), specs(triton="fast", jit="fast"), reference=kernels.fast, shapes=kernels.SHAPES,
+        mode="eager", platform_key="cpu/test", versions={})
+    assert decision.winner == "jit"
+    assert [b.winner for b in buckets] == ["jit", "jit"]  # the 2% near-tie keeps the op-level winner

@@ -33,7 +33,7 @@ SPECS = [
     *standard_specs("activation.gelu_and_mul", "gelu_and_mul", flashinfer="flashinfer.activation:gelu_and_mul",
                     sgl_kernel="sgl_kernel:gelu_and_mul"),
 ]
-# Bucket: (tokens rounded up to a power of two, the input's width 2 x intermediate).
+# Bucket: (token_bucket(tokens), the input's width 2 x intermediate).
 DEFINITIONS = [
     OpDefinition("activation.silu_and_mul", shapes=SHAPES, make_inputs=gated_inputs, shape_of=gated_shape,
                  bucket=rows_bucket,

@@ -54,20 +54,23 @@ def next_power_of_2(n: int) -> int:
 
 
 def token_bucket(tokens: int) -> int:
-    """Token counts rounded up to a power of two: the bucket a recorded call is tuned under."""
-    return next_power_of_2(int(tokens))
+    """A token count rounded to the nearest power of two (up from 4/3 of the one below, near the geometric
+    midpoint 1.41): the bucket of a call, and the token count a recorded call is tuned under. A representative
+    shape at a power of two then sits inside its bucket, not at its edge. The bucket functions inline it."""
+    tokens = int(tokens)
+    return 1 << ((tokens + (tokens >> 1)).bit_length() - 1) if tokens > 1 else 1
 
 
 def rows_bucket(x, *rest, **kwargs) -> tuple:
-    """The bucket of a call on the rows of `x` ([tokens, width] or [..., width]): (tokens rounded up to a power
-    of two, width). It runs on every dispatched call: one shape read and plain integer arithmetic."""
+    """The bucket of a call on the rows of `x` ([tokens, width] or [..., width]): (token_bucket(tokens), width).
+    It runs on every dispatched call: one shape read and plain integer arithmetic."""
     shape = x.shape
     if len(shape) == 2:
         tokens, width = shape
     else:
         width = shape[-1]
         tokens = x.numel() // max(width, 1)
-    return (1 << (tokens - 1).bit_length() if tokens > 1 else 1, width)
+    return (1 << ((tokens + (tokens >> 1)).bit_length() - 1) if tokens > 1 else 1, width)  # token_bucket
 
 
 def dtype_name(tensor: Any) -> str:

@@ -46,12 +46,12 @@ def rope_shape(positions, query, key, head_size, cos_sin_cache, is_neox=True) ->
 
 
 def rope_bucket(positions, query, key, head_size=None, cos_sin_cache=None, is_neox=True) -> tuple:
-    """(tokens rounded up to a power of two, query width, is_neox), all read from query's one shape: the query
+    """(token_bucket(tokens), query width, is_neox), all read from query's one shape: the query
     width tells the models apart (heads x head size), and GPT-J's interleaved pairs run other code than neox's
     halves. The key's width is left out: reading it would cost a third of the budget of a dispatched call."""
     shape = query.shape
     tokens = shape[0]
-    return (1 << (tokens - 1).bit_length() if tokens > 1 else 1, shape[-1], is_neox)
+    return (1 << ((tokens + (tokens >> 1)).bit_length() - 1) if tokens > 1 else 1, shape[-1], is_neox)
 
 
 SPECS = standard_specs("embeddings.rope", "rope",

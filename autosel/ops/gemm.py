@@ -31,11 +31,11 @@ def mm_shape(a, b) -> dict:
 
 
 def mm_bucket(a, b) -> tuple:
-    """(m rounded up to a power of two, n, k): the token count and the weight's shape."""
+    """(token_bucket(m), n, k): the token count and the weight's shape."""
     n, k = b.shape
     shape = a.shape
     m = shape[0] if len(shape) == 2 else a.numel() // k
-    return (1 << (m - 1).bit_length() if m > 1 else 1, n, k)
+    return (1 << ((m + (m >> 1)).bit_length() - 1) if m > 1 else 1, n, k)  # token_bucket(m)
 
 
 SPECS = standard_specs("gemm.mm", "mm")

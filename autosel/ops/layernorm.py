@@ -49,7 +49,7 @@ SPECS = [
 ]
 DEFINITIONS = [
     OpDefinition("layernorm.rmsnorm", shapes=SHAPES, make_inputs=rmsnorm_inputs, shape_of=rmsnorm_shape,
-                 bucket=rows_bucket,  # (tokens rounded up to a power of two, hidden)
+                 bucket=rows_bucket,  # (token_bucket(tokens), hidden)
                  signature="(x[T, H], weight[H], eps: float) -> new [T, H]; " + DTYPES),
     OpDefinition("layernorm.fused_add_rmsnorm", shapes=SHAPES, make_inputs=fused_add_rmsnorm_inputs,
                  shape_of=rmsnorm_shape, bucket=rows_bucket,
