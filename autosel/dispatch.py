@@ -25,23 +25,28 @@ def _is_number(value: object) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
-def bucket_distance(a: tuple, b: tuple) -> float:
-    """How far apart two buckets are: the sum over their numeric components of |log2(a) - log2(b)|
-    (so 2048 tokens is as far from 1024 as from 4096); infinite when their lengths or any other component
-    (a string, a bool such as is_neox) differ."""
+def log_gaps(a: tuple, b: tuple) -> list[float] | None:
+    """|log2(x) - log2(y)| for each numeric component of two buckets (so 2048 tokens is as far from 1024 as from
+    4096); None when their lengths or any other component (a string, a bool such as is_neox) differ."""
     if len(a) != len(b):
-        return math.inf
-    total = 0.0
+        return None
+    gaps = []
     for x, y in zip(a, b):
         if _is_number(x) and _is_number(y):
-            total += abs(math.log2(max(x, 1)) - math.log2(max(y, 1)))
+            gaps.append(abs(math.log2(max(x, 1)) - math.log2(max(y, 1))))
         elif x != y:
-            return math.inf
-    return total
+            return None
+    return gaps
 
 
-# How far (bucket_distance) a tuned bucket may be from an untuned one and still decide for it: a factor of two
-# in all its numbers together. Farther, a bucket's winner says little (on the H200, eager rmsnorm at 1500 x 6144
+def bucket_distance(a: tuple, b: tuple) -> float:
+    """The sum of the log2 gaps of two buckets (log_gaps); infinite when they are not comparable."""
+    gaps = log_gaps(a, b)
+    return math.inf if gaps is None else sum(gaps)
+
+
+# How far a tuned bucket may be from an untuned one and still decide for it: within a factor of two in every
+# number (log2 gap at most 1). Farther, a bucket's winner says little (on the H200, eager rmsnorm at 1500 x 6144
 # tokens x hidden ran 1.8x slower on the winner of 2048 x 16384), and the op-level winner, judged on every
 # shape, is the safer guess.
 NEAREST_WITHIN = 1.0
@@ -62,10 +67,13 @@ class BucketTable:
         return all(w == self.default for w in self.winners.values())
 
     def nearest(self, key: tuple) -> tuple | None:
-        """The tuned bucket nearest to `key` (bucket_distance; ties to the smaller bucket) if it is no farther
-        than NEAREST_WITHIN, else None."""
-        scored = [(bucket_distance(key, k), key_order(k), k) for k in self.winners]
-        scored = [s for s in scored if s[0] <= NEAREST_WITHIN]
+        """The tuned bucket nearest to `key` (bucket_distance; ties to the smaller bucket) among those within a
+        factor of two in every number (NEAREST_WITHIN), or None."""
+        scored = []
+        for tuned in self.winners:  # a plain loop: torch.compile(fullgraph=True) traces this on an unseen bucket
+            gaps = log_gaps(key, tuned)
+            if gaps is not None and max(gaps, default=0.0) <= NEAREST_WITHIN:
+                scored.append((sum(gaps), key_order(tuned), tuned))
         return min(scored, key=lambda s: s[:2])[2] if scored else None
 
     def route(self, key: tuple) -> str:

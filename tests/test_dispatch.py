@@ -50,7 +50,8 @@ def test_bucket_distance_is_log2_per_number_and_infinite_on_other_values(a, b, e
     ((16384, 6144), "triton"),       # between two triton buckets
     (("fp8", 4096), "torch"),        # no tuned bucket is comparable: the op-level winner
     ((4, 4096), "torch"),            # the nearest, (1, 4096), is two powers of two away: the op-level winner
-    ((2048, 6144), "torch"),         # every tuned bucket is more than a factor of two away
+    ((2048, 6144), "torch"),         # every tuned bucket is more than a factor of two away in some number
+    ((8192, 8192), "triton"),        # a factor of two in each number: (16384, 4096) and (16384, 8192) qualify
 ])
 def test_route_is_the_bucket_then_the_nearest_then_the_op_level_winner(key, backend):
     assert TABLE.route(key) == backend
