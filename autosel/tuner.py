@@ -14,6 +14,7 @@ from autosel import checks
 from autosel.decisions import OP_LEVEL_BUCKET, CandidateResult, Decision, ShapeResult, bucket_text
 from autosel.errors import TuningError
 from autosel.policy import DEFAULT_POLICY, Policy, Verdict, relative_scores, shape_text
+from autosel.report import format_lead
 from autosel.spec import KernelSpec, OpDefinition
 from autosel.timing import Timer, measure_together, summarize, synchronize
 
@@ -271,7 +272,9 @@ class Tuner:
                 groups.setdefault(key, []).append(i)
         per_bucket = [_decision(op, bucket_text(key), v, candidates, timings, shapes, groups[key], common)
                       for key, v in self.policy.judge_groups(stats, groups).items()]
-        lead = f"lead over {decision.runner_up} {decision.lead_over_runner_up:+.1%}, " if decision.runner_up else ""
+        lead = "" if not decision.runner_up else (
+            f"lead over {decision.runner_up} {format_lead(decision)}, " if decision.lead_over_runner_up >= 0
+            else f"over {decision.runner_up}: {format_lead(decision)}; ")  # in words: the default kept
         differ = sum(d.winner != decision.winner for d in per_bucket)
         buckets_text = f", {len(per_bucket)} buckets ({differ} with another winner)" if per_bucket else ""
         self._emit("chosen", op, decision.winner, f"{lead}noise margin {decision.margin:.1%}{buckets_text}", 1.0)

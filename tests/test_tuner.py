@@ -147,6 +147,20 @@ def test_the_event_hook_tells_every_step_of_a_tune(toy):
     assert {e.mode for e in events} == {"eager"}
 
 
+def test_the_chosen_event_words_a_default_kept_inside_the_noise(toy):
+    # The "chosen" event said "lead over triton -2.0%" when the faster runner-up did not beat the default.
+    from autosel.report import format_lead
+
+    definition, kernels = toy
+    events = []
+    decision = run(definition, kernels, specs(torch="fast", triton="fast"),
+                   FakeTimer({"torch": 100.0, "triton": 98.0}, noise=0.001), on_event=events.append)
+    assert decision.winner == "torch" and decision.lead_over_runner_up < 0
+    detail = events[-1].detail
+    assert detail.startswith(f"over triton: {format_lead(decision)}; noise margin ")
+    assert format_lead(decision).startswith("default kept: runner-up 2.0% faster") and "-2.0%" not in detail
+
+
 def test_block_sampler_times_are_per_call_microseconds():
     import time
 
