@@ -80,7 +80,7 @@ def check_candidate(fn: Callable[..., Any], definition: OpDefinition, reference:
     report = CheckReport({}, {})
     for index, shape in enumerate(shapes):
         torch.manual_seed(seed + index)
-        args = definition.make_inputs(dict(shape), device)
+        args = _inputs(definition, shape, device)
         ref_args, call_args = checks.clone_args(args), checks.clone_args(args)
         expected = checks.outputs_of(reference(*ref_args), ref_args)
         began = time.perf_counter()
@@ -98,6 +98,21 @@ def check_candidate(fn: Callable[..., Any], definition: OpDefinition, reference:
             report.reason = f"{outcome.reason} at {shape_text(shape)}"
             return report
     return report
+
+
+def _inputs(definition: OpDefinition, shape: dict, device: str) -> tuple:
+    """make_inputs for one shape; its failure (a shape from a file without a key the factory reads) is a
+    TuningError naming the op and the shape. The check builds every shape first, so timing needs no such guard."""
+    try:
+        return definition.make_inputs(dict(shape), device)
+    except Exception as exc:
+        if isinstance(exc, KeyError) and exc.args and exc.args[0] not in shape:
+            advice = (f"the shape has no key {exc.args[0]!r}, which the op's input factory reads; give each shape "
+                      "the keys of the op's declared shapes")
+        else:
+            advice = "fix the shape or the op's make_inputs"
+        raise TuningError(f"op {definition.op!r}: its make_inputs raised {type(exc).__name__}: {exc} for the shape "
+                          f"{shape_text(shape)}: {advice}") from exc
 
 
 class Tuner:

@@ -295,6 +295,18 @@ def test_no_correct_candidate_is_a_tuning_error_with_every_reason(toy):
         run(definition, kernels, specs(aot="wrong_but_fast", jit="raises"), FakeTimer({}))
 
 
+def test_a_shape_missing_a_key_of_the_input_factory_is_a_tuning_error_naming_op_shape_and_key(toy):
+    # `autosel tune --shapes` with a wrong key ended in a bare KeyError: 'n' traceback from the input factory.
+    definition, kernels = toy
+    tuner = Tuner(timer=FakeTimer({"torch": 100.0, "triton": 50.0}), device="cpu")
+    with pytest.raises(TuningError) as info:
+        tuner.tune(definition, specs(torch="fast", triton="fast"), reference=kernels.fast, shapes=[{"tokens": 64}],
+                   mode="eager", platform_key="cpu/test", versions={})
+    assert str(info.value) == ("op 'toy.double': its make_inputs raised KeyError: 'n' for the shape tokens=64: "
+                               "the shape has no key 'n', which the op's input factory reads; give each shape "
+                               "the keys of the op's declared shapes")
+
+
 def test_per_shape_winners_are_stored(toy):
     definition, kernels = toy
     n2 = kernels.SHAPES[1]["n"]
