@@ -217,7 +217,9 @@ def tune_ops(patterns: list[str] | None = None, *, force: bool = False, budget_s
                 if copy:
                     db.record(hit[0], buckets)
                 status, where = ("copied", "copied from") if copy else ("stored", "stored in")
-                outcomes.append(TuneOutcome(op, mode, status, hit[0], f"{where} {hit[1].path}", buckets))
+                kept = ("; the stored decision was kept and the given shapes were not timed; --force (force=True) "
+                        "re-tunes on them") if (shapes or {}).get(op) else ""
+                outcomes.append(TuneOutcome(op, mode, status, hit[0], f"{where} {hit[1].path}{kept}", buckets))
                 continue
             op_shapes = (shapes or {}).get(op) or (definition.shapes_for(platform) if definition else [])
             if definition is None or not op_shapes:
