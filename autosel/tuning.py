@@ -141,7 +141,8 @@ def tune_and_record(definition: OpDefinition, eligible: list[KernelSpec], *, pla
             versions=versions, autosel_version=__version__)
         db.record(decision, buckets)
     _forced_done.add(key)
-    log.info("op %r (%s mode): %s chosen over %s", op, mode, decision.winner, decision.runner_up)
+    log.info("op %r (%s mode): %s chosen %s", op, mode, decision.winner,
+             f"over {decision.runner_up}" if decision.runner_up else "(no runner-up measured to the end)")
     return decision, tuple(buckets)
 
 

@@ -179,6 +179,16 @@ def test_force_retunes_once_per_process(reg, monkeypatch):
     assert len(calls) == 1
 
 
+def test_the_info_line_of_a_tune_without_a_runner_up_says_so_not_none(reg, caplog):
+    # It logged "triton chosen over None" when the only rival was dropped after the first round.
+    import logging
+
+    toy(reg, B.TORCH, B.TRITON)  # torch is 64 times slower: dropped, so nothing is measured to the end beside triton
+    caplog.set_level(logging.INFO, logger="autosel")
+    selector.get_kernel("toy.double")
+    assert "op 'toy.double' (eager mode): triton chosen (no runner-up measured to the end)" in caplog.messages
+
+
 def test_stored_winner_that_is_no_longer_eligible_is_a_miss(reg, monkeypatch):
     toy(reg, B.TORCH, B.TRITON)
     assert selector.select_kernel("toy.double").backend == B.TRITON
