@@ -14,6 +14,7 @@ from autosel import checks
 from autosel.decisions import OP_LEVEL_BUCKET, CandidateResult, Decision, ShapeResult, bucket_text
 from autosel.errors import TuningError
 from autosel.policy import DEFAULT_POLICY, Policy, Verdict, relative_scores, shape_text
+from autosel.report import format_lead
 from autosel.spec import KernelSpec, OpDefinition
 from autosel.timing import Timer, measure_together, summarize, synchronize
 
@@ -79,7 +80,7 @@ def check_candidate(fn: Callable[..., Any], definition: OpDefinition, reference:
     report = CheckReport({}, {})
     for index, shape in enumerate(shapes):
         torch.manual_seed(seed + index)
-        args = definition.make_inputs(dict(shape), device)
+        args = _inputs(definition, shape, device)
         ref_args, call_args = checks.clone_args(args), checks.clone_args(args)
         expected = checks.outputs_of(reference(*ref_args), ref_args)
         began = time.perf_counter()
@@ -97,6 +98,21 @@ def check_candidate(fn: Callable[..., Any], definition: OpDefinition, reference:
             report.reason = f"{outcome.reason} at {shape_text(shape)}"
             return report
     return report
+
+
+def _inputs(definition: OpDefinition, shape: dict, device: str) -> tuple:
+    """make_inputs for one shape; its failure (a shape from a file without a key the factory reads) is a
+    TuningError naming the op and the shape. The check builds every shape first, so timing needs no such guard."""
+    try:
+        return definition.make_inputs(dict(shape), device)
+    except Exception as exc:
+        if isinstance(exc, KeyError) and exc.args and exc.args[0] not in shape:
+            advice = (f"the shape has no key {exc.args[0]!r}, which the op's input factory reads; give each shape "
+                      "the keys of the op's declared shapes")
+        else:
+            advice = "fix the shape or the op's make_inputs"
+        raise TuningError(f"op {definition.op!r}: its make_inputs raised {type(exc).__name__}: {exc} for the shape "
+                          f"{shape_text(shape)}: {advice}") from exc
 
 
 class Tuner:
@@ -276,7 +292,9 @@ class Tuner:
         by_default = {decision.winner: stats[decision.winner], **stats}
         per_bucket = [_decision(op, bucket_text(key), v, candidates, timings, shapes, groups[key], common)
                       for key, v in self.policy.judge_groups(by_default, groups).items()]
-        lead = f"lead over {decision.runner_up} {decision.lead_over_runner_up:+.1%}, " if decision.runner_up else ""
+        lead = "" if not decision.runner_up else (
+            f"lead over {decision.runner_up} {format_lead(decision)}, " if decision.lead_over_runner_up >= 0
+            else f"over {decision.runner_up}: {format_lead(decision)}; ")  # in words: the default kept
         differ = sum(d.winner != decision.winner for d in per_bucket)
         buckets_text = f", {len(per_bucket)} buckets ({differ} with another winner)" if per_bucket else ""
         self._emit("chosen", op, decision.winner, f"{lead}noise margin {decision.margin:.1%}{buckets_text}", 1.0)

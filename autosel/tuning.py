@@ -37,6 +37,7 @@ def multiple_backends_message(op: str, platform: PlatformInfo, eligible: list[Ke
 _databases: dict[tuple, Any] = {}
 _databases_lock = threading.Lock()
 _forced_done: set[DecisionKey] = set()
+_announced: set[tuple[str, str]] = set()  # (op, mode) whose run-time tune this process has warned about
 
 
 def database(settings: config.Settings | None = None):
@@ -110,6 +111,13 @@ def _decide_here(op: str, eligible: list[KernelSpec], platform: PlatformInfo, mo
     if capturing_cuda_graph():
         raise TuningError(f"op {op!r} has no stored {mode}-mode decision and cannot be timed while a CUDA graph "
                           "is being captured; call get_kernel for it before capture, or run `autosel tune`")
+    if (op, mode) not in _announced:  # a tune blocks the caller for tens of seconds: say so, once
+        _announced.add((op, mode))
+        why = ": AUTOSEL_TUNE=force is set" if retune else " has no stored decision for this machine"
+        log.warning("op %r (%s mode)%s, so its backends (%s) are timed now: this call blocks for the checks and "
+                    "compilation plus up to AUTOSEL_BUDGET_S=%g s of timing, and the decision is stored in %s. To "
+                    "avoid the wait, run `autosel tune` before serving, or ship a tuning DB and point AUTOSEL_DB_PATH "
+                    "at it", op, mode, why, ", ".join(spec_list(eligible)), settings.budget_s, settings.db)
     return table_of(*tune_and_record(definition, eligible, platform=platform, mode=mode, db=db,
                                      budget_s=settings.budget_s, force=retune))
 
@@ -141,7 +149,8 @@ def tune_and_record(definition: OpDefinition, eligible: list[KernelSpec], *, pla
             versions=versions, autosel_version=__version__)
         db.record(decision, buckets)
     _forced_done.add(key)
-    log.info("op %r (%s mode): %s chosen over %s", op, mode, decision.winner, decision.runner_up)
+    log.info("op %r (%s mode): %s chosen %s", op, mode, decision.winner,
+             f"over {decision.runner_up}" if decision.runner_up else "(no runner-up measured to the end)")
     return decision, tuple(buckets)
 
 
@@ -217,7 +226,9 @@ def tune_ops(patterns: list[str] | None = None, *, force: bool = False, budget_s
                 if copy:
                     db.record(hit[0], buckets)
                 status, where = ("copied", "copied from") if copy else ("stored", "stored in")
-                outcomes.append(TuneOutcome(op, mode, status, hit[0], f"{where} {hit[1].path}", buckets))
+                kept = ("; the stored decision was kept and the given shapes were not timed; --force (force=True) "
+                        "re-tunes on them") if (shapes or {}).get(op) else ""
+                outcomes.append(TuneOutcome(op, mode, status, hit[0], f"{where} {hit[1].path}{kept}", buckets))
                 continue
             op_shapes = (shapes or {}).get(op) or (definition.shapes_for(platform) if definition else [])
             if definition is None or not op_shapes:

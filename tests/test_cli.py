@@ -296,6 +296,60 @@ def test_tune_from_record_tunes_exactly_the_recorded_shapes_deduplicated(reg, tm
     assert "Warning: op 'not.registered' is not registered here" in result.stderr
 
 
+def _shapes_source(tmp_path, how: str, shapes_by_op: dict) -> list:
+    """The tune arguments that hand `shapes_by_op` over as a --shapes file or as an AUTOSEL_RECORD file."""
+    if how == "--shapes":
+        path = tmp_path / "shapes.json"
+        path.write_text(json.dumps(shapes_by_op))
+    else:
+        path = tmp_path / "record.jsonl"
+        path.write_text("".join(json.dumps({"op": op, "shape": s, "mode": "eager"}) + "\n"
+                                for op, shapes in shapes_by_op.items() for s in shapes))
+    return [how, path]
+
+
+@pytest.mark.parametrize("how", ["--shapes", "--from-record"])
+def test_tune_shape_without_a_key_the_input_factory_reads_is_a_clear_failure(reg, tmp_path, how):
+    # A shape with a wrong key ended in a Python traceback: KeyError: 'n' inside the input factory.
+    toy(reg, B.TORCH, B.TRITON)
+    result = run("tune", *_shapes_source(tmp_path, how, {"toy.double": [{"tokens": 64}]}))
+    assert result.exit_code == 1 and isinstance(result.exception, SystemExit)
+    assert result.stderr.splitlines()[-1] == (
+        "Error: 1 of 1 op/mode pairs could not be tuned: toy.double (eager): op 'toy.double': its make_inputs "
+        "raised KeyError: 'n' for the shape tokens=64: the shape has no key 'n', which the op's input factory "
+        "reads; give each shape the keys of the op's declared shapes. Fix the kernels or shapes named above, or "
+        "leave those ops out with --op")
+
+
+@pytest.mark.parametrize("how", ["--shapes", "--from-record"])
+def test_tune_shapes_of_only_unknown_ops_name_them_and_the_registered_ops(reg, tmp_path, how):
+    # With only an unknown op in the file, tune said "no matching op has several backends eligible".
+    toy(reg, B.TORCH, B.TRITON)
+    args = _shapes_source(tmp_path, how, {"toy.dubble": [{"n": 4}]})
+    result = run("tune", *args)
+    assert result.exit_code == 1
+    assert result.stderr.splitlines()[-1] == (f"Error: op 'toy.dubble' in {args[1]} is not registered here; "
+                                              "registered ops: toy.double")
+
+
+@pytest.mark.parametrize("how", ["--shapes", "--from-record"])
+def test_tune_shapes_for_a_decided_op_say_the_stored_decision_was_kept_and_force_retunes(reg, tmp_path, how):
+    # New shapes for an already decided op kept the old decision (status stored) without a word about --force.
+    toy(reg, B.TORCH, B.TRITON)
+    assert run("tune").exit_code == 0
+    result = run("tune", *_shapes_source(tmp_path, how, {"toy.double": [{"n": 512}]}), "--json")
+    assert result.exit_code == 0, result.output
+    [outcome] = json.loads(result.stdout)["outcomes"]
+    kept = (f"stored in {os.environ['AUTOSEL_DB']}; the stored decision was kept and the given shapes were not "
+            "timed; --force (force=True) re-tunes on them")
+    assert (outcome["status"], outcome["detail"]) == ("stored", kept)
+    assert f"Warning: toy.double (eager): {kept}" in result.stderr.splitlines()
+    forced = json.loads(run("tune", *_shapes_source(tmp_path, how, {"toy.double": [{"n": 512}]}), "--force",
+                            "--json").stdout)["outcomes"][0]
+    assert forced["status"] == "tuned"
+    assert [s["shape"] for s in forced["decision"]["candidates"][0]["shapes"]] == [{"n": 512}]
+
+
 @pytest.mark.parametrize("line, problem", [
     ("{oops", "not valid JSON (Expecting property name enclosed in double quotes at column 2)"),
     ("[1]", "not a JSON object"),

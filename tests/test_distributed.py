@@ -70,6 +70,7 @@ def test_every_rank_runs_rank_zeros_winner_and_gets_its_errors(tmp_path):
     # The whole bucket table is rank 0's: rank 1, with tuning off and an empty DB, dispatches alike.
     assert results[0]["table"] == results[1]["table"] == [[[16], "torch"], [[1 << 20], "triton"]]
     # Used to hang: a RuntimeError on rank 0 was raised before the broadcast, rank 1 waited forever.
-    assert results[0]["broken"] == "RuntimeError: input factory failed (simulated)"
-    assert results[1]["broken"].startswith("TuningError: op 'toy.broken' (eager mode): rank 0 failed with "
-                                           "RuntimeError: input factory failed (simulated)")
+    broken = "op 'toy.broken': its make_inputs raised RuntimeError: input factory failed (simulated) for the shape"
+    assert results[0]["broken"].startswith(f"TuningError: {broken}")
+    assert results[1]["broken"].startswith(f"TuningError: op 'toy.broken' (eager mode): rank 0 failed with "
+                                           f"TuningError: {broken}")

@@ -179,6 +179,39 @@ def test_force_retunes_once_per_process(reg, monkeypatch):
     assert len(calls) == 1
 
 
+def test_a_tune_at_run_time_says_once_per_op_and_mode_what_it_times_and_how_to_avoid_it(reg, monkeypatch, caplog,
+                                                                                        tmp_path):
+    # The first get_kernel of an undecided op blocked 38.8 s with nothing said at the default log level.
+    import logging
+    import sqlite3
+
+    toy(reg, B.TORCH, B.TRITON)
+    monkeypatch.setattr(tuning, "_announced", set())
+    caplog.set_level(logging.WARNING)
+    selector.get_kernel("toy.double")
+    second = tmp_path / "second.db"
+    monkeypatch.setenv("AUTOSEL_DB", str(second))  # undecided again: timed again, but not said again
+    selector.clear_cache()
+    selector.get_kernel("toy.double")
+    assert sqlite3.connect(second).execute("SELECT count(*) FROM decisions WHERE bucket = '*'").fetchone() == (1,)
+    said = [(r.name, r.levelno, r.getMessage()) for r in caplog.records if r.levelno >= logging.WARNING]
+    assert said == [("autosel.tuning", logging.WARNING, (
+        "op 'toy.double' (eager mode) has no stored decision for this machine, so its backends (torch, triton) are "
+        "timed now: this call blocks for the checks and compilation plus up to AUTOSEL_BUDGET_S=30 s of timing, "
+        f"and the decision is stored in {tmp_path / 'user.db'}. To avoid the wait, run `autosel tune` before "
+        "serving, or ship a tuning DB and point AUTOSEL_DB_PATH at it"))]
+
+
+def test_the_info_line_of_a_tune_without_a_runner_up_says_so_not_none(reg, caplog):
+    # It logged "triton chosen over None" when the only rival was dropped after the first round.
+    import logging
+
+    toy(reg, B.TORCH, B.TRITON)  # torch is 64 times slower: dropped, so nothing is measured to the end beside triton
+    caplog.set_level(logging.INFO, logger="autosel")
+    selector.get_kernel("toy.double")
+    assert "op 'toy.double' (eager mode): triton chosen (no runner-up measured to the end)" in caplog.messages
+
+
 def test_stored_winner_that_is_no_longer_eligible_is_a_miss(reg, monkeypatch):
     toy(reg, B.TORCH, B.TRITON)
     assert selector.select_kernel("toy.double").backend == B.TRITON

@@ -147,6 +147,20 @@ def test_the_event_hook_tells_every_step_of_a_tune(toy):
     assert {e.mode for e in events} == {"eager"}
 
 
+def test_the_chosen_event_words_a_default_kept_inside_the_noise(toy):
+    # The "chosen" event said "lead over triton -2.0%" when the faster runner-up did not beat the default.
+    from autosel.report import format_lead
+
+    definition, kernels = toy
+    events = []
+    decision = run(definition, kernels, specs(torch="fast", triton="fast"),
+                   FakeTimer({"torch": 100.0, "triton": 98.0}, noise=0.001), on_event=events.append)
+    assert decision.winner == "torch" and decision.lead_over_runner_up < 0
+    detail = events[-1].detail
+    assert detail.startswith(f"over triton: {format_lead(decision)}; noise margin ")
+    assert format_lead(decision).startswith("default kept: runner-up 2.0% faster") and "-2.0%" not in detail
+
+
 def test_block_sampler_times_are_per_call_microseconds():
     import time
 
@@ -279,6 +293,18 @@ def test_no_correct_candidate_is_a_tuning_error_with_every_reason(toy):
     definition, kernels = toy
     with pytest.raises(TuningError, match=r"no candidate passed the checks \(aot: .*; jit: raised"):
         run(definition, kernels, specs(aot="wrong_but_fast", jit="raises"), FakeTimer({}))
+
+
+def test_a_shape_missing_a_key_of_the_input_factory_is_a_tuning_error_naming_op_shape_and_key(toy):
+    # `autosel tune --shapes` with a wrong key ended in a bare KeyError: 'n' traceback from the input factory.
+    definition, kernels = toy
+    tuner = Tuner(timer=FakeTimer({"torch": 100.0, "triton": 50.0}), device="cpu")
+    with pytest.raises(TuningError) as info:
+        tuner.tune(definition, specs(torch="fast", triton="fast"), reference=kernels.fast, shapes=[{"tokens": 64}],
+                   mode="eager", platform_key="cpu/test", versions={})
+    assert str(info.value) == ("op 'toy.double': its make_inputs raised KeyError: 'n' for the shape tokens=64: "
+                               "the shape has no key 'n', which the op's input factory reads; give each shape "
+                               "the keys of the op's declared shapes")
 
 
 def test_per_shape_winners_are_stored(toy):

@@ -137,7 +137,8 @@ def _plan(tuning, platform, ops: tuple[str, ...], shapes_by_mode) -> list[tuple[
             if op in contested:
                 targets.append(op)
             elif not tuning.registry.has(op):
-                click.echo(f"Warning: op {op!r} is not registered here; its shapes are skipped", err=True)
+                click.echo(f"Warning: op {op!r} is not registered here; its shapes are skipped (registered ops: "
+                           f"{', '.join(tuning.registry.ops()) or 'none'})", err=True)
             else:
                 click.echo(f"Warning: op {op!r} has fewer than two backends eligible here; nothing to tune", err=True)
         if targets:
@@ -157,14 +158,20 @@ def _buckets_text(outcome) -> str:
     return f"{len(outcome.buckets)}, {_differ(outcome)} differ"
 
 
-def _nothing_to_tune(tuning, platform, ops: tuple[str, ...]) -> str:
+def _nothing_to_tune(tuning, platform, ops: tuple[str, ...], named: list[str] | None = None, source=None) -> str:
+    """Why nothing can be tuned. named: the ops a --shapes or --from-record file (source) gives shapes for."""
     registered = tuning.registry.ops()
     for pattern in ops:
         if not any(fnmatch.fnmatchcase(op, pattern) for op in registered):
             return (f"no registered op matches --op {pattern!r}; registered ops: {', '.join(registered) or 'none'}")
+    unknown = [op for op in named or () if _matches(op, ops) and not tuning.registry.has(op)]
+    if unknown:
+        return (f"op{'s' * (len(unknown) > 1)} {', '.join(map(repr, unknown))} in {source} "
+                f"{'are' if len(unknown) > 1 else 'is'} not registered here; registered ops: "
+                f"{', '.join(registered) or 'none'}")
     lone = []
     for op in registered:
-        if _matches(op, ops):
+        if _matches(op, ops) and (named is None or op in named):
             eligible = [s.backend.value for s in tuning.registry.get(op) if s.is_available(platform)]
             lone.append(f"{op}: {', '.join(eligible) or 'none'} eligible")
     return ("no matching op has several backends eligible on this machine, so there is nothing to choose between "
@@ -222,7 +229,9 @@ def tune(ops, shapes_file, record_file, db, force, budget_s, isolate, isolate_ti
                 for patterns, _, modes in runs)
     if not total:
         if ops or shapes_file or record_file:
-            raise click.ClickException(_nothing_to_tune(tuning, platform, ops))
+            named = list(dict.fromkeys(op for shapes in shapes_by_mode.values() for op in shapes or ())) \
+                if shapes_file or record_file else None
+            raise click.ClickException(_nothing_to_tune(tuning, platform, ops, named, shapes_file or record_file))
         click.echo("Nothing to tune: no registered op has several backends eligible on this machine "
                    "(run `autosel doctor` to see why).", err=True)
     outcomes = []
@@ -232,6 +241,9 @@ def tune(ops, shapes_file, record_file, db, force, budget_s, isolate, isolate_ti
                                           on_event=progress.on_event, settings=settings,
                                           isolate_timeout_s=isolate_timeout_s if isolate else None,
                                           copy_found=db is not None)
+    for o in outcomes:
+        if o.status in ("stored", "copied") and (shapes_file or record_file):  # the file's shapes were not timed
+            click.echo(f"Warning: {o.op} ({o.mode}): {o.detail}", err=True)
     if as_json:
         _echo_json({"db": str(settings.db), "platform_key": platform.key, "budget_s": budget_s,
                     "median": MEDIAN_NOTE, "outcomes": [
