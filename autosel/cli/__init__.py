@@ -92,6 +92,17 @@ def _settings(db: str | None, *, full: bool) -> config.Settings:
     return config.read_settings(env)
 
 
+def _read_db(settings: config.Settings, db: str | None):
+    """The DB layers as a command that only reads sees them: nothing is created, migrated or moved aside.
+    An explicit --db that does not exist is an error naming it."""
+    from autosel.db import TuningDB
+
+    if db and not settings.db.exists():
+        raise click.ClickException(f"--db {db}: no such file ({settings.db}); check the path, or create the DB "
+                                   f"with `autosel tune --db {db}`")
+    return TuningDB.open(settings.db, settings.db_path, read_only=True)
+
+
 def _matches(op: str, patterns: tuple[str, ...] | list[str]) -> bool:
     return not patterns or any(fnmatch.fnmatchcase(op, p) for p in patterns)
 

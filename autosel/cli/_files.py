@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from autosel.cli import _echo_json, _matches, _settings, main
+from autosel.cli import _echo_json, _matches, _read_db, _settings, main
 from autosel.inventory import Inventory
 
 
@@ -29,12 +29,11 @@ def export(out, fmt, ops, db, all_layers, force, as_json):
       autosel export --db build.db --out tuning_db/nvidia-h200-sm_90.db
       autosel export --out decisions.jsonl --op 'gemm.*'
     """
-    from autosel import selector
     from autosel.db_tools import export_decisions
 
     fmt = fmt or ("jsonl" if out.suffix == ".jsonl" else "sqlite")
     settings = _settings(db, full=False)
-    pairs = [(d, layer) for d, layer in selector.database(settings).decisions()
+    pairs = [(d, layer) for d, layer in _read_db(settings, db).decisions()
              if _matches(d.op, ops) and (all_layers or layer.kind != "shipped")]
     if not pairs:
         where = "any layer" if all_layers else f"the user DB {settings.db}"
@@ -112,7 +111,7 @@ def prune(db, dry_run, as_json):
     platform = selector._platform()
     selector.load_plugins()
     stale = Inventory(platform, selector.registry).prunable
-    database = selector.database(settings)
+    database = _read_db(settings, db) if dry_run else selector.database(settings)
     found = [(d, layer, reason) for d, layer in database.decisions()
              if layer.writable and (reason := stale(d))]
     removed = 0 if dry_run else database.prune(lambda d: stale(d) is None)

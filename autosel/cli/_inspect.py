@@ -11,8 +11,8 @@ from typing import Any
 import click
 
 from autosel import config
-from autosel.cli import (MEDIAN_NOTE, _console, _decision_summary, _echo_json, _matches, _runner_up_text, _settings,
-                         _table, main)
+from autosel.cli import (MEDIAN_NOTE, _console, _decision_summary, _echo_json, _matches, _read_db, _runner_up_text,
+                         _settings, _table, main)
 from autosel.errors import ConfigError
 from autosel.inventory import Entry, Inventory
 from autosel.report import candidate_median_us, first_call_s, format_lead, format_us
@@ -20,12 +20,11 @@ from autosel.report import candidate_median_us, first_call_s, format_lead, forma
 
 # --- show -------------------------------------------------------------------------------------------------
 
-def _entries(settings: config.Settings, ops: tuple[str, ...], *, layers: str = "all") -> tuple[Any, list[Entry]]:
+def _entries(db, ops: tuple[str, ...], *, layers: str = "all") -> tuple[Any, list[Entry]]:
     from autosel import selector
 
     platform = selector._platform()
     selector.load_plugins()
-    db = selector.database(settings)
     pairs = [(d, layer) for d, layer in db.decisions()
              if _matches(d.op, ops) and (layers == "all" or layer.kind != "shipped")]
     return platform, Inventory(platform, selector.registry).entries(pairs)
@@ -69,8 +68,7 @@ def show(ops, db, as_json):
       autosel show
       autosel show --op 'layernorm.*' --json
     """
-    settings = _settings(db, full=False)
-    platform, entries = _entries(settings, ops)
+    platform, entries = _entries(_read_db(_settings(db, full=False), db), ops)
     if as_json:
         _echo_json({"platform_key": platform.key, "median": MEDIAN_NOTE,
                     "decisions": [_entry_json(e) for e in entries]})
@@ -149,7 +147,7 @@ def doctor(db, as_json):
         else:
             selection = "several eligible but no representative shapes: selection raises unless backend=..."
         ops.append({"op": op, "eligible": eligible, "shapes": shapes, "selection": selection, "backends": backends})
-    layers = [vars(layer) for layer in selector.database(_settings(db, full=False)).layers]
+    layers = [vars(layer) for layer in _read_db(_settings(db, full=False), db).layers]
     ok = not blocking
     if as_json:
         _echo_json({"ok": ok, "blocking": blocking, "config_error": config_error,
@@ -215,18 +213,17 @@ def report(out, ops, db, include_all):
       autosel report --out activation.html --op 'activation.*' --db build.db
     """
     from autosel import __version__
-    from autosel import selector
     from autosel.report import render_report
 
-    settings = _settings(db, full=False)
-    platform, entries = _entries(settings, ops)
+    database = _read_db(_settings(db, full=False), db)
+    platform, entries = _entries(database, ops)
     chosen = entries if include_all else [e for e in entries if e.status == "in use"]
     if not chosen:
         raise click.ClickException(f"no decisions in use on this machine{' for ' + ', '.join(ops) if ops else ''}; "
                                    "run `autosel tune` first, or pass --all to include stale rows")
     layers = [(layer.kind, f"{layer.path} ({'writable' if layer.writable else 'read-only'}, {layer.rows} rows"
                + (f"; {layer.problem}" if layer.problem else "") + ")")
-              for layer in selector.database(settings).layers]
+              for layer in database.layers]
     facts = [("key", platform.key), ("device", platform.device.value), ("arch", platform.arch or "-"),
              ("device name", platform.device_name or "-"), ("multiprocessors", str(platform.multiprocessor_count)),
              ("versions", ", ".join(f"{k} {v}" for k, v in platform.versions) or "-")]
