@@ -88,3 +88,36 @@ def use_fresh_registry() -> list:
     original = autosel.tuner.Tuner.tune
     autosel.tuner.Tuner.tune = lambda self, *a, **k: timed.append(1) or original(self, *a, **k)
     return timed
+
+
+def exits(x: torch.Tensor) -> torch.Tensor:
+    import sys
+
+    sys.exit(0)  # a kernel that ends the process "successfully"
+
+
+def exits_hard(x: torch.Tensor) -> torch.Tensor:
+    import os
+
+    os._exit(0)  # no cleanup, no exception to catch
+
+
+def chatty(x: torch.Tensor) -> torch.Tensor:
+    import sys
+
+    sys.stdout.write("debug: no newline")  # a kernel's own output on stdout
+    sys.stdout.flush()
+    return x * 2
+
+
+_calls: list = []
+
+
+def segfaults_from_the_4th_call(x: torch.Tensor) -> torch.Tensor:
+    """Correct for three calls (the check's), then a crash, as a kernel with a growing workspace might."""
+    _calls.append(1)
+    if len(_calls) >= 4:
+        import ctypes
+
+        ctypes.string_at(0)
+    return x * 2
