@@ -123,19 +123,55 @@ def _move_aside(path: Path, inode: int | None) -> Path | None:
     return target
 
 
-def _inspect_file(path: Path) -> tuple[int, str, str]:
-    """(user_version, written by, identify()'s kind) of an existing file; NotSQLite or Corrupt if it is not sound."""
+class _Interrupted(Exception):
+    """A process was killed in a write transaction: a journal lies next to the file, whose header may be unwritten."""
+
+
+def _inspect_file(path: Path, *, recover: bool = True) -> tuple[int, str, str]:
+    """(user_version, written by, identify()'s kind) of an existing file; NotSQLite or Corrupt if it is not sound.
+
+    recover: a process killed in a write transaction leaves a hot journal (or a WAL to recover) that a read-only
+    connection cannot roll back (SQLITE_READONLY_ROLLBACK / _RECOVERY), and a new file's first page may not be
+    written yet; let SQLite's own crash recovery run through a read-write connection that only reads, as any
+    SQLite client opening the file would. Without it, a DB whose creator was killed stayed read-only (or was
+    taken for a file that is not SQLite) in every later process."""
     # Check through a read-only connection first: closing a read-write one on a bad file would checkpoint
     # into it and delete its -wal, and the moved-aside copy must keep the bytes it had.
-    with open(path, "rb") as f:
-        if f.read(len(SQLITE_MAGIC)) != SQLITE_MAGIC:
-            raise NotSQLite("it is not an SQLite file (no SQLite header)")
-    conn = connect(ro_uri(path, immutable=False), uri=True)
-    try:
-        version, written_by, _ = inspect(conn)
-        return version, written_by, identify(conn)
-    finally:
-        conn.close()
+    for attempt in range(2):
+        with open(path, "rb") as f:
+            head = f.read(len(SQLITE_MAGIC))
+        if attempt and not head:
+            return 0, "unknown", "empty"  # rolled back to nothing: a new file
+        if head != SQLITE_MAGIC:
+            if not Path(f"{path}-journal").exists():
+                raise NotSQLite("it is not an SQLite file (no SQLite header)")
+            if not recover or attempt:
+                raise _Interrupted("a process was killed while writing it")
+        else:
+            conn = connect(ro_uri(path, immutable=False), uri=True)
+            try:
+                version, written_by, _ = inspect(conn)
+                return version, written_by, identify(conn)
+            except sqlite3.Error as exc:
+                if not (recover and _needs_recovery(exc)) or attempt:
+                    raise
+            finally:
+                conn.close()
+        logger.info("%s: recovering after a process that was killed while writing it", path)
+        writer = connect(str(path))
+        try:
+            writer.execute("SELECT count(*) FROM sqlite_master").fetchone()  # rolls a hot journal back
+        except sqlite3.Error as exc:
+            logger.info("%s: recovery did not help: %s", path, exc)
+        finally:
+            writer.close()
+    raise AssertionError("unreachable")
+
+
+def _needs_recovery(exc: BaseException) -> bool:
+    # Python 3.10 has no sqlite_errorname: the message of SQLITE_READONLY_ROLLBACK / _RECOVERY then tells.
+    name = getattr(exc, "sqlite_errorname", "")
+    return name.startswith("SQLITE_READONLY_") if name else "readonly database" in str(exc)
 
 
 def _damaged_autosel(path: Path) -> bool:
@@ -152,6 +188,21 @@ def _damaged_autosel(path: Path) -> bool:
     except sqlite3.Error:
         return False
     return tables == OWN_TABLES
+
+
+def _switch_to_wal(conn: sqlite3.Connection) -> None:
+    """PRAGMA journal_mode = WAL, retried while busy: the switch does not wait through the busy timeout, so a
+    process creating the DB next to another one (or next to one killed mid-creation) got "database is locked"
+    and fell back to memory for good."""
+    deadline = time.monotonic() + db_tools.BUSY_TIMEOUT_S
+    while True:
+        try:
+            conn.execute("PRAGMA journal_mode = WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.02)
 
 
 def _open_user(path: Path) -> list[_Open]:
@@ -177,15 +228,15 @@ def _open_user(path: Path) -> list[_Open]:
                 conn.close()
                 return _readonly(path, "it is an SQLite file but not an autosel tuning DB; left untouched",
                                  ro=False)
-            conn.execute("PRAGMA journal_mode = WAL")
+            _switch_to_wal(conn)
             conn.execute("PRAGMA synchronous = NORMAL")  # WAL + NORMAL: a killed process loses nothing committed
             migrate(conn)
             return [_Open(str(path), "user", conn, writable=True, schema_version=db_tools.SCHEMA_VERSION,
                           problem=problem)]
-        except (OSError, sqlite3.Error, Corrupt) as exc:
+        except (OSError, sqlite3.Error, Corrupt, _Interrupted) as exc:
             if conn is not None:
                 conn.close()
-            if isinstance(exc, NotSQLite):
+            if isinstance(exc, (NotSQLite, _Interrupted)):
                 return _readonly(path, f"{exc}; left untouched", ro=False)
             if not is_corrupt(exc) or attempt or not _damaged_autosel(path):
                 return _readonly(path, f"cannot be opened for writing ({exc})", ro=not is_corrupt(exc))
@@ -227,10 +278,12 @@ def _peek_user(path: Path) -> list[_Open]:
             folder = next((p for p in path.parents if p.exists()), None)
             return unread("does not exist yet (the first tune creates it)",
                           folder is not None and os.access(folder, os.W_OK))
-        version, written_by, kind = _inspect_file(path)
+        version, written_by, kind = _inspect_file(path, recover=False)
         conn = connect(ro_uri(path, immutable=False), uri=True)
-    except (OSError, sqlite3.Error, Corrupt) as exc:
+    except (OSError, sqlite3.Error, Corrupt, _Interrupted) as exc:
         problem = (f"{exc}; not read" if isinstance(exc, NotSQLite) else
+                   "a process was killed while writing it; not read (selection recovers it when it next opens it)"
+                   if isinstance(exc, _Interrupted) or _needs_recovery(exc) else
                    f"unreadable ({exc}); selection would move it aside" if is_corrupt(exc) and _damaged_autosel(path)
                    else f"unreadable ({exc}); not read")
         warn_once(path, "peek", f"tuning DB {path}: {problem}. Left as it is; point AUTOSEL_DB (or --db) at a "
@@ -501,7 +554,7 @@ class TuningDB:
 
     def _acquire(self, layer: _Open, key: tuple[str, str, str], token: str, ttl_s: float, wait_s: float,
                  poll_s: float) -> bool:
-        host, start, waited = socket.gethostname(), time.monotonic(), False
+        host, start, waited, holder = socket.gethostname(), time.monotonic(), False, None
         while True:
             with self._lock, immediate(layer.conn):
                 row = layer.conn.execute("SELECT host, pid, expires_at, token FROM leases WHERE platform_key = ? "
@@ -509,6 +562,8 @@ class TuningDB:
                 if row is None and waited:
                     return False
                 now = time.time()
+                if row is not None and row[3] != holder:  # a new holder (one that took a hung one's over, say)
+                    start, holder = time.monotonic(), row[3]  # gets the whole wait again
                 stale = row is not None and (row[2] < now or (row[0] == host and not _pid_alive(row[1])))
                 overdue = row is not None and time.monotonic() - start > wait_s
                 if row is None or stale or overdue:

@@ -81,6 +81,16 @@ def header_application_id(path: Path) -> int | None:
 def identify(conn: sqlite3.Connection) -> str:
     """"autosel" (marked, or the exact schema 1 of a file written before the mark), "empty" (no tables yet:
     a new file) or "foreign" (anything else: never written to)."""
+    if conn.in_transaction:
+        return _identify(conn)
+    conn.execute("BEGIN")  # one snapshot: a file another process is creating must not read half made
+    try:
+        return _identify(conn)
+    finally:
+        conn.execute("ROLLBACK")
+
+
+def _identify(conn: sqlite3.Connection) -> str:
     application_id = conn.execute("PRAGMA application_id").fetchone()[0]
     if application_id:
         return "autosel" if application_id == APPLICATION_ID else "foreign"

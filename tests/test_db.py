@@ -209,6 +209,35 @@ def test_a_file_that_is_not_autosel_s_is_never_moved_or_changed(tmp_path, conten
     assert sorted(p.name for p in tmp_path.iterdir()) == ["mine.jsonl"] and path.read_bytes() == content
 
 
+KILLED_IN_A_TRANSACTION = """
+import sqlite3, sys, time
+conn = sqlite3.connect(sys.argv[1], isolation_level=None)
+conn.execute("PRAGMA cache_size = 1")  # spill pages into the file mid-transaction, as a big write does
+conn.execute("BEGIN IMMEDIATE")
+conn.execute("CREATE TABLE t (x BLOB)")
+conn.executemany("INSERT INTO t VALUES (?)", [(b"x" * 1000,) for _ in range(500)])
+print("ready", flush=True)
+time.sleep(60)
+"""
+
+
+def test_a_db_whose_creator_was_killed_mid_write_opens_writable(tmp_path):
+    # Its hot journal could not be rolled back by the read-only inspection (SQLITE_READONLY_ROLLBACK), so
+    # the DB stayed read-only (decisions in memory) in every later process. Found by db_stress --create-kills.
+    path = tmp_path / "user.db"
+    child = run_python(KILLED_IN_A_TRANSACTION, path)
+    assert child.stdout.readline().strip() == "ready"
+    child.send_signal(signal.SIGKILL)
+    child.wait()
+    assert Path(f"{path}-journal").exists() and path.stat().st_size > 0  # a hot journal, as a kill leaves it
+    with TuningDB.open(path, include_package=False, read_only=True) as peek:
+        assert "killed while writing it" in peek.layers[0].problem
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with open_db(path) as db:
+            assert db.record(decision()).kind == "user" and db.layers[0].writable
+
+
 def test_truncated_user_db_is_moved_aside(tmp_path):
     path = tmp_path / "user.db"
     with open_db(path) as db:
@@ -557,12 +586,15 @@ def test_shipped_db_that_would_read_as_empty_warns(tmp_path, make, problem):
 
 def test_stress_tool_small_run(tmp_path):
     out = subprocess.run([sys.executable, str(REPO / "tools" / "db_stress.py"), "--procs", "3", "--writes", "20",
-                          "--kills", "3", "--db", str(tmp_path / "s.db"), "--json"],
+                          "--kills", "3", "--create-kills", "4", "--hang-waiters", "3", "--hang-budget-s", "0.5",
+                          "--db", str(tmp_path / "s.db"), "--json"],
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stdout + out.stderr
     figures = json.loads(out.stdout)
-    assert [(f["lost"], f["errors"], f["integrity"]) for f in figures] == [(0, 0, "ok")] * 2
-    assert figures[0]["rows"] == 60 and figures[1]["kills"] == 3
+    assert [(f["lost"], f["errors"], f["integrity"]) for f in figures] == [(0, 0, "ok")] * 4
+    assert figures[0]["rows"] == 60 and figures[1]["kills"] == 3 and figures[2]["kills"] == 4
+    hung = figures[3]  # one waiter took the hung holder's lease over within 2 x budget, the others followed it
+    assert (hung["writes"], hung["rows"], hung["followed"]) == (1, 1, 2) and hung["takeover_s"] < 1.0 + 2.0
 
 
 def test_merge_reports_conflicts_and_leaves_them_out(tmp_path):
