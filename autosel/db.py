@@ -281,13 +281,16 @@ def _peek_user(path: Path) -> list[_Open]:
         version, written_by, kind = _inspect_file(path, recover=False)
         conn = connect(ro_uri(path, immutable=False), uri=True)
     except (OSError, sqlite3.Error, Corrupt, _Interrupted) as exc:
-        problem = (f"{exc}; not read" if isinstance(exc, NotSQLite) else
-                   "a process was killed while writing it; not read (selection recovers it when it next opens it)"
-                   if isinstance(exc, _Interrupted) or _needs_recovery(exc) else
-                   f"unreadable ({exc}); selection would move it aside" if is_corrupt(exc) and _damaged_autosel(path)
-                   else f"unreadable ({exc}); not read")
-        warn_once(path, "peek", f"tuning DB {path}: {problem}. Left as it is; point AUTOSEL_DB (or --db) at a "
-                  "tuning DB, or run `autosel doctor`.")
+        if isinstance(exc, _Interrupted) or _needs_recovery(exc):
+            problem = "a process was killed while writing it; not read"
+            remedy = "The next `autosel tune` or selection that opens it recovers it (SQLite's crash recovery)."
+        elif is_corrupt(exc) and not isinstance(exc, NotSQLite) and _damaged_autosel(path):
+            problem = f"unreadable ({exc})"
+            remedy = "Selection will move it aside (kept, not deleted) and start a new one."
+        else:
+            problem = f"{exc}; not read" if isinstance(exc, NotSQLite) else f"unreadable ({exc}); not read"
+            remedy = "Left as it is; point AUTOSEL_DB (or --db) at a tuning DB."
+        warn_once(path, "peek", f"tuning DB {path}: {problem}. {remedy}")
         return unread(problem)
     if kind == "foreign":
         conn.close()

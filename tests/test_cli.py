@@ -356,7 +356,7 @@ def test_read_only_command_never_moves_a_file_that_is_not_a_tuning_db(reg, tmp_p
     monkeypatch.chdir(tmp_path)
     text = '{"op": "toy.double", "mode": "eager"}\n'
     (tmp_path / "mine.jsonl").write_text(text)
-    run(*command, "--db", "mine.jsonl")
+    run(*command, "--db", tmp_path / "mine.jsonl")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["mine.jsonl"]
     assert (tmp_path / "mine.jsonl").read_text() == text
 

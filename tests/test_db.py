@@ -230,7 +230,8 @@ def test_a_db_whose_creator_was_killed_mid_write_opens_writable(tmp_path):
     child.send_signal(signal.SIGKILL)
     child.wait()
     assert Path(f"{path}-journal").exists() and path.stat().st_size > 0  # a hot journal, as a kill leaves it
-    with TuningDB.open(path, include_package=False, read_only=True) as peek:
+    with pytest.warns(RuntimeWarning, match="recovers it"), \
+            TuningDB.open(path, include_package=False, read_only=True) as peek:
         assert "killed while writing it" in peek.layers[0].problem
     with warnings.catch_warnings():
         warnings.simplefilter("error")

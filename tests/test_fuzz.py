@@ -50,8 +50,9 @@ def fresh_registry(monkeypatch):
 
 
 @FUZZ
-@given(op=st.one_of(names, anything), backend=st.one_of(names, anything), target=st.one_of(names, anything),
-       capabilities=anything, requires=anything, description=anything)
+@given(op=st.one_of(names, anything), backend=st.one_of(st.sampled_from(list(KernelBackend)), anything),
+       target=st.one_of(st.just("m:f"), names, anything), capabilities=st.one_of(st.just(()), anything),
+       requires=st.one_of(st.just(()), anything), description=st.one_of(st.just(""), anything))
 def test_kernel_spec_raises_only_type_or_value_errors(op, backend, target, capabilities, requires, description):
     try:
         spec = KernelSpec(op, backend, target, capabilities=capabilities, requires=requires, description=description)
