@@ -511,3 +511,11 @@ def test_doctor_leaves_a_foreign_sqlite_file_alone_and_calls_it_read_only(reg, t
     [layer] = [item for item in json.loads(result.stdout)["layers"] if item["kind"] == "user"]
     assert (layer["writable"], layer["problem"]) == (False, "an SQLite file but not an autosel tuning DB; not read")
     assert path.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == ["theirs.db"]
+
+
+@pytest.mark.parametrize("option", ["--budget-s", "--isolate-timeout-s"])
+@pytest.mark.parametrize("value", ["nan", "inf", "0"])
+def test_tune_seconds_must_be_positive_and_finite(reg, option, value):
+    # nan and inf were accepted (click's FloatRange lets them through): a budget or a timeout that never ends.
+    result = run("tune", option, value)
+    assert result.exit_code == 2 and option in result.stderr
