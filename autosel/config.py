@@ -88,10 +88,13 @@ def _parse_forced(env: Mapping[str, str]):
     return None, tuple(per_op)
 
 
+DEFAULT_BUDGET_S = 30.0
+
+
 def _budget(env: Mapping[str, str]) -> float:
     raw = env.get("AUTOSEL_BUDGET_S", "").strip()
     if not raw:
-        return 30.0
+        return DEFAULT_BUDGET_S
     try:
         value = float(raw)
     except ValueError:

@@ -24,6 +24,7 @@ from autosel.db_tools import (
     decision_row, export_decisions, header_application_id, identify, immediate, inspect, is_corrupt, merge, migrate,
     parse_row, read_decisions, ro_uri,
 )
+from autosel.config import DEFAULT_BUDGET_S
 from autosel.decisions import Decision, DecisionKey
 from autosel.errors import DatabaseError
 
@@ -374,7 +375,6 @@ def _shipped_paths(shipped: Sequence[Path], include_package: bool) -> list[Path]
     return files
 
 
-DEFAULT_BUDGET_S = 30.0  # AUTOSEL_BUDGET_S's default
 LEASE_CHECKS_S = 60.0  # a tune's checks (compilation included) come before its budget starts
 
 
@@ -487,9 +487,7 @@ class TuningDB:
                 except sqlite3.Error as exc:
                     if layer.kind == "memory":
                         raise DatabaseError(f"writing a decision for {decision.op} in memory failed: {exc}") from exc
-                    layer.writable, layer.problem = False, f"write failed: {exc}; decisions kept in memory"
-                    warn_once(layer.path, "write", f"writing to tuning DB {layer.path} failed ({exc}); new "
-                              "decisions are kept in memory for this process. Check free space and permissions.")
+                    self._write_failed(layer, exc)
 
     def decisions(self, op_glob: str | None = None) -> list[tuple[Decision, Layer]]:
         """Every valid row of every layer, user layer first (for `autosel show`)."""

@@ -85,9 +85,9 @@ def probe(spec: KernelSpec, definition: OpDefinition, reference: Callable[..., A
         try:
             child.stdin.write(json.dumps(request).encode())
             child.stdin.close()
-            reason = _listen(_Channel(read_fd), timeout_s)
+            reason, started = _listen(_Channel(read_fd), timeout_s)
         except BrokenPipeError:  # it ended before reading its request
-            reason = None
+            reason, started = None, False
         finally:
             if child.poll() is None:
                 child.kill()
@@ -95,22 +95,24 @@ def probe(spec: KernelSpec, definition: OpDefinition, reference: Callable[..., A
             os.close(read_fd)
         if reason is None:
             stderr.seek(0)
-            return _describe_exit(child.returncode, stderr.read().decode(errors="replace"))
+            ended = _describe_exit(child.returncode, stderr.read().decode(errors="replace"))
+            return ended if started else (f"its isolated check could not start ({ended}); check that the op's "
+                                          "make_inputs and reference import in a fresh interpreter")
     return reason or None
 
 
-def _listen(channel: _Channel, timeout_s: float) -> str | None:
-    """The child's answer: "" (passed) or a reason; None when it ended without one."""
+def _listen(channel: _Channel, timeout_s: float) -> tuple[str | None, bool]:
+    """(the child's answer: "" (passed) or a reason, None when it ended without one; whether it had started)."""
     ready = channel.read(time.monotonic() + STARTUP_TIMEOUT_S)
     if ready == "timeout":
         return (f"its isolated check did not start within {STARTUP_TIMEOUT_S:g} s (the child's interpreter, "
-                "torch and the op's functions loading; killed)")
+                "torch and the op's functions loading; killed)"), False
     if ready is None:
-        return None
+        return None, False
     answer = channel.read(time.monotonic() + timeout_s)
     if answer == "timeout":
-        return f"hung: no answer from its check within {timeout_s:g} s (killed)"
-    return None if answer is None else answer["reason"] or ""
+        return f"hung: no answer from its check within {timeout_s:g} s (killed)", True
+    return (None if answer is None else answer["reason"] or ""), True
 
 
 def _child() -> None:

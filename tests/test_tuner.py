@@ -441,6 +441,15 @@ def test_isolation_timeout_times_the_candidate_not_the_child_s_start(toy):
     assert [c.reason for c in decision.candidates] == [None, None] and decision.winner == "triton"
 
 
+def test_isolation_that_cannot_start_says_so_instead_of_blaming_the_kernel(toy, monkeypatch):
+    definition, kernels = toy
+    monkeypatch.setenv("TOY_KERNELS_FAIL_IMPORT", "1")  # the child cannot import the op's make_inputs
+    with pytest.raises(TuningError) as info:
+        run(definition, kernels, specs(torch="fast", triton="fast"), FakeTimer({}), isolate_timeout_s=30)
+    assert ("triton: in isolation: its isolated check could not start (crashed the process (exit status 1: "
+            "ImportError: toy_kernels refuses to load in this process))") in str(info.value)
+
+
 def test_a_candidate_that_calls_sys_exit_is_rejected_without_isolation(toy):
     # A candidate calling sys.exit used to end the caller's process silently.
     definition, kernels = toy

@@ -1,7 +1,12 @@
 """CPU kernels for one toy op with really different speeds: a slow reference, a fast one, a wrong-but-fast one,
 one that raises and one that returns NaN. Importable by target string ("toy_kernels:fast")."""
 
+import os
+
 import torch
+
+if os.environ.get("TOY_KERNELS_FAIL_IMPORT"):  # for a child process whose op functions cannot load
+    raise ImportError("toy_kernels refuses to load in this process")
 
 SIZE = 1 << 16
 
