@@ -94,7 +94,8 @@ def _identify(conn: sqlite3.Connection) -> str:
     application_id = conn.execute("PRAGMA application_id").fetchone()[0]
     if application_id:
         return "autosel" if application_id == APPLICATION_ID else "foreign"
-    tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")
+              if not r[0].startswith("sqlite_")}  # SQLite's own (sqlite_stat1 after ANALYZE, ...)
     version = conn.execute("PRAGMA user_version").fetchone()[0]
     if not tables and version == 0:
         return "empty"
