@@ -519,3 +519,23 @@ def test_tune_seconds_must_be_positive_and_finite(reg, option, value):
     # nan and inf were accepted (click's FloatRange lets them through): a budget or a timeout that never ends.
     result = run("tune", option, value)
     assert result.exit_code == 2 and option in result.stderr
+
+
+def test_tune_with_the_db_locked_past_the_busy_timeout_warns_and_goes_on(reg, monkeypatch):
+    # `autosel tune` used to exit with a traceback (sqlite3.OperationalError from the lease code).
+    from autosel import db_tools
+
+    toy(reg, B.TORCH, B.TRITON)
+    store(decision(op="other.op"))  # the user DB exists, in WAL mode
+    monkeypatch.setattr(db_tools, "BUSY_TIMEOUT_S", 0.2)
+    selector._databases.clear()  # reopen with the short busy timeout
+    other = sqlite3.connect(os.environ["AUTOSEL_DB"], isolation_level=None)
+    other.execute("BEGIN IMMEDIATE")  # another process's long write transaction
+    try:
+        result = run("tune", "--json")
+    finally:
+        other.execute("ROLLBACK")
+        other.close()
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["outcomes"][0]["winner"] == "triton"
+    assert result.stderr.count("Warning: ") == 1 and "kept in memory" in result.stderr
