@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -87,17 +88,41 @@ def _parse_forced(env: Mapping[str, str]):
     return None, tuple(per_op)
 
 
+DEFAULT_BUDGET_S = 30.0
+
+
 def _budget(env: Mapping[str, str]) -> float:
     raw = env.get("AUTOSEL_BUDGET_S", "").strip()
     if not raw:
-        return 30.0
+        return DEFAULT_BUDGET_S
     try:
         value = float(raw)
     except ValueError:
         value = -1.0
-    if value <= 0:
-        raise ConfigError(f"AUTOSEL_BUDGET_S={raw!r} is not a positive number of seconds; e.g. AUTOSEL_BUDGET_S=30")
+    if not (math.isfinite(value) and value > 0):  # nan or inf: a budget that never ends
+        raise ConfigError(f"AUTOSEL_BUDGET_S={raw!r} is not a positive finite number of seconds; "
+                          "e.g. AUTOSEL_BUDGET_S=30")
     return value
+
+
+def _path(name: str, raw: str) -> Path:
+    """A path from a variable, with ~ expanded; a name no file system takes is a ConfigError, not an OSError later."""
+    try:
+        path = Path(raw).expanduser()
+    except RuntimeError:  # ~nosuchuser
+        raise ConfigError(f"{name}={raw!r}: there is no home folder for {raw.split(os.sep)[0]!r}; write the path "
+                          "without ~, or with an existing user's ~name") from None
+    if "\0" in raw:
+        raise ConfigError(f"{name}={raw!r} contains a NUL character; set it to a file path")
+    try:
+        longest = os.pathconf(next((str(p) for p in path.absolute().parents if p.exists()), "/"), "PC_NAME_MAX")
+    except (OSError, ValueError):
+        longest = 255
+    for part in path.parts:
+        if len(os.fsencode(part)) > longest:
+            raise ConfigError(f"{name}: the name {part[:40]!r}... is {len(os.fsencode(part))} bytes long, over the "
+                              f"file system's {longest}; choose a shorter file name")
+    return path
 
 
 def read_settings(env: Mapping[str, str] | None = None) -> Settings:
@@ -105,17 +130,18 @@ def read_settings(env: Mapping[str, str] | None = None) -> Settings:
     env = os.environ if env is None else env
     forced, per_op = _parse_forced(env)
     db = env.get("AUTOSEL_DB", "").strip()
-    shipped = tuple(Path(p) for p in env.get("AUTOSEL_DB_PATH", "").split(os.pathsep) if p.strip())
+    shipped = tuple(_path("AUTOSEL_DB_PATH", p) for p in env.get("AUTOSEL_DB_PATH", "").split(os.pathsep)
+                    if p.strip())
     record = env.get("AUTOSEL_RECORD", "").strip()
     return Settings(
-        db=Path(db).expanduser() if db else default_db_path(),
+        db=_path("AUTOSEL_DB", db) if db else default_db_path(),
         db_path=shipped,
         tune=_choice(env, "AUTOSEL_TUNE", TUNE_MODES, "auto"),
         forced_backend=forced,
         forced_per_op=per_op,
         mode=_choice(env, "AUTOSEL_MODE", EXECUTION_MODES, None),
         budget_s=_budget(env),
-        record=Path(record).expanduser() if record else None,
+        record=_path("AUTOSEL_RECORD", record) if record else None,
         log_level=_choice(env, "AUTOSEL_LOG", LOG_LEVELS, None),
     )
 

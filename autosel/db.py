@@ -20,9 +20,11 @@ from sqlite_utils import Database
 
 from autosel import db_tools
 from autosel.db_tools import (
-    KEY_COLUMNS, OWN_TABLES, ROW_COLUMNS, SQLITE_MAGIC, Conflict, Corrupt, MergeReport, connect, decision_row,
-    export_decisions, immediate, inspect, is_corrupt, merge, migrate, parse_row, read_decisions, ro_uri,
+    KEY_COLUMNS, OWN_TABLES, ROW_COLUMNS, SQLITE_MAGIC, Conflict, Corrupt, MergeReport, NotSQLite, connect,
+    decision_row, export_decisions, header_application_id, identify, immediate, inspect, is_corrupt, merge, migrate,
+    parse_row, read_decisions, ro_uri,
 )
+from autosel.config import DEFAULT_BUDGET_S
 from autosel.decisions import OP_LEVEL_BUCKET, Decision, DecisionKey
 from autosel.errors import DatabaseError
 
@@ -59,9 +61,11 @@ class _Open:
     """One open layer: its connection and what is known about it."""
 
     def __init__(self, path: str, kind: str, conn: sqlite3.Connection, *, writable: bool,
-                 schema_version: int | None, problem: str | None = None):
+                 schema_version: int | None, problem: str | None = None, could_write: bool | None = None):
+        """could_write: opened read-only for a command that only reads, whether selection could write the file."""
         self.path, self.kind, self.conn, self.writable = path, kind, conn, writable
         self.schema_version, self.problem, self.broken = schema_version, problem, False
+        self.could_write = could_write
         self.db = Database(conn, execute_plugins=False) if writable else None
 
     def layer(self) -> Layer:
@@ -69,7 +73,8 @@ class _Open:
             rows = self.conn.execute("SELECT count(*) FROM decisions").fetchone()[0]
         except sqlite3.Error:
             rows = 0
-        return Layer(self.path, self.kind, self.writable and not self.broken, self.schema_version, rows, self.problem)
+        writable = self.could_write if self.could_write is not None else self.writable and not self.broken
+        return Layer(self.path, self.kind, writable, self.schema_version, rows, self.problem)
 
     def select(self, where: str = "", params: Sequence = ()) -> list[tuple]:
         if self.broken:
@@ -80,8 +85,10 @@ class _Open:
                 params).fetchall()
         except sqlite3.Error as exc:
             self.broken, self.problem = True, f"read failed: {exc}"
+            remedy = ("remove it from AUTOSEL_DB_PATH" if self.kind == "shipped"
+                      else "set AUTOSEL_DB (or --db) to another file")
             warn_once(self.path, "read", f"reading tuning DB {self.path} failed ({exc}); skipping it for the rest "
-                      "of this process. Run `autosel doctor` to check it, or remove it from AUTOSEL_DB_PATH.")
+                      f"of this process. Run `autosel doctor` to check it, or {remedy}.")
             return []
 
 
@@ -117,17 +124,86 @@ def _move_aside(path: Path, inode: int | None) -> Path | None:
     return target
 
 
-def _inspect_file(path: Path) -> tuple[int, str, set[str]]:
+class _Interrupted(Exception):
+    """A process was killed in a write transaction: a journal lies next to the file, whose header may be unwritten."""
+
+
+def _inspect_file(path: Path, *, recover: bool = True) -> tuple[int, str, str]:
+    """(user_version, written by, identify()'s kind) of an existing file; NotSQLite or Corrupt if it is not sound.
+
+    recover: a process killed in a write transaction leaves a hot journal (or a WAL to recover) that a read-only
+    connection cannot roll back (SQLITE_READONLY_ROLLBACK / _RECOVERY), and a new file's first page may not be
+    written yet; let SQLite's own crash recovery run through a read-write connection that only reads, as any
+    SQLite client opening the file would. Without it, a DB whose creator was killed stayed read-only (or was
+    taken for a file that is not SQLite) in every later process."""
     # Check through a read-only connection first: closing a read-write one on a bad file would checkpoint
     # into it and delete its -wal, and the moved-aside copy must keep the bytes it had.
-    with open(path, "rb") as f:
-        if f.read(len(SQLITE_MAGIC)) != SQLITE_MAGIC:
-            raise Corrupt("file is not a database: no SQLite header")
-    conn = connect(ro_uri(path, immutable=False), uri=True)
+    for attempt in range(2):
+        with open(path, "rb") as f:
+            head = f.read(len(SQLITE_MAGIC))
+        if attempt and not head:
+            return 0, "unknown", "empty"  # rolled back to nothing: a new file
+        if head != SQLITE_MAGIC:
+            if not Path(f"{path}-journal").exists():
+                raise NotSQLite("it is not an SQLite file (no SQLite header)")
+            if not recover or attempt:
+                raise _Interrupted("a process was killed while writing it")
+        else:
+            conn = connect(ro_uri(path, immutable=False), uri=True)
+            try:
+                version, written_by, _ = inspect(conn)
+                return version, written_by, identify(conn)
+            except sqlite3.Error as exc:
+                if not (recover and _needs_recovery(exc)) or attempt:
+                    raise
+            finally:
+                conn.close()
+        logger.info("%s: recovering after a process that was killed while writing it", path)
+        writer = connect(str(path))
+        try:
+            writer.execute("SELECT count(*) FROM sqlite_master").fetchone()  # rolls a hot journal back
+        except sqlite3.Error as exc:
+            logger.info("%s: recovery did not help: %s", path, exc)
+        finally:
+            writer.close()
+    raise AssertionError("unreachable")
+
+
+def _needs_recovery(exc: BaseException) -> bool:
+    # Python 3.10 has no sqlite_errorname: the message of SQLITE_READONLY_ROLLBACK / _RECOVERY then tells.
+    name = getattr(exc, "sqlite_errorname", "")
+    return name.startswith("SQLITE_READONLY_") if name else "readonly database" in str(exc)
+
+
+def _damaged_autosel(path: Path) -> bool:
+    """Whether a damaged SQLite file is autosel's (its header's mark, or autosel's tables still listed), and so
+    may be moved aside; a damaged file of anyone else's is left where it is."""
+    if header_application_id(path) == db_tools.APPLICATION_ID:
+        return True
     try:
-        return inspect(conn)
-    finally:
-        conn.close()
+        conn = connect(ro_uri(path, immutable=False), uri=True)
+        try:
+            tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        finally:
+            conn.close()
+    except sqlite3.Error:
+        return False
+    return tables == OWN_TABLES
+
+
+def _switch_to_wal(conn: sqlite3.Connection) -> None:
+    """PRAGMA journal_mode = WAL, retried while busy: the switch does not wait through the busy timeout, so a
+    process creating the DB next to another one (or next to one killed mid-creation) got "database is locked"
+    and fell back to memory for good."""
+    deadline = time.monotonic() + db_tools.BUSY_TIMEOUT_S
+    while True:
+        try:
+            conn.execute("PRAGMA journal_mode = WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.02)
 
 
 def _open_user(path: Path) -> list[_Open]:
@@ -140,23 +216,31 @@ def _open_user(path: Path) -> list[_Open]:
         inode, conn = _inode(path), None
         try:
             if path.is_file() and path.stat().st_size:
-                version, written_by, tables = _inspect_file(path)
+                version, written_by, kind = _inspect_file(path)
                 if version > db_tools.SCHEMA_VERSION:
                     return _newer(path, version, written_by)
-                if version == 0 and tables - OWN_TABLES:
+                if kind == "foreign":
                     return _readonly(path, "it is an SQLite file but not an autosel tuning DB; left untouched",
                                      ro=False)
+            if path.exists() and not os.access(path, os.W_OK):
+                return _readonly(path, "the file is read-only")
             conn = connect(str(path))
-            conn.execute("PRAGMA journal_mode = WAL")
+            if identify(conn) == "foreign":  # someone made it something else since we looked
+                conn.close()
+                return _readonly(path, "it is an SQLite file but not an autosel tuning DB; left untouched",
+                                 ro=False)
+            _switch_to_wal(conn)
             conn.execute("PRAGMA synchronous = NORMAL")  # WAL + NORMAL: a killed process loses nothing committed
             migrate(conn)
             return [_Open(str(path), "user", conn, writable=True, schema_version=db_tools.SCHEMA_VERSION,
                           problem=problem)]
-        except (OSError, sqlite3.Error, Corrupt) as exc:
+        except (OSError, sqlite3.Error, Corrupt, _Interrupted) as exc:
             if conn is not None:
                 conn.close()
-            if not is_corrupt(exc) or attempt:
-                return _readonly(path, f"not writable: {exc}")
+            if isinstance(exc, (NotSQLite, _Interrupted)):
+                return _readonly(path, f"{exc}; left untouched", ro=False)
+            if not is_corrupt(exc) or attempt or not _damaged_autosel(path):
+                return _readonly(path, f"cannot be opened for writing ({exc})", ro=not is_corrupt(exc))
             moved = _move_aside(path, inode)  # only the file we found corrupt, not one a racer just created
             where = f"moved aside to {moved}" if moved else "another process moved it aside"
             warn_once(path, "corrupt", f"tuning DB {path} is corrupt ({exc}); {where} (kept, not deleted) and "
@@ -170,15 +254,53 @@ def _readonly(path: Path, reason: str, *, ro: bool = True) -> list[_Open]:
     warn_once(path, "readonly", f"tuning DB {path}: {reason}; decisions made by this process are kept in memory "
               "and lost at exit. Set AUTOSEL_DB to a writable file path.")
     layers = [_memory(f"{reason}; decisions kept in memory")]
-    if ro and path.is_file():
-        try:
+    try:
+        if ro and path.is_file():
             conn = connect(ro_uri(path, immutable=False), uri=True)
             version, _, tables = inspect(conn)
-            if "decisions" in tables:
+            if "decisions" in tables and identify(conn) == "autosel":
                 layers.append(_Open(str(path), "user", conn, writable=False, schema_version=version, problem=reason))
-        except (sqlite3.Error, Corrupt) as exc:
-            logger.info("cannot read %s read-only either: %s", path, exc)
+    except (OSError, sqlite3.Error, Corrupt) as exc:
+        logger.info("cannot read %s read-only either: %s", path, exc)
     return layers
+
+
+def _peek_user(path: Path) -> list[_Open]:
+    """The user layer for a command that only reads: nothing is created, migrated, stamped or moved aside.
+    Its Layer says whether selection could write the file."""
+    def unread(problem: str, could_write: bool = False) -> list[_Open]:
+        conn = connect(":memory:")
+        migrate(conn)  # an empty in-memory stand-in, so the layer lists with no rows
+        return [_Open(str(path), "user", conn, writable=False, schema_version=None, problem=problem,
+                      could_write=could_write)]
+
+    try:
+        if not path.exists():
+            folder = next((p for p in path.parents if p.exists()), None)
+            return unread("does not exist yet (the first tune creates it)",
+                          folder is not None and os.access(folder, os.W_OK))
+        version, written_by, kind = _inspect_file(path, recover=False)
+        conn = connect(ro_uri(path, immutable=False), uri=True)
+    except (OSError, sqlite3.Error, Corrupt, _Interrupted) as exc:
+        if isinstance(exc, _Interrupted) or _needs_recovery(exc):
+            problem = "a process was killed while writing it; not read"
+            remedy = "The next `autosel tune` or selection that opens it recovers it (SQLite's crash recovery)."
+        elif is_corrupt(exc) and not isinstance(exc, NotSQLite) and _damaged_autosel(path):
+            problem = f"unreadable ({exc})"
+            remedy = "Selection will move it aside (kept, not deleted) and start a new one."
+        else:
+            problem = f"{exc}; not read" if isinstance(exc, NotSQLite) else f"unreadable ({exc}); not read"
+            remedy = "Left as it is; point AUTOSEL_DB (or --db) at a tuning DB."
+        warn_once(path, "peek", f"tuning DB {path}: {problem}. {remedy}")
+        return unread(problem)
+    if kind == "foreign":
+        conn.close()
+        return unread("an SQLite file but not an autosel tuning DB; not read")
+    problem = _newer_problem(version, written_by) if version > db_tools.SCHEMA_VERSION else None
+    could_write = (version <= db_tools.SCHEMA_VERSION and os.access(path, os.W_OK)
+                   and os.access(path.parent, os.W_OK))
+    return [_Open(str(path), "user", conn, writable=False, schema_version=version or None, problem=problem,
+                  could_write=could_write)]
 
 
 def _newer_problem(version: int, written_by: str) -> str:
@@ -203,6 +325,8 @@ def _open_shipped(path: Path) -> _Open | None:
         if "decisions" not in tables:
             raise Corrupt("WAL-mode file: its tables are in a -wal that is not read" if wal
                           else "it has no decisions table; it is not an autosel tuning DB")
+        if identify(conn) == "foreign":
+            raise Corrupt("it is an SQLite file but not an autosel tuning DB")
     except (OSError, sqlite3.Error, Corrupt) as exc:
         warn_once(path, "shipped", f"shipped tuning DB {path} is unreadable ({exc}); skipped. Replace it with a "
                   "file from `autosel export --format sqlite`, or remove it from AUTOSEL_DB_PATH.")
@@ -219,8 +343,16 @@ def _open_shipped(path: Path) -> _Open | None:
     return _Open(str(path), "shipped", conn, writable=False, schema_version=version, problem=problem)
 
 
+def _expanded(path: Path | str, what: str) -> Path:
+    try:
+        return Path(path).expanduser()
+    except (TypeError, RuntimeError) as exc:  # "~nosuchuser/x.db": no such home folder
+        raise ValueError(f"{what} {str(path)!r} cannot be expanded ({exc}); write it without ~ or with "
+                         "an existing user's ~name") from None
+
+
 def _shipped_paths(shipped: Sequence[Path], include_package: bool) -> list[Path]:
-    entries = [Path(p).expanduser() for p in shipped]
+    entries = list(shipped)
     if include_package:
         try:
             entries.append(Path(str(importlib.resources.files("autosel.tuning_db"))))
@@ -229,14 +361,27 @@ def _shipped_paths(shipped: Sequence[Path], include_package: bool) -> list[Path]
             entries += [source_tree] if source_tree.is_dir() else []
     files: list[Path] = []
     for entry in entries:
-        if entry.is_dir():
+        try:
+            kind = "dir" if entry.is_dir() else "file" if entry.is_file() else None
+        except OSError:  # a name too long for the file system, say
+            kind = None
+        if kind == "dir":
             files += sorted(entry.glob("*.db"))
-        elif entry.is_file():
+        elif kind == "file":
             files.append(entry)
         else:
             warn_once(entry, "missing", f"shipped tuning DB path {entry} does not exist; ignored. "
                       "Fix AUTOSEL_DB_PATH (files or folders of *.db separated by ':').")
     return files
+
+
+LEASE_CHECKS_S = 60.0  # a tune's checks (compilation included) come before its budget starts
+
+
+def lease_seconds(budget_s: float) -> float:
+    """How long a tune with this budget may hold its lease before others take it over: its checks, then its
+    timing, which the budget stops after the round in progress (so at most about twice the budget)."""
+    return LEASE_CHECKS_S + 2.0 * budget_s
 
 
 def _pid_alive(pid: int) -> bool:
@@ -268,9 +413,18 @@ class TuningDB:
         self._lock, self._inherited = threading.RLock(), []
 
     @classmethod
-    def open(cls, user: Path | None, shipped: Sequence[Path] = (), *, include_package: bool = True) -> "TuningDB":
+    def open(cls, user: Path | None, shipped: Sequence[Path] = (), *, include_package: bool = True,
+             read_only: bool = False) -> "TuningDB":
+        """read_only: for commands that only read: the user file is neither created, migrated nor moved aside
+        (a missing one is an empty layer), and decisions recorded go to memory."""
+        user = _expanded(user, "the user tuning DB path") if user is not None else None
+        shipped = [_expanded(p, "a shipped tuning DB path") for p in shipped]
+
         def opener() -> list[_Open]:
-            layers = _open_user(Path(user).expanduser()) if user is not None else [_memory()]
+            if user is None:
+                layers = [_memory()]
+            else:
+                layers = _peek_user(user) if read_only else _open_user(user)
             seen = {os.path.realpath(layer.path) for layer in layers}
             for path in _shipped_paths(shipped, include_package):
                 if os.path.realpath(path) not in seen:
@@ -346,9 +500,7 @@ class TuningDB:
                 except sqlite3.Error as exc:
                     if layer.kind == "memory":
                         raise DatabaseError(f"writing a decision for {decision.op} in memory failed: {exc}") from exc
-                    layer.writable, layer.problem = False, f"write failed: {exc}; decisions kept in memory"
-                    warn_once(layer.path, "write", f"writing to tuning DB {layer.path} failed ({exc}); new "
-                              "decisions are kept in memory for this process. Check free space and permissions.")
+                    self._write_failed(layer, exc)
 
     def buckets(self, decision: Decision, layer: Layer, usable: Callable[[str], bool] = lambda backend: True
                 ) -> list[Decision]:
@@ -386,20 +538,32 @@ class TuningDB:
         return removed
 
     @contextmanager
-    def lease(self, platform_key: str, op: str, mode: str, *, ttl_s: float = 600.0, wait_s: float = 600.0,
-              poll_s: float = 0.2) -> Iterator[bool]:
+    def lease(self, platform_key: str, op: str, mode: str, *, budget_s: float | None = None,
+              ttl_s: float | None = None, wait_s: float | None = None, poll_s: float = 0.2) -> Iterator[bool]:
         """True: this process holds the tuning lease (tune, record, release on exit). False: another holder
-        finished while we waited; look up again."""
+        finished while we waited; look up again.
+
+        budget_s: the tune's time budget; the lease expires, and a waiter stops waiting and takes it over, after
+        lease_seconds(budget_s) unless ttl_s / wait_s say otherwise. A waiter logs once whom it waits for.
+        When the DB cannot be written (read-only file, a write lock held past the busy timeout), this process
+        tunes without a lease and keeps its decisions in memory, with one warning, as record() does.
+        """
+        limit_s = lease_seconds(DEFAULT_BUDGET_S if budget_s is None else budget_s)
+        ttl_s, wait_s = limit_s if ttl_s is None else ttl_s, limit_s if wait_s is None else wait_s
         layer = next((lay for lay in self._here() if lay.kind == "user" and lay.writable and not lay.broken), None)
         if layer is None:  # nobody to coordinate with through a file
             yield True
             return
-        token = uuid.uuid4().hex
-        took = self._acquire(layer, (platform_key, op, mode), token, ttl_s, wait_s, poll_s)
+        token = f"{uuid.uuid4().hex}@{time.time():.0f}"  # "@taken_at": waiters can say since when it is held
+        try:
+            took = self._acquire(layer, (platform_key, op, mode), token, ttl_s, wait_s, poll_s)
+        except sqlite3.Error as exc:
+            self._write_failed(layer, exc)
+            took, layer = True, None
         try:
             yield took
         finally:
-            if took:
+            if took and layer is not None:
                 try:
                     with self._lock, immediate(layer.conn):
                         layer.conn.execute("DELETE FROM leases WHERE token = ?", (token,))
@@ -407,16 +571,24 @@ class TuningDB:
                     logger.warning("could not release the tuning lease on %s (%s): %s; it expires after %.0f s",
                                    op, layer.path, exc, ttl_s)
 
+    def _write_failed(self, layer: _Open, exc: sqlite3.Error) -> None:
+        layer.writable, layer.problem = False, f"write failed: {exc}; decisions kept in memory"
+        warn_once(layer.path, "write", f"writing to tuning DB {layer.path} failed ({exc}); new decisions are "
+                  "kept in memory for this process. Check free space and permissions, or whether another "
+                  "process holds a write transaction open.")
+
     def _acquire(self, layer: _Open, key: tuple[str, str, str], token: str, ttl_s: float, wait_s: float,
                  poll_s: float) -> bool:
-        host, start, waited = socket.gethostname(), time.monotonic(), False
+        host, start, waited, holder = socket.gethostname(), time.monotonic(), False, None
         while True:
             with self._lock, immediate(layer.conn):
-                row = layer.conn.execute("SELECT host, pid, expires_at FROM leases WHERE platform_key = ? "
+                row = layer.conn.execute("SELECT host, pid, expires_at, token FROM leases WHERE platform_key = ? "
                                          "AND op = ? AND mode = ?", key).fetchone()
                 if row is None and waited:
                     return False
                 now = time.time()
+                if row is not None and row[3] != holder:  # a new holder (one that took a hung one's over, say)
+                    start, holder = time.monotonic(), row[3]  # gets the whole wait again
                 stale = row is not None and (row[2] < now or (row[0] == host and not _pid_alive(row[1])))
                 overdue = row is not None and time.monotonic() - start > wait_s
                 if row is None or stale or overdue:
@@ -428,11 +600,25 @@ class TuningDB:
             elif row is not None and overdue:
                 warn_once(layer.path, "lease-overdue", f"waited {wait_s:.0f} s for the tuning lease on {key[1]} "
                           f"({key[2]}) held by pid {row[1]} on {row[0]}; taking it over. If that process is stuck, "
-                          "stop it; if tuning takes that long, pass a larger wait_s.")
+                          "stop it; if tuning takes that long, give it a larger budget.")
             if row is None or stale or overdue:
                 return True
+            if not waited:
+                self._say_waiting(key, row, min(wait_s, max(0.0, row[2] - now)))
             waited = True
             time.sleep(poll_s)
+
+    @staticmethod
+    def _say_waiting(key: tuple[str, str, str], row: tuple, at_most_s: float) -> None:
+        host, pid, _, token = row
+        _, at, taken = str(token).rpartition("@")
+        since = (time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(int(taken))) if at and taken.isdigit()
+                 else "an unknown time (an older autosel)")
+        logger.warning("waiting for the tuning lease on %s (%s mode), held by pid %s on %s since %s: that process is "
+                       "tuning it; this one uses its decision when it is done, or takes the lease over in at most "
+                       "%.0f s. To stop waiting: end pid %s on %s if it is stuck (a dead holder's lease is taken "
+                       "over at once), or choose a backend yourself (backend=..., AUTOSEL_BACKEND).",
+                       key[1], key[2], pid, host, since, at_most_s, pid, host)
 
     def close(self) -> None:
         with self._lock:

@@ -25,6 +25,14 @@ KEY_COLUMNS = ("platform_key", "op", "mode", "bucket", "versions_hash")
 ROW_COLUMNS = KEY_COLUMNS + ("evidence",)
 SQLITE_MAGIC = b"SQLite format 3\x00"
 OWN_TABLES = {"decisions", "leases", "meta"}
+# PRAGMA application_id of every file autosel writes ("auto"): the mark that a file is autosel's to change.
+APPLICATION_ID = 0x6175746F
+# The exact schema 1 tables: how a file written before the mark existed is recognised (and then stamped).
+SCHEMA_1_COLUMNS = {
+    "decisions": {*KEY_COLUMNS, "winner", "created_at", "autosel_version", "evidence"},
+    "leases": {"platform_key", "op", "mode", "host", "pid", "token", "expires_at"},
+    "meta": {"key", "value"},
+}
 
 
 def autosel_version() -> str:
@@ -53,8 +61,52 @@ class Corrupt(Exception):
     """quick_check failed, or the file is not SQLite at all."""
 
 
+class NotSQLite(Corrupt):
+    """The file does not start with the SQLite header: someone else's file, never autosel's to move."""
+
+
 def is_corrupt(exc: BaseException) -> bool:
     return isinstance(exc, Corrupt) or getattr(exc, "sqlite_errorname", "") in ("SQLITE_CORRUPT", "SQLITE_NOTADB")
+
+
+def header_application_id(path: Path) -> int | None:
+    """The application id in a file's SQLite header (bytes 68-71), readable even when the rest is damaged."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(72)
+    except OSError:
+        return None
+    return int.from_bytes(head[68:72], "big") if len(head) == 72 and head.startswith(SQLITE_MAGIC) else None
+
+
+def identify(conn: sqlite3.Connection) -> str:
+    """"autosel" (marked, or the exact schema 1 of a file written before the mark), "empty" (no tables yet:
+    a new file) or "foreign" (anything else: never written to)."""
+    if conn.in_transaction:
+        return _identify(conn)
+    conn.execute("BEGIN")  # one snapshot: a file another process is creating must not read half made
+    try:
+        return _identify(conn)
+    finally:
+        conn.execute("ROLLBACK")
+
+
+def _identify(conn: sqlite3.Connection) -> str:
+    application_id = conn.execute("PRAGMA application_id").fetchone()[0]
+    if application_id:
+        return "autosel" if application_id == APPLICATION_ID else "foreign"
+    tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")
+              if not r[0].startswith("sqlite_")}  # SQLite's own (sqlite_stat1 after ANALYZE, ...)
+    version = conn.execute("PRAGMA user_version").fetchone()[0]
+    if not tables and version == 0:
+        return "empty"
+    if version != 1 or tables != set(SCHEMA_1_COLUMNS):
+        return "foreign"
+    for table, columns in SCHEMA_1_COLUMNS.items():
+        if {r[1] for r in conn.execute(f"PRAGMA table_info({table})")} != columns:
+            return "foreign"
+    written = conn.execute("SELECT count(*) FROM meta WHERE key = 'schema_written_by'").fetchone()[0]
+    return "autosel" if written else "foreign"
 
 
 def connect(target: str, *, uri: bool = False) -> sqlite3.Connection:
@@ -94,18 +146,25 @@ def inspect(conn: sqlite3.Connection) -> tuple[int, str, set[str]]:
 
 
 def migrate(conn: sqlite3.Connection) -> None:
-    """Bring a writable file (or :memory:) to SCHEMA_VERSION; safe when several processes do it at once."""
-    if conn.execute("PRAGMA user_version").fetchone()[0] >= SCHEMA_VERSION:
+    """Bring a writable autosel file (or a new one, or :memory:) to SCHEMA_VERSION and stamp APPLICATION_ID;
+    safe when several processes do it at once. Callers check identify() first: this writes."""
+    def done() -> bool:
+        return (conn.execute("PRAGMA user_version").fetchone()[0] >= SCHEMA_VERSION
+                and conn.execute("PRAGMA application_id").fetchone()[0] == APPLICATION_ID)
+
+    if done():
         return
     db = Database(conn, execute_plugins=False)
     with immediate(conn):
         current = conn.execute("PRAGMA user_version").fetchone()[0]  # re-read under the write lock
-        for target in range(current + 1, SCHEMA_VERSION + 1):
-            MIGRATIONS[target](db)
-        if current == 0:
-            db["meta"].upsert({"key": "created_by", "value": autosel_version()}, pk="key")
-        db["meta"].upsert({"key": "schema_written_by", "value": autosel_version()}, pk="key")
-        conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+        if current < SCHEMA_VERSION:
+            for target in range(current + 1, SCHEMA_VERSION + 1):
+                MIGRATIONS[target](db)
+            if current == 0:
+                db["meta"].upsert({"key": "created_by", "value": autosel_version()}, pk="key")
+            db["meta"].upsert({"key": "schema_written_by", "value": autosel_version()}, pk="key")
+            conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+        conn.execute(f"PRAGMA application_id = {APPLICATION_ID}")
 
 
 def decision_row(decision: Decision) -> dict[str, str]:
@@ -118,14 +177,63 @@ def decision_row(decision: Decision) -> dict[str, str]:
 _bad_rows: set[tuple[str, tuple]] = set()
 
 
+def _expect(value: object, kinds: tuple[type, ...], what: str, *, optional: bool = False) -> None:
+    if (value is None and optional) or (isinstance(value, kinds) and not isinstance(value, bool)):
+        return
+    names = " or ".join(k.__name__ for k in kinds) + (" or null" if optional else "")
+    raise ValueError(f"{what} is {value!r} ({type(value).__name__}), expected {names}")
+
+
+def check_evidence(decision: Decision) -> Decision:
+    """The decision if every field has its type (numbers are numbers, names are text); else ValueError naming
+    the field. Rows are data: a string where a score belongs must not reach the commands that format it."""
+    number, text = (int, float), (str,)
+    _expect(decision.winner, text, "winner")
+    if not decision.winner:
+        raise ValueError("winner is empty")
+    _expect(decision.margin, number, "margin")
+    _expect(decision.tune_s, number, "tune_s")
+    _expect(decision.lead_over_runner_up, number, "lead_over_runner_up", optional=True)
+    _expect(decision.runner_up, text, "runner_up", optional=True)
+    for name in ("method", "created_at", "autosel_version"):
+        _expect(getattr(decision, name), text, name)
+    for name, version in decision.versions.items():
+        _expect(name, text, "a versions key")
+        _expect(version, text, f"versions[{name!r}]")
+    for pair in decision.per_shape_winners:
+        if len(pair) != 2:
+            raise ValueError(f"per_shape_winners entry {pair!r} is not a (shape, backend) pair")
+        _expect(pair[0], text, "a per-shape winner's shape")
+        _expect(pair[1], text, "a per-shape winner's backend")
+    for c in decision.candidates:
+        _expect(c.backend, text, "a candidate's backend")
+        _expect(c.status, text, f"{c.backend}'s status")
+        _expect(c.reason, text, f"{c.backend}'s reason", optional=True)
+        _expect(c.score, number, f"{c.backend}'s score", optional=True)
+        for s in c.shapes:
+            for name in ("max_abs_err", "max_rel_err", "first_call_s"):
+                _expect(getattr(s, name), number, f"{c.backend}'s {name}", optional=True)
+            m = s.timing
+            if m is None:
+                continue
+            for name in ("median_us", "p20_us", "p80_us", "mad_us"):
+                _expect(getattr(m, name), number, f"{c.backend}'s {name}")
+            for name in ("host_us", "device_us"):
+                _expect(getattr(m, name), number, f"{c.backend}'s {name}", optional=True)
+            _expect(m.samples, (int,), f"{c.backend}'s samples")
+            _expect(m.method, text, f"{c.backend}'s timing method")
+            for value in m.round_medians_us:
+                _expect(value, number, f"{c.backend}'s round median")
+    return decision
+
+
 def parse_row(source: str, row: Sequence) -> Decision | None:
     """A Decision from (key columns..., evidence), or None (logged once) if the row is not valid data."""
     try:
         decision = Decision.from_json(row[len(KEY_COLUMNS)])
+        check_evidence(decision)
         if decision.key != DecisionKey(*row[: len(KEY_COLUMNS)]):
             raise ValueError("its key columns do not match its evidence")
-        if not isinstance(decision.winner, str) or not decision.winner:
-            raise ValueError(f"winner {decision.winner!r} is not a backend name")
         return decision
     except Exception as exc:  # a row is data: whatever it holds, it must not crash a lookup
         if (source, tuple(row[: len(KEY_COLUMNS)])) not in _bad_rows:
@@ -204,7 +312,7 @@ def read_decisions(path: Path) -> list[Decision]:
     for n, line in enumerate(path.read_text(encoding="utf-8", errors="replace").splitlines(), 1):
         if line.strip():
             try:
-                out.append(Decision.from_json(line))
+                out.append(check_evidence(Decision.from_json(line)))
             except Exception as exc:  # data, never code: a bad line is skipped, the rest still imports
                 problems.append((n, line_problem(line, exc)))
     if problems and not out:

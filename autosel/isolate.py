@@ -1,21 +1,33 @@
 """Isolated checks: run one candidate's correctness check in a child process with a timeout, so a kernel
-that segfaults, hangs or leaves a sticky CUDA error is recorded as data instead of taking the tune down.
+that segfaults, hangs, exits or leaves a sticky CUDA error is recorded as data instead of taking the tune down.
 
 The child gets everything by name ("module:attr"), so the op's make_inputs and reference must be importable
-module-level functions. Candidates that pass are then checked again and timed in the parent, interleaved.
+module-level functions. It answers on a pipe of its own, not on stdout (a kernel may print anything there),
+first "ready" once the interpreter and the op's own functions are loaded, then the check's result: the
+timeout counts from "ready", so it times the candidate, not the interpreter's start. Any end of the child
+without a result is a rejection with its reason. After the check the child calls the candidate
+CALLS_PER_SHAPE more times per shape, so a kernel that crashes only from its Nth call is caught here too.
+Candidates that pass are then checked again and timed in the parent, interleaved; docs/TUNING.md section 5
+says what isolation does not cover.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import select
 import signal
 import subprocess
 import sys
+import tempfile
+import time
 from typing import Any, Callable, Sequence
 
 from autosel.errors import TuningError
 from autosel.spec import KernelSpec, OpDefinition, resolve_target, target_of
+
+CALLS_PER_SHAPE = 25  # calls per shape after the check, in the child
+STARTUP_TIMEOUT_S = 300.0  # for the child's interpreter, torch and the op's functions, before the timeout starts
 
 
 def _describe_exit(returncode: int, stderr: str) -> str:
@@ -26,7 +38,29 @@ def _describe_exit(returncode: int, stderr: str) -> str:
             name = f"signal {-returncode}"
         return f"crashed the process ({name})"
     tail = stderr.strip().splitlines()[-1] if stderr.strip() else "no message"
+    if returncode == 0:
+        return f"ended the process (exit status 0) before its check finished: {tail}"
     return f"crashed the process (exit status {returncode}: {tail})"
+
+
+class _Channel:
+    """JSON lines from the child's pipe, each read with a deadline."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd, self.buffer = fd, b""
+
+    def read(self, deadline: float) -> dict | None | str:
+        """The next message; None when the child closed the pipe (it ended); "timeout" at the deadline."""
+        while b"\n" not in self.buffer:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([self.fd], [], [], left)[0]:
+                return "timeout"
+            chunk = os.read(self.fd, 65536)
+            if not chunk:
+                return None
+            self.buffer += chunk
+        line, self.buffer = self.buffer.split(b"\n", 1)
+        return json.loads(line)
 
 
 def probe(spec: KernelSpec, definition: OpDefinition, reference: Callable[..., Any], shapes: Sequence[dict], *,
@@ -38,35 +72,93 @@ def probe(spec: KernelSpec, definition: OpDefinition, reference: Callable[..., A
         raise TuningError(f"op {definition.op!r} cannot be checked in isolation: its {' and '.join(unnamed)} "
                           "is not an importable module-level function; define it at module level or tune without "
                           "isolation")
-    request = {"target": spec.target, "op": definition.op, "shapes": list(shapes), "device": device, "seed": seed,
-               "rtol": definition.rtol, "atol": definition.atol, **names}
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
-    try:
-        done = subprocess.run([sys.executable, "-m", "autosel.isolate"], input=json.dumps(request), env=env,
-                              capture_output=True, text=True, timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        return f"hung: no answer from its check within {timeout_s:g} s (killed)"
-    if done.returncode != 0:
-        return _describe_exit(done.returncode, done.stderr)
-    answer = json.loads(done.stdout.strip().splitlines()[-1])
-    return answer["reason"]
+    read_fd, write_fd = os.pipe()
+    request = {"target": spec.target, "op": definition.op, "shapes": list(shapes), "device": device, "seed": seed,
+               "rtol": definition.rtol, "atol": definition.atol, "channel": write_fd, **names}
+    with tempfile.TemporaryFile() as stderr:
+        try:
+            child = subprocess.Popen([sys.executable, "-m", "autosel.isolate"], stdin=subprocess.PIPE,
+                                     stdout=subprocess.DEVNULL, stderr=stderr, env=env, pass_fds=(write_fd,))
+        finally:
+            os.close(write_fd)  # the child holds the only write end: its end closes the pipe
+        try:
+            child.stdin.write(json.dumps(request).encode())
+            child.stdin.close()
+            reason, started = _listen(_Channel(read_fd), timeout_s)
+        except BrokenPipeError:  # it ended before reading its request
+            reason, started = None, False
+        finally:
+            if child.poll() is None:
+                child.kill()
+            child.wait()
+            os.close(read_fd)
+        if reason is None:
+            stderr.seek(0)
+            ended = _describe_exit(child.returncode, stderr.read().decode(errors="replace"))
+            return ended if started else (f"its isolated check could not start ({ended}); check that the op's "
+                                          "make_inputs and reference import in a fresh interpreter")
+    return reason or None
+
+
+def _listen(channel: _Channel, timeout_s: float) -> tuple[str | None, bool]:
+    """(the child's answer: "" (passed) or a reason, None when it ended without one; whether it had started)."""
+    ready = channel.read(time.monotonic() + STARTUP_TIMEOUT_S)
+    if ready == "timeout":
+        return (f"its isolated check did not start within {STARTUP_TIMEOUT_S:g} s (the child's interpreter, "
+                "torch and the op's functions loading; killed)"), False
+    if ready is None:
+        return None, False
+    answer = channel.read(time.monotonic() + timeout_s)
+    if answer == "timeout":
+        return f"hung: no answer from its check within {timeout_s:g} s (killed)", True
+    return (None if answer is None else answer["reason"] or ""), True
 
 
 def _child() -> None:
+    request = json.loads(sys.stdin.read())
+    fd = request["channel"]
+
+    def say(message: dict) -> None:
+        os.write(fd, (json.dumps(message) + "\n").encode())
+
     from autosel.tuner import check_candidate
 
-    request = json.loads(sys.stdin.read())
     definition = OpDefinition(request["op"], shapes=request["shapes"],
                               make_inputs=resolve_target(request["make_inputs"]),
                               rtol=request["rtol"], atol=request["atol"])
+    reference = resolve_target(request["reference"])
+    say({"ready": True})
     try:
         fn = resolve_target(request["target"])
-    except Exception as exc:
-        print(json.dumps({"reason": f"could not load {request['target']!r}: {type(exc).__name__}: {exc}"}))
+    except BaseException as exc:  # an import that exits is the candidate's failure too
+        say({"reason": f"could not load {request['target']!r}: {type(exc).__name__}: {exc}"})
         return
-    report = check_candidate(fn, definition, resolve_target(request["reference"]), request["shapes"],
-                             device=request["device"], seed=request["seed"])
-    print(json.dumps({"reason": report.reason}))
+    report = check_candidate(fn, definition, reference, request["shapes"], device=request["device"],
+                             seed=request["seed"])
+    if report.reason is None:
+        report.reason = _call_again(fn, definition, request)
+    say({"reason": report.reason})
+
+
+def _call_again(fn: Callable[..., Any], definition: OpDefinition, request: dict) -> str | None:
+    """Call a candidate that passed CALLS_PER_SHAPE more times per shape: a crash from its Nth call ends here."""
+    import torch
+
+    from autosel import checks
+    from autosel.timing import synchronize
+    from autosel.tuner import shape_text
+
+    for index, shape in enumerate(request["shapes"]):
+        torch.manual_seed(request["seed"] + index)
+        args = checks.clone_args(definition.make_inputs(dict(shape), request["device"]))
+        for call in range(CALLS_PER_SHAPE):
+            try:
+                fn(*args)
+                synchronize(request["device"])
+            except (Exception, SystemExit) as exc:
+                return f"raised {type(exc).__name__} on call {call + 2} at {shape_text(shape)}: {exc}"
+    return None
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ import importlib.metadata
 import logging
 import threading
 from collections import defaultdict
-from typing import Any, Callable
+from typing import Any, Callable, Iterable, Mapping
 
 from autosel.spec import KernelBackend, KernelSpec, OpDefinition
 
@@ -146,6 +146,9 @@ registry = KernelRegistry(load=load_plugins)
 
 
 def register_kernel(spec: KernelSpec) -> KernelSpec:
+    if not isinstance(spec, KernelSpec):
+        raise TypeError(f"register_kernel takes a KernelSpec, got {spec!r} ({type(spec).__name__}); write "
+                        "register_kernel(KernelSpec('layernorm.rmsnorm', 'torch', 'mypkg.norm:rmsnorm'))")
     return registry.register(spec)
 
 
@@ -168,6 +171,13 @@ def register_op(
     if isinstance(reference, str):
         reference = KernelBackend.parse(reference)
     if not callable(shapes):
+        if isinstance(shapes, (str, bytes)) or not isinstance(shapes, Iterable):
+            raise TypeError(f"shapes for op {op!r} must be a list of dicts such as [{{'tokens': 64}}] or a function "
+                            f"of the platform, got {shapes!r}")
+        shapes = list(shapes)
+        for shape in shapes:
+            if not isinstance(shape, Mapping):
+                raise TypeError(f"each shape of op {op!r} must be a dict such as {{'tokens': 64}}, got {shape!r}")
         shapes = tuple(dict(s) for s in shapes)
     return registry.define(
         OpDefinition(op=op, shapes=shapes, make_inputs=make_inputs, reference=reference, rtol=rtol, atol=atol,

@@ -6,6 +6,7 @@ import difflib
 import enum
 import importlib
 import importlib.util
+import math
 import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Iterable
@@ -90,6 +91,23 @@ class CapabilityRequirement:
     min_cuda_arch: tuple[int, int] | None = None
     max_cuda_arch: tuple[int, int] | None = None
 
+    def __post_init__(self) -> None:
+        try:
+            object.__setattr__(self, "device", DeviceType(self.device))
+        except ValueError:
+            known = ", ".join(d.value for d in DeviceType)
+            raise ValueError(f"CapabilityRequirement device {self.device!r} is not a device type; known: {known}") \
+                from None
+        for name in ("min_cuda_arch", "max_cuda_arch"):
+            arch = getattr(self, name)
+            if arch is None:
+                continue
+            if (isinstance(arch, str) or not hasattr(arch, "__len__") or len(arch) != 2
+                    or not all(isinstance(n, int) and not isinstance(n, bool) for n in arch)):
+                raise TypeError(f"CapabilityRequirement {name} must be (major, minor) integers such as (8, 0), "
+                                f"got {arch!r}")
+            object.__setattr__(self, name, tuple(arch))
+
     @classmethod
     def cuda(cls, min_sm: tuple[int, int] | None = None, max_sm: tuple[int, int] | None = None):
         return cls(DeviceType.CUDA, min_sm, max_sm)
@@ -134,10 +152,42 @@ def target_of(obj: Any) -> str | None:
         return None
 
 
-def _as_capabilities(caps: Any) -> frozenset[CapabilityRequirement]:
+def _as_capabilities(caps: Any, what: str) -> frozenset[CapabilityRequirement]:
     if isinstance(caps, CapabilityRequirement):
         return frozenset([caps])
+    if isinstance(caps, (str, bytes)) or not isinstance(caps, Iterable):
+        raise TypeError(f"{what}: capabilities must be CapabilityRequirement values, e.g. "
+                        f"{{CapabilityRequirement.cuda(min_sm=(8, 0))}}, got {caps!r}")
+    caps = list(caps)
+    for cap in caps:
+        if not isinstance(cap, CapabilityRequirement):
+            raise TypeError(f"{what}: capabilities must be CapabilityRequirement values, e.g. "
+                            f"CapabilityRequirement.cuda(min_sm=(8, 0)), got {cap!r} ({type(cap).__name__})")
     return frozenset(caps)
+
+
+def _as_requires(requires: Any, what: str) -> tuple[str, ...]:
+    if isinstance(requires, str):
+        requires = (requires,)
+    if not isinstance(requires, Iterable):
+        raise TypeError(f"{what}: requires must be package import names such as ('flashinfer',), got {requires!r}")
+    requires = tuple(requires)
+    for name in requires:
+        if not isinstance(name, str) or not name.strip():
+            raise TypeError(f"{what}: requires must be package import names such as ('flashinfer',), "
+                            f"got {name!r} among {requires!r}")
+    return requires
+
+
+def check_tolerance(name: str, value: Any, op: str) -> None:
+    """None, or a finite non-negative number: NaN would make every comparison pass and switch the check off."""
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} for op {op!r} must be a number or None, got {value!r} ({type(value).__name__})")
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(f"{name}={value!r} for op {op!r} is not a finite non-negative tolerance; pass e.g. "
+                         f"{name}=1e-2, or None for the dtype's default")
 
 
 @dataclass(frozen=True)
@@ -152,10 +202,17 @@ class KernelSpec:
     description: str = ""
 
     def __post_init__(self) -> None:
+        if not isinstance(self.op, str) or not self.op:
+            raise TypeError(f"KernelSpec.op must be the op's name, e.g. 'layernorm.rmsnorm', got {self.op!r}")
         object.__setattr__(self, "backend", KernelBackend.parse(self.backend))
-        object.__setattr__(self, "capabilities", _as_capabilities(self.capabilities))
-        requires = (self.requires,) if isinstance(self.requires, str) else tuple(self.requires)
-        object.__setattr__(self, "requires", requires)
+        what = f"KernelSpec {self.op!r} backend {self.backend.value!r}"
+        object.__setattr__(self, "capabilities", _as_capabilities(self.capabilities, what))
+        object.__setattr__(self, "requires", _as_requires(self.requires, what))
+        if not isinstance(self.description, str):
+            raise TypeError(f"{what}: description must be text, got {self.description!r}")
+        if not isinstance(self.target, str):
+            raise TypeError(f"{what}: target must be a 'module:attr' string such as 'mypkg.kernels:rmsnorm', "
+                            f"got {self.target!r} ({type(self.target).__name__})")
         module, sep, attr = self.target.partition(":")
         if not (module and sep and attr):
             raise ValueError(
@@ -232,6 +289,27 @@ class OpDefinition:
     shape_of: Callable[..., dict] | None = None
     bucket: Callable[..., tuple] | None = None
     signature: str = ""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.op, str) or not self.op:
+            raise TypeError(f"op must be the op's name, e.g. 'layernorm.rmsnorm', got {self.op!r}")
+        if not callable(self.make_inputs):
+            raise TypeError(f"make_inputs for op {self.op!r} must be a function (shape, device) -> args, "
+                            f"got {self.make_inputs!r}")
+        if self.shape_of is not None and not callable(self.shape_of):
+            raise TypeError(f"shape_of for op {self.op!r} must be a function (*args) -> shape or None, "
+                            f"got {self.shape_of!r}")
+        if self.bucket is not None and not callable(self.bucket):
+            raise TypeError(f"bucket for op {self.op!r} must be a function (*args) -> tuple or None, "
+                            f"got {self.bucket!r}")
+        if not (self.reference is None or isinstance(self.reference, KernelBackend) or callable(self.reference)):
+            raise TypeError(f"reference for op {self.op!r} must be a backend name, a KernelBackend, a function or "
+                            f"None (its torch backend), got {self.reference!r}")
+        if not callable(self.shapes) and (isinstance(self.shapes, (str, bytes)) or not isinstance(self.shapes, Iterable)):
+            raise TypeError(f"shapes for op {self.op!r} must be a list of dicts or a function of the platform, "
+                            f"got {self.shapes!r}")
+        check_tolerance("rtol", self.rtol, self.op)
+        check_tolerance("atol", self.atol, self.op)
 
     def shapes_for(self, platform: "PlatformInfo") -> list[dict]:
         shapes = self.shapes(platform) if callable(self.shapes) else self.shapes

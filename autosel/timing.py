@@ -36,26 +36,26 @@ class Timer(Protocol):
 
 
 def measure_together(timer: Timer, calls: dict[str, Callable[[], Any]], *,
-                     shape: dict) -> tuple[dict[str, list[float]], dict[str, Exception]]:
+                     shape: dict) -> tuple[dict[str, list[float]], dict[str, BaseException]]:
     """Per-call times (us) of each call, and the exception of each call that raised (the others go on).
 
     With a sampling timer, the calls take turns block by block (A B C, B C A, ...) and the drift common to
     a block is taken out (common_drift_removed); otherwise (tests' fake timers) each is measured in turn.
     """
     times: dict[str, list[float]] = {}
-    failed: dict[str, Exception] = {}
+    failed: dict[str, BaseException] = {}
     if not isinstance(timer, SamplingTimer):
         for backend, fn in calls.items():
             try:
                 times[backend] = timer.measure(fn, backend=backend, shape=shape)
-            except Exception as exc:
+            except (Exception, SystemExit) as exc:  # a kernel calling sys.exit is a failed candidate
                 failed[backend] = exc
         return times, failed
     samplers: dict[str, Sampler] = {}
     for backend, fn in calls.items():
         try:
             samplers[backend] = timer.sampler(fn)
-        except Exception as exc:
+        except (Exception, SystemExit) as exc:
             failed[backend] = exc
     began = time.perf_counter()
     for block in range(timer.blocks):
@@ -66,7 +66,7 @@ def measure_together(timer: Timer, calls: dict[str, Callable[[], Any]], *,
         for backend in turn[shift:] + turn[:shift]:
             try:
                 times.setdefault(backend, []).append(samplers[backend]())
-            except Exception as exc:
+            except (Exception, SystemExit) as exc:  # a kernel calling sys.exit is a failed candidate
                 failed[backend] = exc
                 del samplers[backend]
                 times.pop(backend, None)

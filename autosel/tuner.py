@@ -87,7 +87,7 @@ def check_candidate(fn: Callable[..., Any], definition: OpDefinition, reference:
         try:
             result = fn(*call_args)
             synchronize(device)
-        except Exception as exc:
+        except (Exception, SystemExit) as exc:  # sys.exit in a kernel must not end the caller
             report.reason = f"raised {type(exc).__name__}: {exc} at {shape_text(shape)}"
             return report
         report.first_call_s[index] = time.perf_counter() - began
@@ -166,7 +166,7 @@ class Tuner:
     def _load(self, candidate: _Candidate) -> _Candidate:
         try:
             candidate.fn = candidate.spec.load()
-        except Exception as exc:  # a candidate that cannot load is data, not a failure of the tune
+        except (Exception, SystemExit) as exc:  # a candidate that cannot load is data, not a failure of the tune
             candidate.reject("rejected", f"could not load {candidate.spec.target!r}: {type(exc).__name__}: {exc}")
         return candidate
 
@@ -228,7 +228,7 @@ class Tuner:
                     if error is None and split is not None:
                         try:
                             candidate.splits.setdefault(index, []).append(split(calls[candidate.backend]))
-                        except Exception as exc:
+                        except (Exception, SystemExit) as exc:
                             error = exc
                     if error is not None:
                         candidate.reject("rejected", f"raised {type(error).__name__} while timed: {error} "

@@ -137,7 +137,7 @@ def tune_and_record(definition: OpDefinition, eligible: list[KernelSpec], *, pla
     versions = version_vector(platform, eligible)  # read once: it asks the installed packages' metadata
     key = decision_key(op, eligible, platform, mode, versions)
     usable = {s.backend.value for s in eligible}.__contains__
-    with db.lease(platform.key, op, mode, ttl_s=max(600.0, 4 * budget_s)):
+    with db.lease(platform.key, op, mode, budget_s=budget_s):  # expires, and waiters stop, with the budget
         found = None if force else _lookup(db, key, usable)
         if found is not None:
             return found

@@ -137,8 +137,11 @@ def test_installed_autosel_doctor_runs(tmp_path):
     assert "activation.silu_and_mul" in ops
     flashinfer = next(b for b in ops["activation.silu_and_mul"]["backends"] if b["backend"] == "flashinfer")
     assert flashinfer["reason"]  # no CUDA device or no flashinfer package here: the reason says which
+    # doctor only reads: it used to create the user DB; now it says the first tune will.
     assert report["layers"][0] == {"path": os.environ["AUTOSEL_DB"], "kind": "user", "writable": True,
-                                   "schema_version": 1, "rows": 0, "problem": None}
+                                   "schema_version": None, "rows": 0,
+                                   "problem": "does not exist yet (the first tune creates it)"}
+    assert not Path(os.environ["AUTOSEL_DB"]).exists()
 
 
 def test_without_torch_the_db_commands_work_and_tune_says_to_install_it(tmp_path):
@@ -416,8 +419,37 @@ def test_tables_fit_80_columns_without_splitting_names_and_piped_rows_stay_whole
 
 
 def test_show_with_no_decisions_says_what_to_do(reg, tmp_path):
+    from autosel.db import TuningDB
+
+    TuningDB.open(tmp_path / "empty.db", include_package=False).close()
     result = run("show", "--db", tmp_path / "empty.db")
     assert result.exit_code == 0 and "run `autosel tune`" in result.stdout
+
+
+READ_ONLY_COMMANDS = [("show",), ("doctor",), ("report", "--out", "r.html"), ("export", "--out", "e.jsonl"),
+                      ("prune", "--dry-run")]
+
+
+@pytest.mark.parametrize("command", READ_ONLY_COMMANDS, ids=lambda c: c[0])
+def test_read_only_command_on_a_missing_db_is_an_error_and_creates_nothing(reg, tmp_path, monkeypatch, command):
+    # `autosel show --db nope/none.db` used to create the folder and an empty DB, and exit 0.
+    monkeypatch.chdir(tmp_path)
+    result = run(*command, "--db", "nope/none.db")
+    assert result.exit_code == 1
+    assert result.stderr.startswith("Error: --db nope/none.db: no such file")
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("command", READ_ONLY_COMMANDS, ids=lambda c: c[0])
+def test_read_only_command_never_moves_a_file_that_is_not_a_tuning_db(reg, tmp_path, monkeypatch, command):
+    # `autosel show --db mine.jsonl` used to rename the export to mine.jsonl.corrupt-<time> and write an empty DB
+    # in its place; doctor, report, export and prune --dry-run alike.
+    monkeypatch.chdir(tmp_path)
+    text = '{"op": "toy.double", "mode": "eager"}\n'
+    (tmp_path / "mine.jsonl").write_text(text)
+    run(*command, "--db", tmp_path / "mine.jsonl")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mine.jsonl"]
+    assert (tmp_path / "mine.jsonl").read_text() == text
 
 
 # --- doctor -----------------------------------------------------------------------------------------------
@@ -678,3 +710,56 @@ def test_tune_says_how_many_buckets_each_op_has_and_show_lists_them(reg, monkeyp
         ("*", "triton", "in use"), ("[16384]", "torch", "in use"), ("[65536]", "triton", "in use")]
     table = run("tune").stdout  # stored now: the table still counts the buckets
     assert "2, 1 differ" in table
+
+
+@pytest.mark.parametrize("field, value", [("margin", "0.03"), ("lead_over_runner_up", "0.5"), ("tune_s", "1")])
+def test_show_and_report_skip_a_row_whose_evidence_has_a_wrong_type(reg, tmp_path, field, value):
+    # A number stored as a string used to crash `autosel show` and `report` (traceback, exit 1).
+    toy(reg, B.TORCH, B.TRITON)
+    store(decision(), decision(op="bad.op"))
+    with sqlite3.connect(os.environ["AUTOSEL_DB"]) as conn:
+        evidence = json.loads(conn.execute("SELECT evidence FROM decisions WHERE op = 'bad.op'").fetchone()[0])
+        conn.execute("UPDATE decisions SET evidence = ? WHERE op = 'bad.op'", (json.dumps({**evidence, field: value}),))
+    shown = run("show")
+    assert shown.exit_code == 0 and "toy.double" in shown.stdout and "bad.op" not in shown.stdout
+    assert run("report", "--all", "--out", tmp_path / "r.html").exit_code == 0
+
+
+def test_doctor_leaves_a_foreign_sqlite_file_alone_and_calls_it_read_only(reg, tmp_path):
+    # doctor used to switch a foreign file with a `decisions` table to WAL and add autosel's tables to it.
+    path = tmp_path / "theirs.db"
+    with sqlite3.connect(path) as conn:
+        conn.execute("CREATE TABLE decisions (id INTEGER PRIMARY KEY)")
+    before = path.read_bytes()
+    result = run("doctor", "--json", "--db", path)
+    [layer] = [item for item in json.loads(result.stdout)["layers"] if item["kind"] == "user"]
+    assert (layer["writable"], layer["problem"]) == (False, "an SQLite file but not an autosel tuning DB; not read")
+    assert path.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == ["theirs.db"]
+
+
+@pytest.mark.parametrize("option", ["--budget-s", "--isolate-timeout-s"])
+@pytest.mark.parametrize("value", ["nan", "inf", "0"])
+def test_tune_seconds_must_be_positive_and_finite(reg, option, value):
+    # nan and inf were accepted (click's FloatRange lets them through): a budget or a timeout that never ends.
+    result = run("tune", option, value)
+    assert result.exit_code == 2 and option in result.stderr
+
+
+def test_tune_with_the_db_locked_past_the_busy_timeout_warns_and_goes_on(reg, monkeypatch):
+    # `autosel tune` used to exit with a traceback (sqlite3.OperationalError from the lease code).
+    from autosel import db_tools
+
+    toy(reg, B.TORCH, B.TRITON)
+    store(decision(op="other.op"))  # the user DB exists, in WAL mode
+    monkeypatch.setattr(db_tools, "BUSY_TIMEOUT_S", 0.2)
+    tuning._databases.clear()  # reopen with the short busy timeout
+    other = sqlite3.connect(os.environ["AUTOSEL_DB"], isolation_level=None)
+    other.execute("BEGIN IMMEDIATE")  # another process's long write transaction
+    try:
+        result = run("tune", "--json")
+    finally:
+        other.execute("ROLLBACK")
+        other.close()
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["outcomes"][0]["winner"] == "triton"
+    assert result.stderr.count("Warning: ") == 1 and "kept in memory" in result.stderr

@@ -39,7 +39,16 @@ def test_forced_backend_global_and_per_op():
     ({"AUTOSEL_LOG": "loud"}, "AUTOSEL_LOG='loud' is not valid; allowed values: debug, info, warning, error"),
     ({"AUTOSEL_BACKEND": "cuda"}, "AUTOSEL_BACKEND: unknown kernel backend 'cuda'"),
     ({"AUTOSEL_BACKEND": "a.b=torch,c.d"}, "AUTOSEL_BACKEND item 'c.d' is not 'op=backend'"),
-    ({"AUTOSEL_BUDGET_S": "-1"}, "AUTOSEL_BUDGET_S='-1' is not a positive number of seconds"),
+    ({"AUTOSEL_BUDGET_S": "-1"}, "AUTOSEL_BUDGET_S='-1' is not a positive finite number of seconds"),
+    # nan and inf used to be accepted, and the budget never ended:
+    ({"AUTOSEL_BUDGET_S": "nan"}, "AUTOSEL_BUDGET_S='nan' is not a positive finite number of seconds"),
+    ({"AUTOSEL_BUDGET_S": "inf"}, "AUTOSEL_BUDGET_S='inf' is not a positive finite number of seconds"),
+    # These used to raise RuntimeError and OSError (File name too long) from the DB code:
+    ({"AUTOSEL_DB_PATH": "~nosuchuser/x.db"}, "AUTOSEL_DB_PATH='~nosuchuser/x.db': there is no home folder for "
+                                              "'~nosuchuser'"),
+    ({"AUTOSEL_DB": "~nosuchuser/x.db"}, "AUTOSEL_DB='~nosuchuser/x.db': there is no home folder"),
+    ({"AUTOSEL_DB": "/tmp/" + "a" * 300 + ".db"}, "AUTOSEL_DB: the name 'aaaa"),
+    ({"AUTOSEL_RECORD": "/tmp/" + "r" * 300}, "AUTOSEL_RECORD: the name 'rrrr"),
 ])
 def test_bad_values_name_the_variable_and_what_is_allowed(env, message):
     with pytest.raises(ConfigError) as info:

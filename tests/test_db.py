@@ -7,16 +7,18 @@ import json
 import shutil
 import os
 import signal
+import socket
 import sqlite3
 import subprocess
 import sys
+import tempfile
 import time
 import warnings
 from pathlib import Path
 
 import pytest
 
-from autosel import db_tools
+from autosel import db as db_module, db_tools
 from autosel.db import Layer, TuningDB, export_decisions, merge, read_decisions
 from autosel.decisions import CandidateResult, Decision, Measurement, ShapeResult
 from autosel.errors import DatabaseError
@@ -124,6 +126,17 @@ def test_unusable_winner_is_a_miss_and_the_next_layer_is_tried(tmp_path):
     json.dumps({"op": "norm.rms"}),                                           # missing fields
     decision(op="other.op").to_json(),                                        # key columns disagree with evidence
     json.dumps(dict(decision().to_dict(), winner=["__import__('os')"])),      # a winner that is not a name
+    # Fields of the wrong type used to be accepted and then crash `autosel show` and `report`:
+    json.dumps(dict(decision().to_dict(), margin="0.05")),
+    json.dumps(dict(decision().to_dict(), tune_s="1.5")),
+    json.dumps(dict(decision().to_dict(), lead_over_runner_up="0.3")),
+    json.dumps(dict(decision().to_dict(), runner_up=7)),
+    json.dumps(dict(decision().to_dict(), candidates=[dict(decision().to_dict()["candidates"][1], score="1.3")])),
+    json.dumps(dict(decision().to_dict(), candidates=[dict(
+        decision().to_dict()["candidates"][0], shapes=[dict(decision().to_dict()["candidates"][0]["shapes"][0],
+                                                            timing=dict(median_us="10", p20_us=9.5, p80_us=10.5,
+                                                                        samples=50, method="cuda_event"))])])),
+    json.dumps(dict(decision().to_dict(), versions={"torch": 2.4})),
 ])
 def test_invalid_row_is_skipped_with_a_logged_warning(tmp_path, caplog, evidence):
     ship = shipped_db(tmp_path / "ship.db", decision(winner="cuda"))
@@ -154,8 +167,12 @@ def test_shipped_file_bytes_unchanged_after_use(tmp_path):
 
 def test_corrupt_user_db_is_moved_aside_with_one_warning(tmp_path):
     path = tmp_path / "user.db"
-    garbage = b"this is not an SQLite file\n" * 200
-    path.write_bytes(garbage)
+    with open_db(path) as db:
+        for i in range(50):
+            db.record(decision(op=f"op.{i}"))
+    data = path.read_bytes()
+    damaged = data[:100] + b"this is not a b-tree page\n" * (len(data) // 26)  # autosel's header, garbage after
+    path.write_bytes(damaged)
     Path(f"{path}-wal").write_bytes(b"stale wal")
     with warnings.catch_warnings(record=True) as record:
         warnings.simplefilter("always")
@@ -164,12 +181,62 @@ def test_corrupt_user_db_is_moved_aside_with_one_warning(tmp_path):
     messages = runtime_warnings(record)
     assert len(messages) == 1 and "corrupt" in messages[0] and "moved aside to" in messages[0]
     moved = [p for p in tmp_path.iterdir() if ".corrupt-" in p.name]
-    assert sorted(p.name.endswith("-wal") for p in moved) == [False, True]
-    assert next(p for p in moved if not p.name.endswith("-wal")).read_bytes() == garbage
+    assert [p.read_bytes() for p in moved if p.name.endswith("-wal")] == [b"stale wal"]
+    assert [p.read_bytes() for p in moved if not p.name.endswith(("-wal", "-shm"))] == [damaged]
     assert "moved aside" in db.layers[0].problem
     db.record(decision())
     assert db2.lookup(decision().key) is not None
     db.close(), db2.close()
+
+
+@pytest.mark.parametrize("content", [
+    b"this is not an SQLite file\n" * 200,                               # text: someone's file named like the DB
+    b'{"op": "norm.rms", "mode": "eager"}\n',                             # a JSON Lines export given as the DB
+    b"SQLite format 3\x00" + b"\x10\x00\x01\x01" + b"\xee" * 4000,         # a damaged SQLite file of no one known
+])
+def test_a_file_that_is_not_autosel_s_is_never_moved_or_changed(tmp_path, content):
+    # Used to be renamed to <name>.corrupt-<time> and replaced by an empty tuning DB, by selection and by
+    # `autosel show` alike.
+    path = tmp_path / "mine.jsonl"
+    path.write_bytes(content)
+    with pytest.warns(RuntimeWarning, match="kept in memory") as record:
+        db = open_db(path)
+    assert len(runtime_warnings(record)) == 1
+    assert db.record(decision()).kind == "memory"
+    with db.lease("nvidia-sm_90", "norm.rms", "eager") as took:
+        assert took
+    db.close()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mine.jsonl"] and path.read_bytes() == content
+
+
+KILLED_IN_A_TRANSACTION = """
+import sqlite3, sys, time
+conn = sqlite3.connect(sys.argv[1], isolation_level=None)
+conn.execute("PRAGMA cache_size = 1")  # spill pages into the file mid-transaction, as a big write does
+conn.execute("BEGIN IMMEDIATE")
+conn.execute("CREATE TABLE t (x BLOB)")
+conn.executemany("INSERT INTO t VALUES (?)", [(b"x" * 1000,) for _ in range(500)])
+print("ready", flush=True)
+time.sleep(60)
+"""
+
+
+def test_a_db_whose_creator_was_killed_mid_write_opens_writable(tmp_path):
+    # Its hot journal could not be rolled back by the read-only inspection (SQLITE_READONLY_ROLLBACK), so
+    # the DB stayed read-only (decisions in memory) in every later process. Found by db_stress --create-kills.
+    path = tmp_path / "user.db"
+    child = run_python(KILLED_IN_A_TRANSACTION, path)
+    assert child.stdout.readline().strip() == "ready"
+    child.send_signal(signal.SIGKILL)
+    child.wait()
+    assert Path(f"{path}-journal").exists() and path.stat().st_size > 0  # a hot journal, as a kill leaves it
+    with pytest.warns(RuntimeWarning, match="recovers it"), \
+            TuningDB.open(path, include_package=False, read_only=True) as peek:
+        assert "killed while writing it" in peek.layers[0].problem
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with open_db(path) as db:
+            assert db.record(decision()).kind == "user" and db.layers[0].writable
 
 
 def test_truncated_user_db_is_moved_aside(tmp_path):
@@ -259,6 +326,128 @@ def test_old_schema_is_migrated_in_place(tmp_path, monkeypatch):
         assert "note" in [r[1] for r in conn.execute("PRAGMA table_info(decisions)")]
 
 
+def test_foreign_sqlite_file_with_a_decisions_table_is_left_untouched(tmp_path):
+    # Used to be switched to WAL, given autosel's tables and a user_version, even by `autosel doctor`; and the
+    # warning named AUTOSEL_DB_PATH for a file that came from AUTOSEL_DB.
+    path = tmp_path / "user.db"
+    with sqlite3.connect(path) as conn:
+        conn.execute("CREATE TABLE decisions (id INTEGER PRIMARY KEY, what TEXT)")
+        conn.execute("INSERT INTO decisions (what) VALUES ('keep me')")
+    before = sha(path)
+    with pytest.warns(RuntimeWarning) as record:
+        db = open_db(path)
+    [message] = runtime_warnings(record)
+    assert "not an autosel tuning DB" in message and "AUTOSEL_DB_PATH" not in message
+    assert db.record(decision()).kind == "memory" and db.lookup(decision().key) is not None
+    with db.lease("nvidia-sm_90", "norm.rms", "eager") as took:
+        assert took
+    db.close()
+    with TuningDB.open(path, include_package=False, read_only=True) as peek:  # what doctor and show open
+        assert "not an autosel tuning DB" in peek.layers[0].problem and not peek.layers[0].writable
+    assert sha(path) == before and sorted(p.name for p in tmp_path.iterdir()) == ["user.db"]
+
+
+def test_an_autosel_db_written_before_the_mark_opens_and_is_stamped(tmp_path):
+    path = tmp_path / "user.db"
+    with open_db(path) as db:
+        db.record(decision())
+    with sqlite3.connect(path) as conn:  # as earlier versions left it: schema 1, no application id
+        conn.execute("PRAGMA application_id = 0")
+        conn.execute("ANALYZE")  # SQLite's own tables (sqlite_stat1) do not make it someone else's
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with open_db(path) as db:
+            assert db.lookup(decision().key)[1].writable
+            db.record(decision(op="new.op"))
+    with sqlite3.connect(path) as conn:
+        assert conn.execute("PRAGMA application_id").fetchone()[0] == db_tools.APPLICATION_ID
+        assert conn.execute("SELECT count(*) FROM decisions").fetchone()[0] == 2
+
+
+def test_a_write_lock_held_past_the_busy_timeout_keeps_decisions_in_memory(tmp_path, monkeypatch):
+    # Used to raise sqlite3.OperationalError ("database is locked") out of select_kernel, from the lease code.
+    path = tmp_path / "user.db"
+    open_db(path).close()
+    monkeypatch.setattr(db_tools, "BUSY_TIMEOUT_S", 0.2)
+    db = open_db(path)
+    other = sqlite3.connect(path, isolation_level=None)
+    other.execute("BEGIN IMMEDIATE")  # another process in a long write transaction
+    try:
+        with pytest.warns(RuntimeWarning, match="kept in memory") as record:
+            with db.lease("nvidia-sm_90", "norm.rms", "eager") as took:
+                assert took
+                assert db.record(decision()).kind == "memory"
+        assert len(runtime_warnings(record)) == 1
+        assert db.lookup(decision().key)[0] == decision()
+    finally:
+        other.execute("ROLLBACK")
+        other.close()
+    db.close()
+
+
+READ_ONLY_FILE = """
+import json, os, sys, warnings
+from pathlib import Path
+from autosel.db import TuningDB
+from autosel.decisions import Decision
+if os.geteuid() == 0:  # root writes through file permissions: test as an unprivileged user (imports done first:
+    os.setgid(65534), os.setuid(65534)  # the interpreter's own files may be out of its reach)
+path = Path(sys.argv[1])
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    db = TuningDB.open(path, include_package=False)
+    with db.lease("p", "op", "eager") as took:
+        kind = db.record(Decision(op="op", mode="eager", bucket="*", winner="torch", platform_key="p", versions={},
+                                  candidates=(), margin=0.0)).kind
+    found = db.lookup(Decision(op="old", mode="eager", bucket="*", winner="torch", platform_key="p", versions={},
+                               candidates=(), margin=0.0).key)
+peek = TuningDB.open(path, include_package=False, read_only=True).layers[0]
+print(json.dumps({"took": took, "kind": kind, "found": found is not None, "warnings": [str(w.message) for w in caught],
+                  "peek": [peek.path, peek.writable]}))
+"""
+
+
+def test_a_read_only_user_db_in_a_writable_folder_keeps_decisions_in_memory(tmp_path):
+    # Used to raise sqlite3.OperationalError from the lease, and doctor called the file writable.
+    folder = Path(tempfile.mkdtemp(prefix="autosel-ro-"))  # reachable by the unprivileged child
+    try:
+        folder.chmod(0o777)
+        path = folder / "user.db"
+        with open_db(path) as db:
+            db.record(Decision(op="old", mode="eager", bucket="*", winner="torch", platform_key="p", versions={},
+                               candidates=(), margin=0.0))
+        path.chmod(0o444)
+        before = sha(path)
+        child = run_python(READ_ONLY_FILE, path)
+        out, err = child.communicate(timeout=60)
+        assert child.returncode == 0, err
+        result = json.loads(out)
+        assert (result["took"], result["kind"], result["found"]) == (True, "memory", True)
+        [message] = result["warnings"]
+        assert "read-only" in message and "kept in memory" in message
+        assert result["peek"] == [str(path), False]
+        assert sha(path) == before
+    finally:
+        shutil.rmtree(folder)
+
+
+def test_a_hung_lease_holder_is_waited_for_no_longer_than_the_budget_allows(tmp_path, monkeypatch):
+    # The wait used to be a fixed 600 s whatever the budget: a hung tuner held every waiter that long.
+    monkeypatch.setattr(db_module, "LEASE_CHECKS_S", 0.0)
+    path = tmp_path / "user.db"
+    with open_db(path) as db, sqlite3.connect(path) as conn:
+        conn.execute("INSERT INTO leases VALUES ('p', 'op', 'eager', 'other-host', 1, 'tok', ?)", (time.time() + 3600,))
+        conn.commit()
+        start = time.monotonic()
+        with pytest.warns(RuntimeWarning, match="taking it over"):
+            with db.lease("p", "op", "eager", budget_s=0.2, poll_s=0.05) as took:
+                waited_s = time.monotonic() - start
+                expires_in_s = conn.execute("SELECT expires_at FROM leases").fetchone()[0] - time.time()
+        assert took and 0.4 <= waited_s < 3.0
+        assert 0.0 < expires_in_s <= 0.4  # a hung holder's lease lapses as fast: ttl from the budget too
+    assert db_module.lease_seconds(30.0) < 600.0
+
+
 HOLD_LEASE = """
 import sys, time
 from pathlib import Path
@@ -292,8 +481,14 @@ def test_lease_second_process_waits_for_the_holder(tmp_path):
         db.record(decision())
     out, err = child.communicate(timeout=30)
     took, waited_s = out.split()
-    assert (took, child.returncode, err) == ("False", 0, "")
+    assert (took, child.returncode) == ("False", 0)
     assert float(waited_s) >= 0.5
+    # Used to wait up to 600 s saying nothing: now one line naming the holder, since when, and how to stop waiting.
+    [line] = err.splitlines()
+    assert line.startswith(f"waiting for the tuning lease on norm.rms (eager mode), held by pid {os.getpid()} on "
+                           f"{socket.gethostname()} since {time.strftime('%Y-%m-%d')}")
+    assert f"in at most {db_module.lease_seconds(db_module.DEFAULT_BUDGET_S):.0f} s" in line
+    assert "To stop waiting: end pid" in line
     db.close()
 
 
@@ -393,12 +588,15 @@ def test_shipped_db_that_would_read_as_empty_warns(tmp_path, make, problem):
 
 def test_stress_tool_small_run(tmp_path):
     out = subprocess.run([sys.executable, str(REPO / "tools" / "db_stress.py"), "--procs", "3", "--writes", "20",
-                          "--kills", "3", "--db", str(tmp_path / "s.db"), "--json"],
+                          "--kills", "3", "--create-kills", "4", "--hang-waiters", "3", "--hang-budget-s", "0.5",
+                          "--db", str(tmp_path / "s.db"), "--json"],
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stdout + out.stderr
     figures = json.loads(out.stdout)
-    assert [(f["lost"], f["errors"], f["integrity"]) for f in figures] == [(0, 0, "ok")] * 2
-    assert figures[0]["rows"] == 60 and figures[1]["kills"] == 3
+    assert [(f["lost"], f["errors"], f["integrity"]) for f in figures] == [(0, 0, "ok")] * 4
+    assert figures[0]["rows"] == 60 and figures[1]["kills"] == 3 and figures[2]["kills"] == 4
+    hung = figures[3]  # one waiter took the hung holder's lease over within 2 x budget, the others followed it
+    assert (hung["writes"], hung["rows"], hung["followed"]) == (1, 1, 2) and hung["takeover_s"] < 1.0 + 2.0
 
 
 def test_merge_reports_conflicts_and_leaves_them_out(tmp_path):

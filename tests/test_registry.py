@@ -190,3 +190,38 @@ def test_a_plugin_whose_one_spec_conflicts_keeps_its_other_specs(tmp_path):
     assert lines[1] in ("['builtin']", "['clashing']")  # whichever entry point ran second met the conflict
     assert lines[2] == "True"
     assert "Conflicting kernel registration for op 'layernorm.rmsnorm' backend 'torch'" in lines[3]
+
+
+def _inputs(shape, device):
+    return ()
+
+
+@pytest.mark.parametrize("kwargs, error, message", [
+    # rtol=nan used to be accepted and switch the correctness check off (a kernel returning 3x was chosen):
+    ({"rtol": float("nan")}, ValueError, "rtol=nan for op 'g.nan' is not a finite non-negative tolerance"),
+    ({"atol": float("inf")}, ValueError, "atol=inf for op 'g.nan' is not a finite non-negative tolerance"),
+    ({"atol": -1e-3}, ValueError, "atol=-0.001 for op 'g.nan' is not a finite non-negative tolerance"),
+    ({"rtol": "1e-2"}, TypeError, "rtol for op 'g.nan' must be a number or None"),
+    # make_inputs=None used to fail only at tune time:
+    ({"make_inputs": None}, TypeError, "make_inputs for op 'g.nan' must be a function"),
+    ({"shapes": None}, TypeError, "shapes for op 'g.nan' must be a list of dicts"),
+    ({"shapes": [64]}, TypeError, "each shape of op 'g.nan' must be a dict"),
+    ({"reference": 3}, TypeError, "reference for op 'g.nan' must be a backend name"),
+    ({"reference": "cuda"}, ValueError, "unknown kernel backend 'cuda'"),
+])
+def test_register_op_rejects_bad_values_when_called(monkeypatch, kwargs, error, message):
+    fresh = KernelRegistry()
+    monkeypatch.setattr(sys.modules["autosel.registry"], "registry", fresh)
+    args = {"shapes": [{"n": 1}], "make_inputs": _inputs, **kwargs}
+    with pytest.raises(error) as info:
+        register_op("g.nan", **args)
+    assert str(info.value).startswith(message)
+    assert fresh.definition("g.nan") is None
+
+
+def test_register_kernel_of_something_else_is_a_type_error():
+    # register_kernel("x") used to raise AttributeError.
+    from autosel.registry import register_kernel
+
+    with pytest.raises(TypeError, match="register_kernel takes a KernelSpec, got 'x'"):
+        register_kernel("x")

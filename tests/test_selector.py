@@ -342,16 +342,17 @@ def test_record_appends_each_shape_bucket_once_per_process(reg, monkeypatch, tmp
                      {"op": "toy.double", "shape": {"n": 512}, "mode": "eager"}]
 
 
-def test_corrupt_user_db_is_moved_aside_and_selection_goes_on(reg, tmp_path, monkeypatch):
+def test_a_user_db_that_is_not_sqlite_is_left_alone_and_selection_goes_on(reg, tmp_path, monkeypatch):
+    # Selection used to rename a file that is not SQLite at all to <name>.corrupt-<time> and start a new DB there.
     db = tmp_path / "corrupt.db"
     db.write_bytes(b"this is not a database" * 100)
     monkeypatch.setenv("AUTOSEL_DB", str(db))
     toy(reg, B.TORCH, B.TRITON)
     with pytest.warns(RuntimeWarning) as caught:
         assert selector.select_kernel("toy.double").backend == B.TRITON
-    assert len([w for w in caught if "corrupt" in str(w.message)]) == 1
-    kept = [p for p in tmp_path.iterdir() if p.name.startswith("corrupt.db.corrupt-")]
-    assert len(kept) == 1 and kept[0].read_bytes() == b"this is not a database" * 100
+    assert len([w for w in caught if "not an SQLite file" in str(w.message)]) == 1
+    assert [p.name for p in tmp_path.iterdir()] == ["corrupt.db"]
+    assert db.read_bytes() == b"this is not a database" * 100
 
 
 def test_unwritable_db_location_keeps_decisions_in_memory(reg, tmp_path, monkeypatch):

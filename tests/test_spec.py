@@ -111,3 +111,25 @@ def test_a_misspelt_backend_names_the_close_match():
 def test_group_and_name():
     spec = KernelSpec("layernorm.rmsnorm", B.TORCH, "m:f")
     assert (spec.group, spec.name) == ("layernorm", "rmsnorm")
+
+
+@pytest.mark.parametrize("make, error, message", [
+    # These used to raise AttributeError, or be accepted and make select_kernel raise AttributeError later:
+    (lambda: KernelSpec("x.y", B.TORCH, None), TypeError, "target must be a 'module:attr' string"),
+    (lambda: KernelSpec(None, B.TORCH, "m:f"), TypeError, "KernelSpec.op must be the op's name"),
+    (lambda: KernelSpec("x.y", B.TORCH, "m:f", capabilities=["cuda"]), TypeError,
+     "capabilities must be CapabilityRequirement values"),
+    (lambda: KernelSpec("x.y", B.TORCH, "m:f", capabilities="cuda"), TypeError,
+     "capabilities must be CapabilityRequirement values"),
+    (lambda: KernelSpec("x.y", B.TORCH, "m:f", requires=[None]), TypeError, "requires must be package import names"),
+    (lambda: Cap("gpu"), ValueError, "CapabilityRequirement device 'gpu' is not a device type"),
+    (lambda: Cap.cuda(min_sm=9), TypeError, "min_cuda_arch must be (major, minor) integers"),
+])
+def test_bad_spec_values_are_type_or_value_errors_at_construction(make, error, message):
+    with pytest.raises(error, match=message.replace("(", r"\(").replace(")", r"\)")):
+        make()
+
+
+def test_a_device_given_as_text_is_parsed():
+    # CapabilityRequirement("cuda") used to be accepted as a str and make select_kernel raise AttributeError.
+    assert Cap("cuda") == Cap.CUDA and Cap("cuda").unmet_reason(CPU) == "needs cuda, device is cpu"

@@ -212,6 +212,14 @@ def test_measure_together_isolates_a_candidate_that_raises():
     assert list(times) == ["a"] and len(times["a"]) == 5  # a went on to the end
 
 
+def test_measure_together_a_call_that_exits_is_a_failed_candidate():
+    # A kernel calling sys.exit while timed used to end the tuning process (SystemExit is no Exception).
+    import sys
+
+    times, failed = measure_together(CpuTimer(blocks=5), {"a": lambda: 1 + 1, "b": lambda: sys.exit(3)}, shape={})
+    assert isinstance(failed["b"], SystemExit) and failed["b"].code == 3 and list(times) == ["a"]
+
+
 def test_a_turn_of_slow_calls_stops_at_run_s_after_min_blocks():
     timer = SamplingFake({"a": 10.0, "b": 20.0})
     timer.blocks, timer.run_s = 50, 0.0  # every turn is over time
@@ -434,6 +442,47 @@ def test_isolation_records_crashes_and_hangs_and_the_others_go_on(toy):
     assert decision.winner == "triton"
     assert decision.candidate("aot").reason == "in isolation: crashed the process (SIGSEGV)"
     assert decision.candidate("jit").reason == "in isolation: hung: no answer from its check within 12 s (killed)"
+
+
+def test_isolation_turns_any_end_of_the_child_into_a_reason(toy):
+    # Each of these used to crash the tune: exit status 0 (IndexError reading the answer), a kernel's stdout
+    # without a newline (JSONDecodeError), and a segfault from the 4th call (in the parent's timing).
+    definition, kernels = toy
+    candidates = specs(torch="fast", aot="exits", jit="exits_hard", cute_dsl="chatty",
+                       flashinfer="segfaults_from_the_4th_call", triton="fast")
+    decision = run(definition, kernels, candidates, FakeTimer({"torch": 100.0, "cute_dsl": 100.0, "triton": 50.0}),
+                   isolate_timeout_s=60)
+    assert decision.winner == "triton"
+    reasons = {c.backend: c.reason for c in decision.candidates}
+    assert reasons["aot"] == "in isolation: raised SystemExit: 0 at n=65536"
+    assert reasons["jit"] == "in isolation: ended the process (exit status 0) before its check finished: no message"
+    assert reasons["cute_dsl"] is None and decision.candidate("cute_dsl").ok
+    assert reasons["flashinfer"] == "in isolation: crashed the process (SIGSEGV)"
+
+
+def test_isolation_timeout_times_the_candidate_not_the_child_s_start(toy):
+    # With a 1 s timeout even the reference was reported "hung": the child's start (torch's import) counted.
+    definition, kernels = toy
+    decision = run(definition, kernels, specs(torch="fast", triton="fast"), FakeTimer({"torch": 100.0, "triton": 50.0}),
+                   isolate_timeout_s=1)
+    assert [c.reason for c in decision.candidates] == [None, None] and decision.winner == "triton"
+
+
+def test_isolation_that_cannot_start_says_so_instead_of_blaming_the_kernel(toy, monkeypatch):
+    definition, kernels = toy
+    monkeypatch.setenv("TOY_KERNELS_FAIL_IMPORT", "1")  # the child cannot import the op's make_inputs
+    with pytest.raises(TuningError) as info:
+        run(definition, kernels, specs(torch="fast", triton="fast"), FakeTimer({}), isolate_timeout_s=30)
+    assert ("triton: in isolation: its isolated check could not start (crashed the process (exit status 1: "
+            "ImportError: toy_kernels refuses to load in this process))") in str(info.value)
+
+
+def test_a_candidate_that_calls_sys_exit_is_rejected_without_isolation(toy):
+    # A candidate calling sys.exit used to end the caller's process silently.
+    definition, kernels = toy
+    decision = run(definition, kernels, specs(torch="fast", aot="exits"), FakeTimer({"torch": 100.0}))
+    assert decision.winner == "torch"
+    assert decision.candidate("aot").reason == "raised SystemExit: 0 at n=65536"
 
 
 def test_isolation_needs_importable_input_factories(toy):

@@ -1,7 +1,12 @@
 """CPU kernels for one toy op with really different speeds: a slow reference, a fast one, a wrong-but-fast one,
 one that raises and one that returns NaN. Importable by target string ("toy_kernels:fast")."""
 
+import os
+
 import torch
+
+if os.environ.get("TOY_KERNELS_FAIL_IMPORT"):  # for a child process whose op functions cannot load
+    raise ImportError("toy_kernels refuses to load in this process")
 
 SIZE = 1 << 16
 
@@ -115,3 +120,36 @@ def bucket(x: torch.Tensor) -> tuple:
 # `slow` wins the first (about 0.1 ms against 2), `overhead` the second (2 ms against about 10): 4x apart or more,
 # so a busy machine cannot turn either.
 SPLIT_SHAPES = [{"n": 16}, {"n": 1 << 20}]
+
+
+def exits(x: torch.Tensor) -> torch.Tensor:
+    import sys
+
+    sys.exit(0)  # a kernel that ends the process "successfully"
+
+
+def exits_hard(x: torch.Tensor) -> torch.Tensor:
+    import os
+
+    os._exit(0)  # no cleanup, no exception to catch
+
+
+def chatty(x: torch.Tensor) -> torch.Tensor:
+    import sys
+
+    sys.stdout.write("debug: no newline")  # a kernel's own output on stdout
+    sys.stdout.flush()
+    return x * 2
+
+
+_calls: list = []
+
+
+def segfaults_from_the_4th_call(x: torch.Tensor) -> torch.Tensor:
+    """Correct for three calls (the check's), then a crash, as a kernel with a growing workspace might."""
+    _calls.append(1)
+    if len(_calls) >= 4:
+        import ctypes
+
+        ctypes.string_at(0)
+    return x * 2

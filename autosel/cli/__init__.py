@@ -9,6 +9,7 @@ from __future__ import annotations
 import fnmatch
 import json
 import logging
+import math
 import os
 import sys
 import warnings
@@ -156,6 +157,32 @@ def _settings(db: str | None, *, full: bool) -> config.Settings:
     if db:
         env["AUTOSEL_DB"] = db
     return config.read_settings(env)
+
+
+class Seconds(click.FloatRange):
+    """A positive, finite number of seconds: FloatRange lets nan and inf through (a budget that never ends)."""
+
+    name = "seconds"
+
+    def __init__(self) -> None:
+        super().__init__(min=0, min_open=True)
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> float:
+        seconds = super().convert(value, param, ctx)
+        if not math.isfinite(seconds):
+            self.fail(f"{value!r} is not a finite number of seconds", param, ctx)
+        return seconds
+
+
+def _read_db(settings: config.Settings, db: str | None):
+    """The DB layers as a command that only reads sees them: nothing is created, migrated or moved aside.
+    An explicit --db that does not exist is an error naming it."""
+    from autosel.db import TuningDB
+
+    if db and not settings.db.exists():
+        raise click.ClickException(f"--db {db}: no such file ({settings.db}); check the path, or create the DB "
+                                   f"with `autosel tune --db {db}`")
+    return TuningDB.open(settings.db, settings.db_path, read_only=True)
 
 
 def _matches(op: str, patterns: tuple[str, ...] | list[str]) -> bool:

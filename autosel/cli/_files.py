@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from autosel.cli import _echo_json, _format_of, _matches, _refuse_overwrite, _settings, main
+from autosel.cli import _echo_json, _format_of, _matches, _read_db, _refuse_overwrite, _settings, main
 from autosel.inventory import Inventory
 
 
@@ -30,13 +30,12 @@ def export(out, fmt, ops, db, all_layers, force, as_json):
       autosel export --db build.db --out tuning_db/nvidia-h200-sm_90.db
       autosel export --out decisions.jsonl --op 'gemm.*'
     """
-    from autosel import tuning
     from autosel.db_tools import export_decisions
 
     fmt = _format_of(out, fmt)
     _refuse_overwrite(out, force)
     settings = _settings(db, full=False)
-    pairs = [(d, layer) for d, layer in tuning.database(settings).decisions()
+    pairs = [(d, layer) for d, layer in _read_db(settings, db).decisions()
              if _matches(d.op, ops) and (all_layers or layer.kind != "shipped")]
     if not pairs:
         where = "any layer" if all_layers else f"the user DB {settings.db}"
@@ -114,7 +113,7 @@ def prune(db, dry_run, as_json):
     platform = platforms.current_platform()
     tuning.load_plugins()
     stale = Inventory(platform, tuning.registry).prunable
-    database = tuning.database(settings)
+    database = _read_db(settings, db) if dry_run else tuning.database(settings)
     found = [(d, layer, reason) for d, layer in database.decisions()
              if layer.writable and (reason := stale(d))]
     removed = 0 if dry_run else database.prune(lambda d: stale(d) is None)

@@ -11,7 +11,7 @@ from typing import Any
 import click
 
 from autosel import config
-from autosel.cli import (MEDIAN_NOTE, _check_globs, _console, _decision_summary, _echo_json, _matches,
+from autosel.cli import (MEDIAN_NOTE, _check_globs, _console, _decision_summary, _echo_json, _matches, _read_db,
                          _refuse_overwrite, _runner_up_text, _settings, _table, main)
 from autosel.decisions import OP_LEVEL_BUCKET, bucket_order
 from autosel.errors import ConfigError
@@ -21,12 +21,11 @@ from autosel.report import candidate_median_us, first_call_s, format_lead, forma
 
 # --- show -------------------------------------------------------------------------------------------------
 
-def _entries(settings: config.Settings, ops: tuple[str, ...], *, layers: str = "all") -> tuple[Any, list[Entry]]:
+def _entries(db, ops: tuple[str, ...], *, layers: str = "all") -> tuple[Any, list[Entry]]:
     from autosel import platforms, tuning
 
     platform = platforms.current_platform()
     tuning.load_plugins()  # doctor reads plugin_errors afterwards
-    db = tuning.database(settings)
     stored = db.decisions()
     _check_globs(ops, set(tuning.registry.ops()) | {d.op for d, _ in stored}, "registered op or stored decision")
     pairs = [(d, layer) for d, layer in stored
@@ -72,8 +71,7 @@ def show(ops, db, as_json):
       autosel show
       autosel show --op 'layernorm.*' --json
     """
-    settings = _settings(db, full=False)
-    platform, entries = _entries(settings, ops)
+    platform, entries = _entries(_read_db(_settings(db, full=False), db), ops)
     if as_json:
         _echo_json({"platform_key": platform.key, "median": MEDIAN_NOTE,
                     "decisions": [_entry_json(e) for e in entries]})
@@ -128,7 +126,8 @@ def doctor(db, as_json):
     except ConfigError as exc:
         config_error = str(exc)
         blocking.append(f"{exc}; fix or unset the variable")
-    platform, entries = _entries(_settings(db, full=False), ())
+    database = _read_db(_settings(db, full=False), db)
+    platform, entries = _entries(database, ())
     plugin_errors = dict(registry_module.plugin_errors)
     blocking += [f"plug-in {name!r} failed to load ({error}); its ops are not registered. Reinstall or fix "
                  "the package that declares it" for name, error in plugin_errors.items()]
@@ -154,7 +153,7 @@ def doctor(db, as_json):
                   for (name, mode), e in in_use.items() if name == op}
         ops.append({"op": op, "signature": definition.signature if definition else "", "eligible": eligible,
                     "shapes": shapes, "selection": selection, "stored": stored, "backends": backends})
-    layers = [vars(layer) for layer in tuning.database(_settings(db, full=False)).layers]
+    layers = [vars(layer) for layer in database.layers]
     ok = not blocking
     if as_json:
         _echo_json({"ok": ok, "blocking": blocking, "config_error": config_error,
@@ -243,19 +242,18 @@ def report(out, ops, db, include_all, force):
       autosel report --out activation.html --op 'activation.*' --db build.db
     """
     from autosel import __version__
-    from autosel import tuning
     from autosel.report import render_report
 
     _refuse_overwrite(out, force)
-    settings = _settings(db, full=False)
-    platform, entries = _entries(settings, ops)
+    database = _read_db(_settings(db, full=False), db)
+    platform, entries = _entries(database, ops)
     chosen = entries if include_all else [e for e in entries if e.status == "in use"]
     if not chosen:
         raise click.ClickException(f"no decisions in use on this machine{' for ' + ', '.join(ops) if ops else ''}; "
                                    "run `autosel tune` first, or pass --all to include stale rows")
     layers = [(layer.kind, f"{layer.path} ({'writable' if layer.writable else 'read-only'}, {layer.rows} rows"
                + (f"; {layer.problem}" if layer.problem else "") + ")")
-              for layer in tuning.database(settings).layers]
+              for layer in database.layers]
     facts = [("key", platform.key), ("device", platform.device.value), ("arch", platform.arch or "-"),
              ("device name", platform.device_name or "-"), ("multiprocessors", str(platform.multiprocessor_count)),
              ("versions", ", ".join(f"{k} {v}" for k, v in platform.versions) or "-")]

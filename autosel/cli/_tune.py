@@ -11,8 +11,8 @@ from pathlib import Path
 
 import click
 
-from autosel.cli import (MARGIN_NOTE, MEDIAN_NOTE, RECORD_EXAMPLE, _console, _decision_summary, _echo_json, _matches,
-                         _rejected_text, _runner_up_text, _settings, _table, main)
+from autosel.cli import (MARGIN_NOTE, MEDIAN_NOTE, RECORD_EXAMPLE, Seconds, _console, _decision_summary, _echo_json,
+                         _matches, _rejected_text, _runner_up_text, _settings, _table, main)
 from autosel.report import candidate_median_us, format_lead, format_us
 
 
@@ -188,11 +188,11 @@ def _nothing_to_tune(tuning, platform, ops: tuple[str, ...], named: list[str] | 
 @click.option("--db", metavar="PATH", help="Write decisions to this DB instead of the default user DB; "
               "decisions found in shipped DBs are copied into it.")
 @click.option("--force", is_flag=True, help="Re-tune ops that already have a stored decision.")
-@click.option("--budget-s", type=click.FloatRange(min=0, min_open=True), default=120.0, show_default=True,
+@click.option("--budget-s", type=Seconds(), default=120.0, show_default=True,
               help="Time budget per op and mode, in seconds.")
 @click.option("--isolate", is_flag=True,
               help="Check each candidate first in a child process, so a crash or hang becomes a rejection reason.")
-@click.option("--isolate-timeout-s", type=click.FloatRange(min=0, min_open=True), default=300.0, show_default=True,
+@click.option("--isolate-timeout-s", type=Seconds(), default=300.0, show_default=True,
               help="With --isolate: kill a candidate's child process after this many seconds.")
 @click.option("--json", "as_json", is_flag=True, help="Write the outcome as JSON on stdout.")
 def tune(ops, shapes_file, record_file, db, force, budget_s, isolate, isolate_timeout_s, as_json):
