@@ -5,9 +5,10 @@ from __future__ import annotations
 import html
 import json
 import math
+from dataclasses import dataclass
 from typing import Iterable, Sequence
 
-from autosel.decisions import CandidateResult, Decision
+from autosel.decisions import OP_LEVEL_BUCKET, CandidateResult, Decision, bucket_order
 from autosel.inventory import Entry
 from autosel.policy import geomean, rule_for, shape_text
 
@@ -80,6 +81,65 @@ def fastest_at(decision: Decision) -> dict[int, str]:
     return {i: backend for i, (_, backend) in best.items()}
 
 
+def bucket_shapes(decision: Decision) -> list[dict]:
+    """The shapes a row's evidence covers (a bucket row: that bucket's representative shapes), in stored order."""
+    seen: dict[str, dict] = {}
+    for c in decision.candidates:
+        for s in c.shapes:
+            seen.setdefault(json.dumps(s.shape, sort_keys=True), s.shape)
+    return list(seen.values())
+
+
+# --- which rows make a section ----------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Section:
+    """One section of the page: an op-level row with the bucket rows of the same tune (same platform, op, mode,
+    versions and layer, as the dispatcher reads them), or, when no op-level row of that tune is among the rows
+    shown, its bucket rows alone (entry None)."""
+
+    entry: Entry | None
+    buckets: tuple[Entry, ...] = ()
+
+    @property
+    def first(self) -> Entry:
+        return self.entry if self.entry is not None else self.buckets[0]
+
+    @property
+    def differ(self) -> int:
+        """How many buckets run another backend than the op-level winner."""
+        if self.entry is None:
+            return 0
+        return sum(b.decision.winner != self.entry.decision.winner for b in self.buckets)
+
+
+def _tune_of(entry: Entry) -> tuple:
+    key = entry.decision.key
+    return (key.platform_key, key.op, key.mode, key.versions_hash, entry.layer_path)
+
+
+def sections(entries: Iterable[Entry]) -> list[Section]:
+    """The rows grouped into sections, by op and mode, the rows in use first; bucket rows sit in their op-level
+    row's section, in bucket order, and bucket rows whose op-level row is not among `entries` get one section
+    per tune after the op's others, so that none is left out."""
+    entries = list(entries)
+    buckets: dict[tuple, list[Entry]] = {}
+    for e in entries:
+        if e.decision.bucket != OP_LEVEL_BUCKET:
+            buckets.setdefault(_tune_of(e), []).append(e)
+    for rows in buckets.values():
+        rows.sort(key=lambda e: bucket_order(e.decision.bucket))
+    out, placed = [], set()
+    for e in entries:
+        if e.decision.bucket == OP_LEVEL_BUCKET:
+            tune = _tune_of(e)  # one op-level row per tune in a real layer; a second one gets its section, bare
+            out.append(Section(e, () if tune in placed else tuple(buckets.get(tune, ()))))
+            placed.add(tune)
+    out += [Section(None, tuple(rows)) for tune, rows in buckets.items() if tune not in placed]
+    return sorted(out, key=lambda s: (s.first.decision.op, s.first.decision.mode, s.entry is None,
+                                      s.first.status != "in use"))
+
+
 # --- the plot ---------------------------------------------------------------------------------------------
 
 def _log_ticks(lo: float, hi: float) -> tuple[float, float, list[tuple[float, bool]]]:
@@ -95,9 +155,31 @@ def _log_ticks(lo: float, hi: float) -> tuple[float, float, list[tuple[float, bo
     return lo_exp, hi_exp, ticks
 
 
-def svg_chart(decision: Decision, *, width: int = 880, height: int = 340) -> str:
+def bucket_runs(shapes: Sequence[dict], buckets: Sequence[Decision]) -> list[tuple[int, int, Decision | None]]:
+    """The x axis (shapes from the smallest, shape_order) cut where the bucket changes: (first place, place after
+    the last, the bucket row listing those shapes or None). A shape's bucket is the row whose candidates list it.
+    Empty when no shape is in any bucket row (an op without a bucket function): the chart then has no marks."""
+    row_of: dict[str, Decision] = {}
+    for row in buckets:
+        for shape in bucket_shapes(row):
+            row_of.setdefault(json.dumps(shape, sort_keys=True), row)
+    places = [row_of.get(json.dumps(shapes[i], sort_keys=True)) for i in shape_order(shapes)]
+    if all(row is None for row in places):
+        return []
+    runs: list[tuple[int, int, Decision | None]] = []
+    for n, row in enumerate(places):
+        if runs and runs[-1][2] is row:
+            runs[-1] = (runs[-1][0], n + 1, row)
+        else:
+            runs.append((n, n + 1, row))
+    return runs
+
+
+def svg_chart(decision: Decision, *, buckets: Sequence[Decision] = (), width: int = 880, height: int = 340) -> str:
     """Time per call of each timed backend across the shapes (smallest to largest), log scale; the winner drawn
-    thick and starred, each shape's fastest ringed, p20-p80 as whiskers, a tooltip (<title>) on every point."""
+    thick and starred, each shape's fastest ringed, p20-p80 as whiskers, a tooltip (<title>) on every point.
+    With the op's bucket rows, a dashed line where the bucket changes along the x axis and each stretch labelled
+    with its bucket's winner along the top ("→ triton"), so a reader sees where the dispatcher switches."""
     timed = [c for c in decision.candidates if any(s.timing for s in c.shapes)]
     if not timed:
         return '<p class="muted">No candidate was timed, so there is nothing to plot.</p>'
@@ -114,7 +196,22 @@ def svg_chart(decision: Decision, *, width: int = 880, height: int = 340) -> str
     labels = [shape_label(shapes[i]) for i in shape_order(shapes)]
     rotate = max(len(t) for t in labels) * 7 > (width - left - right) / max(len(shapes), 1)
     bottom = 96 if rotate else 58
-    plot_w, plot_h = width - left - right, height - top - bottom
+    plot_w = width - left - right
+    slot = plot_w / max(len(shapes), 1)
+    runs = bucket_runs(shapes, buckets)
+    # One label per stretch of adjacent buckets with the same winner: twelve one-shape buckets labelled one by one
+    # overlap, and the reader wants where the dispatcher switches. (first place, place after, winner, buckets)
+    stretches: list[tuple[int, int, str, list[str]]] = []
+    for start, end, row in runs:
+        if row is not None and stretches and stretches[-1][1] == start and stretches[-1][2] == row.winner:
+            stretches[-1] = (stretches[-1][0], end, row.winner, stretches[-1][3] + [row.bucket])
+        elif row is not None:
+            stretches.append((start, end, row.winner, [row.bucket]))
+    # One line of labels above the plot, or two alternating ones when a label is wider than its stretch.
+    fits = all((len(winner) + 2) * 6.5 <= (end - start) * slot for start, end, winner, _ in stretches)
+    label_rows = 0 if not runs else 1 if fits else 2
+    top += 14 * label_rows
+    plot_h = height - top - bottom
 
     def x(i: int) -> float:  # i: a place on the x axis
         return left + (i + 0.5) * plot_w / len(shapes)
@@ -132,6 +229,22 @@ def svg_chart(decision: Decision, *, width: int = 880, height: int = 340) -> str
                    f'stroke-dasharray="{"none" if major else "3,3"}"/>')
         out.append(f'<text x="{left - 6}" y="{ty + 4:.1f}" text-anchor="end" class="tick">'
                    f'{html.escape(format_us(value))}</text>')
+    order = {c.backend: n for n, c in enumerate(decision.candidates)}
+    for (_, _, before), (start, _, row) in zip(runs, runs[1:]):
+        switch = before is None or row is None or before.winner != row.winner
+        look = 'class="bucket-sep switch" stroke="#666" stroke-dasharray="4,3"' if switch else \
+            'class="bucket-sep" stroke="#bbb" stroke-dasharray="2,3"'
+        out.append(f'<line {look} x1="{left + start * slot:.1f}" x2="{left + start * slot:.1f}" '
+                   f'y1="{top - 14 * label_rows}" y2="{top + plot_h}"/>')
+    for n, (start, end, winner, texts) in enumerate(stretches):
+        color = PALETTE[order[winner] % len(PALETTE)] if winner in order else "#222"
+        weight = ' font-weight="bold"' if winner != decision.winner else ""
+        tip = (f"bucket{'s' if len(texts) > 1 else ''} {', '.join(texts)}: calls there run {winner}"
+               + (f" (op-level winner {decision.winner})" if winner != decision.winner else " (the op-level winner)"))
+        lx, ly = left + (start + end) / 2 * slot, top - 4 - 14 * (n % label_rows)
+        out.append(f'<text class="bucket" x="{lx:.1f}" y="{ly}" text-anchor="middle" fill="{color}"{weight}>'
+                   f"→ {html.escape(winner)}"
+                   f"<title>{html.escape(tip)}</title></text>")
     for i, label in enumerate(labels):
         if rotate:
             out.append(f'<text transform="translate({x(i):.1f},{top + plot_h + 12}) rotate(-35)" '
@@ -144,7 +257,6 @@ def svg_chart(decision: Decision, *, width: int = 880, height: int = 340) -> str
                f'shape ({html.escape(keys)})</text>')
     out.append(f'<text transform="translate(16,{top + plot_h / 2:.1f}) rotate(-90)" text-anchor="middle" '
                'class="axis">time per call (log scale)</text>')
-    order = {c.backend: n for n, c in enumerate(decision.candidates)}
     for candidate in sorted(timed, key=lambda c: c.backend == decision.winner):  # the winner on top
         color = PALETTE[order[candidate.backend] % len(PALETTE)]
         is_winner = candidate.backend == decision.winner
@@ -184,6 +296,11 @@ def svg_chart(decision: Decision, *, width: int = 880, height: int = 340) -> str
     note_y = legend_y + len(timed) * 22 + 10
     out.append(f'<circle cx="{legend_x + 11}" cy="{note_y}" r="6" fill="#fff" stroke="#111" stroke-width="2"/>')
     out.append(f'<text x="{legend_x + 28}" y="{note_y + 4}" class="legend">fastest at that shape</text>')
+    if runs:
+        out.append(f'<line x1="{legend_x + 11}" x2="{legend_x + 11}" y1="{note_y + 14}" y2="{note_y + 46}" '
+                   'stroke="#666" stroke-dasharray="4,3"/>')
+        out.append(f'<text x="{legend_x + 28}" y="{note_y + 26}" class="legend">bucket boundary</text>')
+        out.append(f'<text x="{legend_x + 28}" y="{note_y + 42}" class="legend">→ the winner there</text>')
     out.append("</svg>")
     return "\n".join(out)
 
@@ -206,7 +323,7 @@ th { font-weight: 600; color: #555; } td.num { text-align: right; font-variant-n
 dl.facts { display: grid; grid-template-columns: max-content 1fr; gap: 2px 14px; margin: 6px 0; }
 dl.facts dt { color: #555; } dl.facts dd { margin: 0; }
 svg text.tick { font-size: 11px; fill: #555; } svg text.axis { font-size: 12px; fill: #333; }
-svg text.legend { font-size: 12px; fill: #222; }
+svg text.legend { font-size: 12px; fill: #222; } svg text.bucket { font-size: 11px; }
 code { font-size: 12.5px; }
 """
 
@@ -270,9 +387,52 @@ def _runner_up_words(d: Decision) -> str:
             f"so the default, {d.winner}, was kept")
 
 
-def _op_section(entry: Entry) -> str:
+def _badge(entry: Entry, *, titled: bool = False) -> str:
+    """The status as a badge; titled: with the status's detail as its tooltip (where there is no room for it)."""
+    title = f' title="{_e(entry.detail)}"' if titled and entry.detail else ""
+    return f'<span class="badge {entry.status.replace(" ", "-")}"{title}>{_e(entry.status)}</span>'
+
+
+def _bucket_table(rows: Sequence[Entry], op_winner: str | None) -> str:
+    """One line per bucket row: its winner, runner-up and margin, its shapes, whether it runs another backend
+    than the op-level winner (op_winner; None when there is no op-level row to compare with), status and layer."""
+    head = "<th>vs op-level</th>" if op_winner is not None else ""
+    lines = []
+    for e in rows:
+        d = e.decision
+        other = op_winner is not None and d.winner != op_winner
+        runner_up = f"{_e(d.runner_up)} ({_e(format_lead(d))})" if d.runner_up else "-"
+        shapes = bucket_shapes(d)
+        listed = "<br>".join(f"<code>{_e(shape_text(shapes[i]))}</code>" for i in shape_order(shapes)) or "-"
+        vs = "" if op_winner is None else ('<td class="winner">another winner</td>' if other else "<td>same</td>")
+        cls = ' class="winner"' if other else ""
+        lines.append(f"<tr><td><code>{_e(d.bucket)}</code></td><td{cls}>"
+                     f"{_e(d.winner)}</td><td>{runner_up}</td><td>{listed}</td>{vs}"
+                     f'<td>{_badge(e, titled=True)} <span class="muted">{_e(e.layer_kind)} '
+                     f"{_e(e.layer_path)}</span></td></tr>")
+    return ("<table><tr><th>bucket</th><th>winner</th><th>runner-up (margin)</th><th>shapes</th>"
+            f"{head}<th>status, layer</th></tr>" + "".join(lines) + "</table>")
+
+
+def _buckets_part(section: Section) -> str:
+    if not section.buckets:
+        return ""
+    d = section.entry.decision
+    n = len(section.buckets)
+    summary = (f"{section.differ} of {n} buckets run another backend than {_e(d.winner)}" if section.differ
+               else f"all {n} buckets run {_e(d.winner)}")
+    return (f"<h3>Per-bucket winners</h3>"
+            f'<p class="muted">get_kernel sends each call to its shape bucket\'s winner ({summary}); a bucket '
+            "that was not tuned takes the nearest tuned bucket's within a factor of two, else the op-level winner. "
+            "Each bucket was judged on its own shapes, the op-level winner being its default.</p>"
+            + _bucket_table(section.buckets, d.winner))
+
+
+def _op_section(section: Section) -> str:
+    entry = section.entry
+    if entry is None:
+        return _orphan_section(section)
     d = entry.decision
-    badge = entry.status.replace(" ", "-")
     detail = f' <span class="muted">{_e(entry.detail)}</span>' if entry.detail else ""
     winner_median = format_us(candidate_median_us(d.candidate(d.winner)))
     facts = _facts([
@@ -288,20 +448,52 @@ def _op_section(entry: Entry) -> str:
         ("platform key", d.platform_key),
         ("versions", ", ".join(f"{k} {v}" for k, v in sorted(d.versions.items())) or "-"),
     ])
+    chart = svg_chart(d, buckets=[b.decision for b in section.buckets])
     return (f'<section class="op"><h2>{_e(d.op)} <span class="muted">({_e(d.mode)} mode)</span> '
-            f'<span class="badge {badge}">{_e(entry.status)}</span>{detail}</h2>{facts}'
-            f"<h3>Time per backend across the shapes</h3>{svg_chart(d)}"
+            f"{_badge(entry)}{detail}</h2>{facts}"
+            f"<h3>Time per backend across the shapes</h3>{chart}"
+            f"{_buckets_part(section)}"
             f"<h3>Candidates</h3>{_candidates_table(d)}"
             f"<h3>Per-shape winners</h3>{_per_shape_table(d)}</section>")
+
+
+def _orphan_section(section: Section) -> str:
+    """Bucket rows whose op-level row is not among the rows shown: listed, with why they decide nothing alone."""
+    first = section.first
+    d = first.decision
+    facts = _facts([
+        ("from", f"{first.layer_kind} layer {first.layer_path}"),
+        ("platform key", d.platform_key),
+        ("versions", ", ".join(f"{k} {v}" for k, v in sorted(d.versions.items())) or "-"),
+    ])
+    return (f'<section class="op"><h2>{_e(d.op)} <span class="muted">({_e(d.mode)} mode)</span> '
+            f'bucket rows only {_badge(first)}</h2>{facts}'
+            f'<p class="muted">No op-level row of this tune (same platform, versions and layer) is among the rows '
+            "shown, so there is no overall plot. get_kernel reads a tune's bucket rows beside its op-level row "
+            "only, so these decide nothing unless that row is in use.</p>"
+            f"<h3>Per-bucket winners</h3>{_bucket_table(section.buckets, None)}</section>")
+
+
+def _toc_item(section: Section) -> str:
+    first = section.first
+    d = first.decision
+    if section.entry is None:
+        what = f"bucket rows only ({len(section.buckets)}, no op-level row)"
+    else:
+        what = f"<b>{_e(d.winner)}</b>"
+        if section.differ:
+            what += f" ({section.differ} of {len(section.buckets)} buckets run another winner)"
+        elif section.buckets:
+            what += f' <span class="muted">(all {len(section.buckets)} buckets run it)</span>'
+    return f"<li>{_e(d.op)} ({_e(d.mode)}): {what} {_badge(first)}</li>"
 
 
 def render_report(entries: Sequence[Entry], *, platform_facts: Sequence[tuple[str, str]],
                   layers: Sequence[tuple[str, str]] = (), generated_at: str = "", autosel_version: str = "") -> str:
     """The whole page as one string. platform_facts and layers are (label, value) pairs shown at the top."""
-    ordered = sorted(entries, key=lambda e: (e.decision.op, e.decision.mode, e.status != "in use"))
-    toc = "".join(f"<li>{_e(e.decision.op)} ({_e(e.decision.mode)}): <b>{_e(e.decision.winner)}</b> "
-                  f'<span class="badge {e.status.replace(" ", "-")}">{_e(e.status)}</span></li>' for e in ordered)
-    body = "".join(_op_section(e) for e in ordered) or '<p class="muted">No decisions to show.</p>'
+    ordered = sections(entries)
+    toc = "".join(_toc_item(s) for s in ordered)
+    body = "".join(_op_section(s) for s in ordered) or '<p class="muted">No decisions to show.</p>'
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>autosel tuning report</title>
 <meta name="viewport" content="width=device-width, initial-scale=1"><style>{CSS}</style></head>

@@ -6,9 +6,9 @@ import re
 
 import pytest
 
-from autosel.decisions import CandidateResult, Decision, Measurement, ShapeResult
+from autosel.decisions import CandidateResult, Decision, Measurement, ShapeResult, bucket_text
 from autosel.inventory import Entry
-from autosel.report import candidate_median_us, format_lead, format_us, render_report, svg_chart
+from autosel.report import candidate_median_us, format_lead, format_us, render_report, sections, svg_chart
 
 SHAPES = [{"tokens": 1, "hidden": 4096}, {"tokens": 512, "hidden": 4096}]
 
@@ -37,8 +37,8 @@ def decision(**overrides) -> Decision:
     return Decision(**fields)
 
 
-def page(*decisions: Decision, status: str = "in use") -> str:
-    entries = [Entry(d, "/tmp/user.db", "user", status) for d in decisions]
+def page(*decisions: Decision, status: str = "in use", entries: list[Entry] | None = None) -> str:
+    entries = entries or [Entry(d, "/tmp/user.db", "user", status) for d in decisions]
     return render_report(entries, platform_facts=[("key", "cpu/x86_64/test/2"), ("versions", "torch 2.13.0")],
                          layers=[("user", "/tmp/user.db (writable, 1 rows)")], generated_at="now",
                          autosel_version="0.1.0")
@@ -180,3 +180,113 @@ def test_shapes_are_plotted_from_the_smallest_to_the_largest():
     assert labels == ["1×4096", "512×4096"]
     html = page(decision(candidates=tuple(flipped)))
     assert html.index("<code>tokens=1, hidden=4096") < html.index("<code>tokens=512, hidden=4096")
+
+
+# --- shape buckets ----------------------------------------------------------------------------------------
+
+TOKENS = (1, 16, 512, 4096)  # hidden 4096 throughout; declared out of order below, plotted in this order
+
+
+def on_shapes(backend: str, medians: dict[int, float]) -> CandidateResult:
+    """A candidate timed at the shapes tokens x 4096 for each tokens count in `medians` (in the dict's order)."""
+    shapes = tuple(ShapeResult(shape={"tokens": t, "hidden": 4096}, timing=timing(m)) for t, m in medians.items())
+    return CandidateResult(backend=backend, status="ok", score=1.0, shapes=shapes)
+
+
+TORCH = {512: 300.0, 1: 4.0, 4096: 2000.0, 16: 6.0}
+TRITON = {512: 200.0, 1: 5.0, 4096: 1500.0, 16: 8.0}
+
+
+def bucketed(assignment: dict[int, tuple]) -> tuple[Decision, list[Decision]]:
+    """The op-level row over every shape (triton wins) and one row per bucket in `assignment` (tokens -> bucket
+    key), each with its own shapes' evidence; a bucket wins with torch when torch is faster at all its shapes."""
+    op_level = decision(candidates=(on_shapes("torch", TORCH), on_shapes("triton", TRITON)))
+    rows = []
+    for key in dict.fromkeys(assignment.values()):
+        tokens = [t for t, k in assignment.items() if k == key]
+        torch, triton = ({t: m[t] for t in tokens} for m in (TORCH, TRITON))
+        winner = "torch" if all(torch[t] < triton[t] for t in tokens) else "triton"
+        rows.append(decision(bucket=bucket_text(key), winner=winner, runner_up=({"torch", "triton"} - {winner}).pop(),
+                             candidates=(on_shapes("torch", torch), on_shapes("triton", triton))))
+    return op_level, rows
+
+
+THREE_BUCKETS = {1: (16, 4096), 16: (16, 4096), 512: (512, 4096), 4096: (4096, 4096)}
+
+
+def test_an_op_with_buckets_is_one_section_with_a_per_bucket_winners_table():
+    # Each bucket row used to become a section of its own, with its own plot.
+    op_level, rows = bucketed(THREE_BUCKETS)
+    html = page(op_level, *rows[::-1])
+    assert html.count('<section class="op">') == 1 and html.count("<svg") == 1
+    table = html.split("<h3>Per-bucket winners</h3>")[1].split("</table>")[0]
+    assert re.findall(r"<tr><td><code>([^<]+)</code></td><td[^>]*>(\w+)</td>", table) == [
+        ("[16, 4096]", "torch"), ("[512, 4096]", "triton"), ("[4096, 4096]", "triton")]
+    assert ("<td><code>tokens=1, hidden=4096</code><br><code>tokens=16, hidden=4096</code></td>"
+            '<td class="winner">another winner</td>') in table
+    assert table.count("<td>same</td>") == 2 and "torch (+42.0%)" in table
+    assert "layernorm.rmsnorm (eager): <b>triton</b> (1 of 3 buckets run another winner)" in html
+
+
+def test_the_table_of_contents_says_when_every_bucket_runs_the_op_level_winner():
+    op_level, rows = bucketed({512: (512, 4096), 4096: (4096, 4096)})  # triton is faster at both
+    assert "<b>triton</b> <span class=\"muted\">(all 2 buckets run it)</span>" in page(op_level, *rows)
+
+
+@pytest.mark.parametrize("assignment, separators, switches, labels", [
+    (THREE_BUCKETS, 2, 1, ["torch", "triton"]),  # one label over the two triton buckets
+    ({1: (1, 4096), 16: (1, 4096), 512: (1, 4096), 4096: (1, 4096)}, 0, 0, ["triton"]),  # one bucket: no boundary
+    ({1: ("a",), 16: ("b",), 512: ("a",), 4096: ("b",)}, 3, 0, ["triton"]),  # interleaved along the x axis
+    ({1: (16, 4096), 16: (16, 4096)}, 1, 1, ["torch"]),  # the larger shapes in no bucket row: a boundary, no label
+])
+def test_bucket_boundaries_are_marked_between_stretches_of_different_buckets(assignment, separators, switches, labels):
+    op_level, rows = bucketed(assignment)
+    svg = svg_chart(op_level, buckets=rows)
+    assert len(re.findall(r'class="bucket-sep[ "]', svg)) == separators
+    assert svg.count('class="bucket-sep switch"') == switches  # drawn darker: the dispatcher changes backend there
+    assert re.findall(r'<text class="bucket"[^>]*>→ (\w+)<title>', svg) == labels
+    assert "bucket boundary" in svg
+
+
+def test_a_bucket_label_names_its_buckets_and_the_op_level_winner():
+    op_level, rows = bucketed(THREE_BUCKETS)
+    svg = svg_chart(op_level, buckets=rows)
+    assert "<title>bucket [16, 4096]: calls there run torch (op-level winner triton)</title>" in svg
+    assert "<title>buckets [512, 4096], [4096, 4096]: calls there run triton (the op-level winner)</title>" in svg
+
+
+def test_an_op_without_buckets_has_no_bucket_marks():
+    op_level, _ = bucketed(THREE_BUCKETS)
+    for svg in (svg_chart(op_level), svg_chart(decision()), page(decision())):
+        assert "bucket-sep" not in svg and 'class="bucket"' not in svg and "bucket boundary" not in svg
+    assert "Per-bucket winners" not in page(decision())
+    assert svg_chart(op_level, buckets=()) == svg_chart(op_level)
+
+
+def test_bucket_rows_without_their_op_level_row_are_shown_not_dropped():
+    op_level, rows = bucketed(THREE_BUCKETS)
+    shipped = [Entry(d, "/opt/shipped.db", "shipped", "stale", "tuned on gpu/sm_90") for d in rows]
+    html = page(entries=[Entry(op_level, "/tmp/user.db", "user", "in use"), *shipped])  # another layer: another tune
+    assert html.count('<section class="op">') == 2 and html.count("<svg") == 1
+    orphan = html.split('<section class="op">')[2]
+    assert orphan.count("<tr><td><code>") == 3 and "/opt/shipped.db" in orphan and "tuned on gpu/sm_90" in orphan
+    assert ("<li>layernorm.rmsnorm (eager): bucket rows only (3, no op-level row) "
+            '<span class="badge stale">stale</span></li>') in html
+    alone = page(entries=shipped)
+    assert alone.count('<section class="op">') == 1 and "<svg" not in alone and alone.count("<tr><td><code>[") == 3
+
+
+def test_bucket_text_is_escaped():
+    op_level, rows = bucketed({1: ("<b>", True), 16: ("<b>", True)})
+    html = page(op_level, *rows)
+    assert '<code>[&quot;&lt;b&gt;&quot;, true]</code>' in html and '["<b>"' not in html
+
+
+def test_sections_keep_layer_order_and_put_bucket_rows_beside_their_tune():
+    op_level, rows = bucketed(THREE_BUCKETS)
+    user = [Entry(d, "/tmp/user.db", "user", "in use") for d in (op_level, *rows)]
+    shadowed = Entry(op_level, "/opt/shipped.db", "shipped", "shadowed")
+    [first, second] = sections([shadowed, *user[::-1]])
+    assert first.entry == user[0] and [b.decision.bucket for b in first.buckets] == [
+        "[16, 4096]", "[512, 4096]", "[4096, 4096]"]
+    assert second.entry == shadowed and second.buckets == () and first.differ == 1
