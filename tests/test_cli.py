@@ -712,6 +712,27 @@ def test_tune_says_how_many_buckets_each_op_has_and_show_lists_them(reg, monkeyp
     assert "2, 1 differ" in table
 
 
+def test_report_puts_the_bucket_rows_in_their_ops_section(reg, monkeypatch, tmp_path):
+    # Each bucket row used to be a section of its own, counted as a decision.
+    import autosel.timing
+    import toy_kernels
+
+    monkeypatch.setattr(autosel.timing, "timer_for", lambda device, mode: FlippingTimer())
+    reg.register(KernelSpec("toy.double", B.TORCH, "toy_kernels:fast"))
+    reg.register(KernelSpec("toy.double", B.TRITON, "toy_kernels:fast"))
+    reg.define(OpDefinition("toy.double", shapes=toy_kernels.SHAPES, make_inputs=toy_kernels.inputs,
+                            bucket=toy_kernels.bucket))
+    assert run("tune").exit_code == 0
+    out = tmp_path / "report.html"
+    result = run("report", "--out", out)
+    assert result.exit_code == 0 and result.stdout == f"Wrote {out}: 1 decision(s) and 2 bucket row(s).\n"
+    page = out.read_text()
+    assert page.count('<section class="op">') == 1 and page.count("<svg") == 1
+    assert "toy.double (eager): <b>triton</b> (1 of 2 buckets run another winner)" in page
+    assert "<td><code>[16384]</code></td><td class=\"winner\">torch</td>" in page
+    assert page.count('class="bucket-sep switch"') == 1
+
+
 @pytest.mark.parametrize("field, value", [("margin", "0.03"), ("lead_over_runner_up", "0.5"), ("tune_s", "1")])
 def test_show_and_report_skip_a_row_whose_evidence_has_a_wrong_type(reg, tmp_path, field, value):
     # A number stored as a string used to crash `autosel show` and `report` (traceback, exit 1).

@@ -232,9 +232,12 @@ def _print_doctor(platform, ops, layers, plugin_errors, blocking) -> None:
 @click.option("--all", "include_all", is_flag=True, help="Also include stale and shadowed rows (badged).")
 @click.option("--force", is_flag=True, help="Overwrite --out if it exists.")
 def report(out, ops, db, include_all, force):
-    """Write a self-contained HTML page of the decisions in use: plots, per-shape winners, rejections.
+    """Write a self-contained HTML page of the decisions in use: plots, per-shape and per-bucket winners,
+    rejections.
 
-    The page has no scripts and loads nothing from the network; plots are inline SVG.
+    One section per op and mode; an op tuned with shape buckets also gets a table of each bucket's winner, and
+    its plot marks where the bucket changes. The page has no scripts and loads nothing from the network; plots
+    are inline SVG.
 
     \b
     Examples:
@@ -264,4 +267,6 @@ def report(out, ops, db, include_all, force):
         out.write_text(page, encoding="utf-8")
     except OSError as exc:
         raise click.ClickException(f"cannot write {out} ({exc.strerror or exc}); choose a writable path") from None
-    click.echo(f"Wrote {out}: {len(chosen)} decision(s).")
+    bucket_rows = sum(e.decision.bucket != OP_LEVEL_BUCKET for e in chosen)
+    click.echo(f"Wrote {out}: {len(chosen) - bucket_rows} decision(s)"
+               + (f" and {bucket_rows} bucket row(s)." if bucket_rows else "."))
