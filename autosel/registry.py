@@ -162,11 +162,13 @@ def register_op(
     atol: float | None = None,
     shape_of: Callable[..., dict] | None = None,
     bucket: Callable[..., tuple] | None = None,
+    route_key: int | None = None,
     signature: str = "",
 ) -> OpDefinition:
     """Declare what tuning `op` needs. `reference` defaults to the op's torch backend. `bucket(*args)`: the
     shape bucket of a call, a tuple such as (tokens rounded to a power of two, hidden); with it, each
-    bucket the shapes cover gets its own decision and get_kernel dispatches by bucket. `signature` documents
+    bucket the shapes cover gets its own decision and get_kernel dispatches by bucket; `route_key`: the index
+    of a positional argument whose shape alone decides the bucket (a faster dispatch). `signature` documents
     how the op is called (shown by `autosel doctor`)."""
     if isinstance(reference, str):
         reference = KernelBackend.parse(reference)
@@ -181,5 +183,5 @@ def register_op(
         shapes = tuple(dict(s) for s in shapes)
     return registry.define(
         OpDefinition(op=op, shapes=shapes, make_inputs=make_inputs, reference=reference, rtol=rtol, atol=atol,
-                     shape_of=shape_of, bucket=bucket, signature=signature)
+                     shape_of=shape_of, bucket=bucket, route_key=route_key, signature=signature)
     )

@@ -117,7 +117,7 @@ def _build(op: str, backend: KernelBackend | str | None, mode: str | None) -> Ca
         named = {table.default, *table.winners.values()}
         kernels = {s.backend.value: s.load() for s in eligible if s.backend.value in named}
         if definition is not None and definition.bucket is not None:
-            fn = dispatcher(table, kernels, definition.bucket)
+            fn = dispatcher(table, kernels, definition.bucket, definition.route_key)
         else:
             fn = kernels[table.default]
     record_to = config.settings().record

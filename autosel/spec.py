@@ -274,8 +274,10 @@ class OpDefinition:
     arguments after the call are its output. `shape_of(*args)`, the inverse of make_inputs, returns the
     shape of a real call as a dict (token counts rounded to a power of two); AUTOSEL_RECORD uses it.
     `bucket(*args)` returns the shape bucket of a call as a tuple of JSON scalars, such as (tokens rounded
-    up to a power of two, hidden); it runs on every call of a dispatcher (autosel.dispatch), so it must
-    cost well under a microsecond. Without it the op has one decision, not one per bucket.
+    to a power of two, hidden); a dispatcher (autosel.dispatch) runs it on calls, so it must cost well under
+    a microsecond. Without it the op has one decision, not one per bucket. `route_key`: the index of a
+    positional argument whose shape alone decides the bucket; the dispatcher then looks calls up by that
+    shape and runs `bucket` once per distinct shape.
     `signature` is documentation only: how every backend of the op is called, what it returns or changes in
     place, and its dtypes (`autosel doctor` shows it).
     """
@@ -288,6 +290,7 @@ class OpDefinition:
     atol: float | None = None
     shape_of: Callable[..., dict] | None = None
     bucket: Callable[..., tuple] | None = None
+    route_key: int | None = None
     signature: str = ""
 
     def __post_init__(self) -> None:
@@ -302,6 +305,10 @@ class OpDefinition:
         if self.bucket is not None and not callable(self.bucket):
             raise TypeError(f"bucket for op {self.op!r} must be a function (*args) -> tuple or None, "
                             f"got {self.bucket!r}")
+        if self.route_key is not None and (isinstance(self.route_key, bool) or not isinstance(self.route_key, int)
+                                           or self.route_key < 0):
+            raise TypeError(f"route_key for op {self.op!r} must be the index of a positional argument whose shape "
+                            f"decides the bucket (0 for the first), or None; got {self.route_key!r}")
         if not (self.reference is None or isinstance(self.reference, KernelBackend) or callable(self.reference)):
             raise TypeError(f"reference for op {self.op!r} must be a backend name, a KernelBackend, a function or "
                             f"None (its torch backend), got {self.reference!r}")

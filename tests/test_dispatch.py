@@ -85,6 +85,33 @@ def test_each_call_runs_its_buckets_winner_and_remembers_unseen_buckets():
     assert fn.__name__ == "autosel_dispatch[x.norm]" and fn.table is table
 
 
+def test_a_route_key_runs_the_bucket_function_once_per_distinct_shape():
+    class Shaped:
+        def __init__(self, *shape):
+            self.shape = shape
+
+    buckets = []
+
+    def rows(x, *rest):
+        buckets.append(x.shape)
+        return by_tokens(x.shape)
+
+    fn = dispatcher(TABLE, KERNELS, rows, route_key=0)
+    big, small = Shaped(12000, 4096), Shaped(1, 4096)
+    assert [fn(big)[0], fn(small)[0], fn(big)[0], fn(Shaped(12000, 4096))[0]] == ["triton", "flashinfer", "triton",
+                                                                                 "triton"]
+    assert buckets == [(12000, 4096), (1, 4096)]  # once per distinct shape, not per call
+    assert fn(x=small)[0] == "flashinfer"  # keywords take the bucket function's path
+    assert len(buckets) == 3
+
+
+def test_route_key_must_be_a_positional_index():
+    from autosel.spec import OpDefinition
+
+    with pytest.raises(TypeError, match="route_key for op 'x.y' must be the index of a positional argument"):
+        OpDefinition("x.y", shapes=[], make_inputs=lambda shape, device: (), route_key="x")
+
+
 @pytest.mark.compile
 def test_the_dispatcher_traces_under_torch_compile_fullgraph():
     torch = pytest.importorskip("torch")
@@ -96,11 +123,13 @@ def test_the_dispatcher_traces_under_torch_compile_fullgraph():
         return x + x
 
     table = BucketTable("toy", "eager", "torch", {(16,): "torch", (65536,): "triton"})
-    fn = dispatcher(table, {"torch": double, "triton": double_too}, lambda x: (1 << (x.numel() - 1).bit_length(),))
-    compiled = torch.compile(lambda x: fn(x) + 1, fullgraph=True)  # a graph break would raise here
-    for n in (16, 65536, 1000):  # tuned, tuned, and a bucket first seen inside the compiled code
-        x = torch.randn(n)
-        assert torch.equal(compiled(x), x * 2 + 1)
+    for route_key in (None, 0):  # by the bucket function, and by the first argument's shape
+        fn = dispatcher(table, {"torch": double, "triton": double_too},
+                        lambda x: (1 << (x.numel() - 1).bit_length(),), route_key)
+        compiled = torch.compile(lambda x: fn(x) + 1, fullgraph=True)  # a graph break would raise here
+        for n in (16, 65536, 1000):  # tuned, tuned, and a bucket first seen inside the compiled code
+            x = torch.randn(n)
+            assert torch.equal(compiled(x), x * 2 + 1)
 
 
 # --- AUTOSEL_RECORD -----------------------------------------------------------------------------------------

@@ -36,9 +36,9 @@ SPECS = [
 # Bucket: (token_bucket(tokens), the input's width 2 x intermediate).
 DEFINITIONS = [
     OpDefinition("activation.silu_and_mul", shapes=SHAPES, make_inputs=gated_inputs, shape_of=gated_shape,
-                 bucket=rows_bucket,
+                 bucket=rows_bucket, route_key=0,
                  signature="(x[T, 2I]) -> new [T, I] = silu(x[:, :I]) * x[:, I:]; " + DTYPES),
     OpDefinition("activation.gelu_and_mul", shapes=SHAPES, make_inputs=gated_inputs, shape_of=gated_shape,
-                 bucket=rows_bucket,
+                 bucket=rows_bucket, route_key=0,
                  signature="(x[T, 2I]) -> new [T, I] = gelu(x[:, :I]) * x[:, I:] (exact gelu); " + DTYPES),
 ]

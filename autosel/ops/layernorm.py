@@ -49,10 +49,10 @@ SPECS = [
 ]
 DEFINITIONS = [
     OpDefinition("layernorm.rmsnorm", shapes=SHAPES, make_inputs=rmsnorm_inputs, shape_of=rmsnorm_shape,
-                 bucket=rows_bucket,  # (token_bucket(tokens), hidden)
+                 bucket=rows_bucket, route_key=0,  # (token_bucket(tokens), hidden)
                  signature="(x[T, H], weight[H], eps: float) -> new [T, H]; " + DTYPES),
     OpDefinition("layernorm.fused_add_rmsnorm", shapes=SHAPES, make_inputs=fused_add_rmsnorm_inputs,
-                 shape_of=rmsnorm_shape, bucket=rows_bucket,
+                 shape_of=rmsnorm_shape, bucket=rows_bucket, route_key=0,
                  signature="(x[T, H], residual[T, H], weight[H], eps: float) -> None, in place: "
                            "residual <- x + residual, x <- rmsnorm(residual); " + DTYPES),
 ]
