@@ -407,6 +407,11 @@ def write_doc(path: Path, command: str, results: list[dict]) -> None:
                  f"the lease over after {hung['takeover_s']:.2f} s,\n  the other {hung['followed']} used its "
                  f"decision, and the longest wait was {hung['max_wait_s']:.2f} s" if hung and hung["takeover_s"] is not None
                  else "not measured")
+    select = next((r for r in results if r["phase"] == "selecting the same ops"), None)
+    select_text = (f"with {select['processes']} processes, {select['ops']} ops and a pause of {select['pause_ms']:g} ms "
+                   f"there were {select['tunes']} tunes and\n  {select['disagree']} disagreeing ops; "
+                   f"{select['lease_waits']} lease waits (a process found another tuning the op, waited, and used its "
+                   "decision)" if select else "not measured")
     text = f"""# Reliability of the tuning DB
 
 Figures from one run of the stress tool on this machine ({os.cpu_count()} CPU cores, {platform.system()}
@@ -449,10 +454,29 @@ What the rows mean:
   In real use a lease lasts, and a waiter waits at most, `db.lease_seconds(budget)` = 60 s + 2 x budget:
   120 s at run time (`AUTOSEL_BUDGET_S` 30 s), 300 s for `autosel tune` (`--budget-s` 120 s), instead of a
   fixed 600 s.
+- **selecting the same ops**: `processes` processes start together (each, once it has imported and registered,
+  waits for one "go") and register the same toy ops through the public API (`register_kernel`, `register_op`:
+  two backends, `torch.neg` as torch and `torch.negative` as triton, two shapes, `AUTOSEL_BUDGET_S=1`), then
+  call `select_kernel` on every op in their own shuffled order. The workers' timer (`timing.timer_for` replaced
+  by a fake one) makes a random one of the two backends 30% faster in each tune: a tune takes milliseconds, and
+  a second tune of an op picks the other winner half the time, so a duplicate tune tends to show as a
+  disagreement. `writes` and `tunes` count the tunes (each records one decision; counted by wrapping
+  `Tuner.tune_buckets` in the workers): one per op is right. `rows` counts the stored op-level decisions and
+  `lost` the ops without one. `disagree` is "ops where the processes got different backends / ops where a
+  process got another backend than the stored row"; both must be 0. `--select-pause-ms` makes each worker sleep
+  between its miss and asking for the lease, as a process descheduled on a busy machine does.
+  Here {select_text}.
+  This phase checks the fix of issue 17: a process that took a free lease tuned without looking the decision
+  up again, so an op recorded between its miss and its lease was tuned again and processes ran different
+  backends (the issue's report: 229 tunes for 200 ops, 7-9 such ops). With that lookup taken out, 16 x 200
+  gave 202 and 203 tunes and 1 or 2 disagreeing ops here, 237 tunes and 18 with a 50 ms pause, and 4 x 20
+  with a 50 ms pause 25-31 tunes; the fixed code gives one tune per op and no disagreement in each case.
 
 `synchronous=NORMAL` in WAL mode keeps every committed transaction across a process crash; only a power loss
 or OS crash can drop the last transactions (never corrupt the file). Tests: `tests/test_db.py` runs the
-16 x 200 case, the lease cases and a small run of every phase of this tool on every `pytest` run;
+16 x 200 case, the lease cases and a small run of every phase of this tool on every `pytest` run, and
+`tests/test_selector.py` runs the last phase with 4 processes, 20 ops and a 50 ms pause (one tune per op, no
+disagreement; it fails without the holder's second lookup);
 `tests/test_fuzz.py` feeds random values (hypothesis) to the public API (KernelSpec, CapabilityRequirement,
 register_kernel, register_op, select_kernel, TuningDB.open with any file name) and the `AUTOSEL_*` variables,
 and accepts only the documented exception types: TypeError or ValueError for a bad value (ConfigError for a
