@@ -589,14 +589,15 @@ def test_shipped_db_that_would_read_as_empty_warns(tmp_path, make, problem):
 def test_stress_tool_small_run(tmp_path):
     out = subprocess.run([sys.executable, str(REPO / "tools" / "db_stress.py"), "--procs", "3", "--writes", "20",
                           "--kills", "3", "--create-kills", "4", "--hang-waiters", "3", "--hang-budget-s", "0.5",
-                          "--db", str(tmp_path / "s.db"), "--json"],
-                         capture_output=True, text=True, timeout=120)
+                          "--select-procs", "2", "--select-ops", "5", "--db", str(tmp_path / "s.db"), "--json"],
+                         capture_output=True, text=True, timeout=120, env=dict(os.environ, TMPDIR=str(tmp_path)))
     assert out.returncode == 0, out.stdout + out.stderr
     figures = json.loads(out.stdout)
-    assert [(f["lost"], f["errors"], f["integrity"]) for f in figures] == [(0, 0, "ok")] * 4
+    assert [(f["lost"], f["errors"], f["integrity"]) for f in figures] == [(0, 0, "ok")] * 5
     assert figures[0]["rows"] == 60 and figures[1]["kills"] == 3 and figures[2]["kills"] == 4
     hung = figures[3]  # one waiter took the hung holder's lease over within 2 x budget, the others followed it
     assert (hung["writes"], hung["rows"], hung["followed"]) == (1, 1, 2) and hung["takeover_s"] < 1.0 + 2.0
+    assert (figures[4]["tunes"], figures[4]["disagree"]) == (5, "0 / 0")
 
 
 def test_merge_reports_conflicts_and_leaves_them_out(tmp_path):

@@ -1,8 +1,8 @@
 """Stress the tuning DB: many writers at once, writers killed with SIGKILL mid-write and while they create the
-DB, and a tuning-lease holder that hangs.
+DB, a tuning-lease holder that hangs, and many processes selecting the same ops.
 
     python tools/db_stress.py --procs 16 --writes 200 --kills 50 --create-kills 100 --hang-waiters 8 \
-        [--db PATH] [--json] [--write-doc docs/RELIABILITY.md]
+        --select-procs 16 --select-ops 200 [--db PATH] [--json] [--write-doc docs/RELIABILITY.md]
 
 Phase 1 starts --procs processes that each record --writes decisions into one DB, and counts rows and errors.
 Phase 2 starts a writer --kills times and kills it (SIGKILL) at a random moment while it writes; the writer
@@ -18,12 +18,20 @@ waiters then ask for the same lease with a budget of --hang-budget-s. Each must 
 one must take the lease over within lease_seconds(budget) and record, and the others must then follow it
 (waiting for the new holder, not taking over again). The workers set LEASE_CHECKS_S to 0 so the wait is
 the budget's part alone (2 x budget) and the phase takes seconds.
+Phase 5 (--select-procs, --select-ops): that many processes start together, each registers the same toy ops
+through the public API (register_kernel, register_op) and calls select_kernel on every op in its own shuffled
+order. Each op has two backends, and the workers' timer makes a random one of them faster in each tune, so two
+tunes of one op pick different winners half the time. Counted: tunes (one per op is right), ops where the
+processes got different backends, and ops where a process runs another backend than the DB stores.
+--select-pause-ms makes each worker sleep between its miss and asking for the lease, as a process descheduled on
+a busy machine does: the window in which a holder records and releases before the next one takes the lease.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import platform
 import random
@@ -44,6 +52,7 @@ from autosel.db import TuningDB  # noqa: E402
 from autosel.decisions import CandidateResult, Decision, Measurement, ShapeResult  # noqa: E402
 
 LEASE = ("stress-platform", "stress.lease", "eager")
+SELECTED = "stress.sel"  # phase 5's ops are stress.sel.0, stress.sel.1, ...
 HUNG_LEASE = ("stress-platform", "stress.hung", "eager")
 WAITING = "waiting for the tuning lease"
 
@@ -117,12 +126,86 @@ def hang_waiter(db_path: Path, tag: str, budget_s: float) -> None:
     print(f"{'took' if took else 'followed'} {waited_s:.3f}", flush=True)
 
 
+class CoinFlipTimer:
+    """Stands in for two kernels of close speed on a noisy machine, in no time: each tune (a new timer) tosses a
+    coin for which backend is 30% faster, so two tunes of one op choose different winners half the time."""
+
+    method = "fake:coin-flip"
+
+    def __init__(self, rng: random.Random) -> None:
+        self.first_is_fast, self.us = rng.random() < 0.5, {}
+
+    def measure(self, fn, *, backend: str, shape: dict) -> list[float]:
+        if backend not in self.us:
+            self.us[backend] = 10.0 if (not self.us) == self.first_is_fast else 13.0
+        return [self.us[backend]] * 20
+
+
+def toy_inputs(shape: dict, device: str) -> tuple:
+    import torch
+
+    return (torch.randn(shape["n"], device=device),)
+
+
+class _ExpectedLogs(logging.Handler):
+    """Counts the lease waits and drops the run-time tune's announcement (both expected in phase 5); any other
+    warning goes to stderr, where the parent counts it as an error."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.waits = 0
+
+    def emit(self, record: logging.LogRecord) -> None:
+        message = record.getMessage()
+        if WAITING in message:
+            self.waits += 1
+        elif "are timed now" not in message:
+            sys.stderr.write(f"{record.levelname} {record.name}: {message}\n")
+
+
+def selector(tag: str, ops: int, seed: int, pause_s: float) -> None:
+    """A worker of phase 5: register the toy ops through the public API, say ready, wait for go, then
+    select_kernel every op in a shuffled order; print which backend each op got and which ops it tuned.
+    pause_s: sleep this long before asking for a tuning lease (after the miss)."""
+    import autosel
+    import autosel.timing
+    import autosel.tuner
+
+    rng = random.Random(f"{seed}-{tag}")
+    autosel.timing.timer_for = lambda device, mode: CoinFlipTimer(rng)  # tune_and_record reads it at each tune
+    tuned: list[str] = []
+    original = autosel.tuner.Tuner.tune_buckets
+    autosel.tuner.Tuner.tune_buckets = lambda self, definition, *a, **k: (
+        tuned.append(definition.op) or original(self, definition, *a, **k))
+    if pause_s:
+        lease = TuningDB.lease
+        TuningDB.lease = lambda self, *a, **k: time.sleep(pause_s) or lease(self, *a, **k)
+    logs = _ExpectedLogs()
+    logging.getLogger("autosel").addHandler(logs)
+    names = [f"{SELECTED}.{i}" for i in range(ops)]
+    for op in names:  # torch.neg and torch.negative: the same kernel under two names, so the checks pass
+        autosel.register_kernel(autosel.KernelSpec(op, "torch", "torch:neg"))
+        autosel.register_kernel(autosel.KernelSpec(op, "triton", "torch:negative"))
+        autosel.register_op(op, shapes=[{"n": 64}, {"n": 256}], make_inputs=toy_inputs)
+    rng.shuffle(names)
+    print("ready", flush=True)
+    sys.stdin.readline()  # the parent says go once every worker is ready, so they start together
+    chosen = {op: autosel.select_kernel(op).backend.value for op in names}
+    print(json.dumps({"chosen": chosen, "tuned": tuned, "waits": logs.waits}), flush=True)
+
+
 def spawn(db: Path, tag: str, writes: int, log: Path | None = None, lease: bool = False,
-          role: str = "writer", budget_s: float = 0.0) -> subprocess.Popen:
+          role: str = "writer", budget_s: float = 0.0, seed: int = 0, pause_ms: float = 0.0) -> subprocess.Popen:
     cmd = [sys.executable, "-W", "error::RuntimeWarning", __file__, "--worker", tag, "--db", str(db),
-           "--writes", str(writes), "--role", role, "--hang-budget-s", str(budget_s)]
+           "--writes", str(writes), "--role", role, "--hang-budget-s", str(budget_s), "--seed", str(seed),
+           "--select-pause-ms", str(pause_ms)]
     cmd += (["--log", str(log)] if log else []) + (["--lease"] if lease else [])
-    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    env = None
+    if role == "select":  # selection reads the DB and the budget from the environment, as in a serving engine
+        env = {k: v for k, v in os.environ.items() if not k.startswith("AUTOSEL_")}
+        env.update(AUTOSEL_DB=str(db), AUTOSEL_BUDGET_S="1")
+    return subprocess.Popen(cmd, stdin=subprocess.PIPE if role == "select" else None, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env)
 
 
 def count_rows(db: Path) -> tuple[int, str]:
@@ -261,10 +344,56 @@ def phase_hung_lease(db: Path, waiters: int, budget_s: float) -> dict:
             "max_wait_s": max(waits, default=None), "followed": results.count("followed"), "budget_s": budget_s}
 
 
+def phase_select(db: Path, procs: int, ops: int, seed: int, pause_ms: float) -> dict:
+    start, errors = time.monotonic(), []
+    workers = [spawn(db, f"s{n}", ops, role="select", seed=seed, pause_ms=pause_ms) for n in range(procs)]
+    for n, w in enumerate(workers):
+        if w.stdout.readline().strip() != "ready":
+            for other in workers:
+                other.kill()
+            raise SystemExit(f"selector s{n} did not start: {w.communicate()[1].strip()[-300:]}")
+    for w in workers:  # go: all at once
+        w.stdin.write("go\n")
+        w.stdin.flush()
+    outcomes = [(w.communicate(), w.returncode) for w in workers]
+    reports = []
+    for n, ((out, err), rc) in enumerate(outcomes):
+        if rc != 0 or err.strip() or not out.strip():
+            errors.append(f"selector s{n}: exit {rc}: {err.strip()[-300:]}")
+        if out.strip():
+            reports.append(json.loads(out))
+    with sqlite3.connect(db, timeout=60) as conn:
+        stored = dict(conn.execute("SELECT op, winner FROM decisions WHERE bucket = '*' AND op GLOB ?",
+                                   (f"{SELECTED}.*",)))
+    _, integrity = count_rows(db)
+    tunes: dict[str, int] = {}
+    for report in reports:
+        for op in report["tuned"]:
+            tunes[op] = tunes.get(op, 0) + 1
+    got = {f"{SELECTED}.{i}": {r["chosen"][f"{SELECTED}.{i}"] for r in reports} for i in range(ops)}
+    between = sorted(op for op, backends in got.items() if len(backends) > 1)
+    with_db = sorted(op for op, backends in got.items() if backends != {stored.get(op)})
+    again = sorted(op for op, n in tunes.items() if n > 1)
+    if again:
+        errors.append(f"{sum(tunes.values())} tunes for {ops} ops: {len(again)} ops tuned more than once, e.g. "
+                      + ", ".join(f"{op} {tunes[op]} times" for op in again[:3]))
+    if between or with_db:
+        errors.append(f"{len(between)} ops where processes run different backends, {len(with_db)} where a process "
+                      f"runs another backend than the DB stores, e.g. " + ", ".join(
+                          f"{op}: {sorted(got[op])}, stored {stored.get(op)}" for op in (between or with_db)[:3]))
+    return {"phase": "selecting the same ops", "processes": procs, "writes": sum(tunes.values()), "kills": 0,
+            "rows": len(stored), "lost": ops - len(stored), "errors": len(errors), "error_lines": errors[:5],
+            "integrity": integrity, "wall_s": round(time.monotonic() - start, 2), "ops": ops,
+            "tunes": sum(tunes.values()), "tuned_more_than_once": len(again),
+            "disagree": f"{len(between)} / {len(with_db)}", "disagree_between": len(between),
+            "disagree_with_db": len(with_db), "lease_waits": sum(r["waits"] for r in reports), "pause_ms": pause_ms}
+
+
 def table(results: list[dict]) -> str:
-    head = ["phase", "processes", "writes", "kills", "rows", "lost", "errors", "integrity", "wall_s"]
+    head = ["phase", "processes", "writes", "kills", "rows", "lost", "errors", "integrity", "wall_s", "tunes",
+            "disagree"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    lines += ["| " + " | ".join(str(r[h]) for h in head) + " |" for r in results]
+    lines += ["| " + " | ".join(str(r.get(h, "-")) for h in head) + " |" for r in results]
     return "\n".join(lines)
 
 
@@ -278,6 +407,11 @@ def write_doc(path: Path, command: str, results: list[dict]) -> None:
                  f"the lease over after {hung['takeover_s']:.2f} s,\n  the other {hung['followed']} used its "
                  f"decision, and the longest wait was {hung['max_wait_s']:.2f} s" if hung and hung["takeover_s"] is not None
                  else "not measured")
+    select = next((r for r in results if r["phase"] == "selecting the same ops"), None)
+    select_text = (f"with {select['processes']} processes, {select['ops']} ops and a pause of {select['pause_ms']:g} ms "
+                   f"there were {select['tunes']} tunes and\n  {select['disagree']} disagreeing ops; "
+                   f"{select['lease_waits']} lease waits (a process found another tuning the op, waited, and used its "
+                   "decision)" if select else "not measured")
     text = f"""# Reliability of the tuning DB
 
 Figures from one run of the stress tool on this machine ({os.cpu_count()} CPU cores, {platform.system()}
@@ -320,10 +454,29 @@ What the rows mean:
   In real use a lease lasts, and a waiter waits at most, `db.lease_seconds(budget)` = 60 s + 2 x budget:
   120 s at run time (`AUTOSEL_BUDGET_S` 30 s), 300 s for `autosel tune` (`--budget-s` 120 s), instead of a
   fixed 600 s.
+- **selecting the same ops**: `processes` processes start together (each, once it has imported and registered,
+  waits for one "go") and register the same toy ops through the public API (`register_kernel`, `register_op`:
+  two backends, `torch.neg` as torch and `torch.negative` as triton, two shapes, `AUTOSEL_BUDGET_S=1`), then
+  call `select_kernel` on every op in their own shuffled order. The workers' timer (`timing.timer_for` replaced
+  by a fake one) makes a random one of the two backends 30% faster in each tune: a tune takes milliseconds, and
+  a second tune of an op picks the other winner half the time, so a duplicate tune tends to show as a
+  disagreement. `writes` and `tunes` count the tunes (each records one decision; counted by wrapping
+  `Tuner.tune_buckets` in the workers): one per op is right. `rows` counts the stored op-level decisions and
+  `lost` the ops without one. `disagree` is "ops where the processes got different backends / ops where a
+  process got another backend than the stored row"; both must be 0. `--select-pause-ms` makes each worker sleep
+  between its miss and asking for the lease, as a process descheduled on a busy machine does.
+  Here {select_text}.
+  This phase checks the fix of issue 17: a process that took a free lease tuned without looking the decision
+  up again, so an op recorded between its miss and its lease was tuned again and processes ran different
+  backends (the issue's report: 229 tunes for 200 ops, 7-9 such ops). With that lookup taken out, 16 x 200
+  gave 202 and 203 tunes and 1 or 2 disagreeing ops here, 237 tunes and 18 with a 50 ms pause, and 4 x 20
+  with a 50 ms pause 25-31 tunes; the fixed code gives one tune per op and no disagreement in each case.
 
 `synchronous=NORMAL` in WAL mode keeps every committed transaction across a process crash; only a power loss
 or OS crash can drop the last transactions (never corrupt the file). Tests: `tests/test_db.py` runs the
-16 x 200 case, the lease cases and a small run of every phase of this tool on every `pytest` run;
+16 x 200 case, the lease cases and a small run of every phase of this tool on every `pytest` run, and
+`tests/test_selector.py` runs the last phase with 4 processes, 20 ops and a 50 ms pause (one tune per op, no
+disagreement; it fails without the holder's second lookup);
 `tests/test_fuzz.py` feeds random values (hypothesis) to the public API (KernelSpec, CapabilityRequirement,
 register_kernel, register_op, select_kernel, TuningDB.open with any file name) and the `AUTOSEL_*` variables,
 and accepts only the documented exception types: TypeError or ValueError for a bad value (ConfigError for a
@@ -341,8 +494,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--create-kills", type=int, default=0, help="DBs created by two writers, one killed (phase 3)")
     parser.add_argument("--hang-waiters", type=int, default=0, help="waiters for a hung lease holder (phase 4)")
     parser.add_argument("--hang-budget-s", type=float, default=1.0, help="the waiters' tuning budget (phase 4)")
+    parser.add_argument("--select-procs", type=int, default=16, help="processes selecting the same ops (phase 5)")
+    parser.add_argument("--select-ops", type=int, default=200, help="toy ops each of them selects (phase 5)")
+    parser.add_argument("--select-pause-ms", type=float, default=0.0,
+                        help="each selector's sleep between a miss and asking for the lease, as on a busy machine")
     parser.add_argument("--db", type=Path, help="DB file to use (default: a new temporary one)")
-    parser.add_argument("--seed", type=int, default=0, help="seed for the kill moments")
+    parser.add_argument("--seed", type=int, default=0, help="seed for the kill moments and the selection orders")
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
     parser.add_argument("--write-doc", type=Path, help="write the figures as Markdown here (docs/RELIABILITY.md)")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
@@ -357,6 +514,8 @@ def main(argv: list[str] | None = None) -> int:
             hung_holder(args.db)
         elif args.role == "wait":
             hang_waiter(args.db, args.worker, args.hang_budget_s)
+        elif args.role == "select":
+            selector(args.worker, args.writes, args.seed, args.select_pause_ms / 1000)
         else:
             writer(args.db, args.worker, args.writes, args.log, args.lease)
         return 0
@@ -371,6 +530,9 @@ def main(argv: list[str] | None = None) -> int:
         results.append(phase_create_kills(folder, args.create_kills, args.seed))
     if args.hang_waiters:
         results.append(phase_hung_lease(folder / "hung.db", args.hang_waiters, args.hang_budget_s))
+    if args.select_procs and args.select_ops:
+        results.append(phase_select(folder / "select.db", args.select_procs, args.select_ops, args.seed,
+                                    args.select_pause_ms))
     if args.json:
         print(json.dumps(results, indent=2))
     else:
