@@ -90,13 +90,14 @@ MAX_ROUTES = 1 << 16
 
 
 def dispatcher(table: BucketTable, kernels: Mapping[str, Callable[..., Any]], bucket: Callable[..., tuple],
-               route_key: int | None = None) -> Callable[..., Any]:
+               route_key: int | tuple[int, int] | None = None) -> Callable[..., Any]:
     """A callable that runs each call on its bucket's winner; `kernels` maps every backend the table names to
     its loaded kernel. The plain kernel when the table is uniform (no added cost).
 
-    route_key: the index of a positional argument whose shape alone decides the bucket (argument 0 for the
-    row-wise ops). Calls are then looked up by that shape, and the bucket function runs once per distinct
-    shape instead of on every call (about 0.2 us less a call on this project's CPU).
+    route_key: the index of a positional argument whose shape alone decides the bucket (0 for the row-wise
+    ops), or two such indices ((0, 1) for gemm.mm). Calls are then looked up by those shapes, and the bucket
+    function runs once per distinct shape instead of on every call (about 0.2 us less a call on this
+    project's CPU).
     """
     if table.uniform:
         return kernels[table.default]
@@ -121,19 +122,28 @@ def dispatcher(table: BucketTable, kernels: Mapping[str, Callable[..., Any]], bu
     else:
         routes: dict[Any, Callable[..., Any]] = {}
         route = routes.get
-        index = route_key
+        first, second = (route_key, None) if isinstance(route_key, int) else route_key
+        last = max(first, -1 if second is None else second)
 
-        def learn(args: tuple) -> Callable[..., Any]:
+        def learn(args: tuple, shapes) -> Callable[..., Any]:
             key = bucket(*args)
             fn = find(key) or unseen(key)
             if len(routes) < MAX_ROUTES:
-                routes[args[index].shape] = fn
+                routes[shapes] = fn
             return fn
 
-        def dispatch(*args, **kwargs):
-            if kwargs or len(args) <= index:
-                return by_bucket_of(*args, **kwargs)
-            return (route(args[index].shape) or learn(args))(*args)
+        if second is None:
+            def dispatch(*args, **kwargs):
+                if kwargs or len(args) <= last:
+                    return by_bucket_of(*args, **kwargs)
+                shape = args[first].shape
+                return (route(shape) or learn(args, shape))(*args)
+        else:
+            def dispatch(*args, **kwargs):
+                if kwargs or len(args) <= last:
+                    return by_bucket_of(*args, **kwargs)
+                shapes = (args[first].shape, args[second].shape)
+                return (route(shapes) or learn(args, shapes))(*args)
 
     dispatch.__name__ = dispatch.__qualname__ = f"autosel_dispatch[{table.op}]"
     dispatch.__doc__ = (f"autosel's dispatcher for {table.op} ({table.mode} mode): each shape bucket runs its "

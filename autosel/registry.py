@@ -162,7 +162,7 @@ def register_op(
     atol: float | None = None,
     shape_of: Callable[..., dict] | None = None,
     bucket: Callable[..., tuple] | None = None,
-    route_key: int | None = None,
+    route_key: int | tuple[int, int] | None = None,
     signature: str = "",
 ) -> OpDefinition:
     """Declare what tuning `op` needs. `reference` defaults to the op's torch backend. `bucket(*args)`: the

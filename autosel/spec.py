@@ -276,8 +276,8 @@ class OpDefinition:
     `bucket(*args)` returns the shape bucket of a call as a tuple of JSON scalars, such as (tokens rounded
     to a power of two, hidden); a dispatcher (autosel.dispatch) runs it on calls, so it must cost well under
     a microsecond. Without it the op has one decision, not one per bucket. `route_key`: the index of a
-    positional argument whose shape alone decides the bucket; the dispatcher then looks calls up by that
-    shape and runs `bucket` once per distinct shape.
+    positional argument whose shape alone decides the bucket, or two such indices; the dispatcher then looks
+    calls up by those shapes and runs `bucket` once per distinct shape.
     `signature` is documentation only: how every backend of the op is called, what it returns or changes in
     place, and its dtypes (`autosel doctor` shows it).
     """
@@ -290,7 +290,7 @@ class OpDefinition:
     atol: float | None = None
     shape_of: Callable[..., dict] | None = None
     bucket: Callable[..., tuple] | None = None
-    route_key: int | None = None
+    route_key: int | tuple[int, int] | None = None
     signature: str = ""
 
     def __post_init__(self) -> None:
@@ -305,10 +305,11 @@ class OpDefinition:
         if self.bucket is not None and not callable(self.bucket):
             raise TypeError(f"bucket for op {self.op!r} must be a function (*args) -> tuple or None, "
                             f"got {self.bucket!r}")
-        if self.route_key is not None and (isinstance(self.route_key, bool) or not isinstance(self.route_key, int)
-                                           or self.route_key < 0):
+        indices = self.route_key if isinstance(self.route_key, tuple) else (self.route_key,)
+        if self.route_key is not None and (len(indices) not in (1, 2) or not all(
+                isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in indices)):
             raise TypeError(f"route_key for op {self.op!r} must be the index of a positional argument whose shape "
-                            f"decides the bucket (0 for the first), or None; got {self.route_key!r}")
+                            f"decides the bucket (0 for the first), two such indices, or None; got {self.route_key!r}")
         if not (self.reference is None or isinstance(self.reference, KernelBackend) or callable(self.reference)):
             raise TypeError(f"reference for op {self.op!r} must be a backend name, a KernelBackend, a function or "
                             f"None (its torch backend), got {self.reference!r}")

@@ -105,6 +105,20 @@ def test_a_route_key_runs_the_bucket_function_once_per_distinct_shape():
     assert len(buckets) == 3
 
 
+def test_a_pair_of_route_keys_looks_calls_up_by_both_shapes():
+    class Shaped:
+        def __init__(self, *shape):
+            self.shape = shape
+
+    table = BucketTable("x.mm", "eager", "torch", {(1, 4096): "triton", (1, 8192): "torch"})
+    seen = []
+    kernels = {name: (lambda a, b, name=name: name) for name in ("torch", "triton")}
+    fn = dispatcher(table, kernels, lambda a, b: seen.append(1) or (a.shape[0], b.shape[0]), route_key=(0, 1))
+    a = Shaped(1, 64)
+    assert fn(a, Shaped(4096, 64)) == "triton" and fn(a, Shaped(8192, 64)) == "torch"
+    assert fn(a, Shaped(4096, 64)) == "triton" and len(seen) == 2  # the weight's shape is part of the key
+
+
 def test_route_key_must_be_a_positional_index():
     from autosel.spec import OpDefinition
 
