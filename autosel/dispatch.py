@@ -1,7 +1,8 @@
 """The hot path: a dispatcher that sends each call to its shape bucket's winner, and the AUTOSEL_RECORD recorder.
 
-Everything is resolved when a dispatcher is built (mode, bucket table, loaded kernels); a call costs the op's
-bucket function, one dict lookup and the kernel's own call. A call never times, never reads the DB, never
+Everything is resolved when a dispatcher is built (mode, bucket table, loaded kernels); a call costs one shape
+read and one dict lookup (with a route key; else the op's bucket function and a lookup) and the kernel's own
+call. A call never times, never reads the DB, never
 takes a lock. A bucket that was not tuned goes once through `BucketTable.route` (the nearest tuned bucket,
 else the op-level winner) and is then remembered in the lookup dict.
 """

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Iterable
 
-from autosel.decisions import Decision, versions_hash
+from autosel.decisions import OP_LEVEL_BUCKET, Decision, versions_hash
 from autosel.platforms import PlatformInfo, version_vector
 from autosel.registry import KernelRegistry
 
@@ -76,4 +77,19 @@ class Inventory:
                 status, detail = "in use", ""
                 used[decision.key] = layer.kind
             out.append(Entry(decision, layer.path, layer.kind, status, detail))
-        return out
+        return [self._bucket_status(e, out) for e in out]
+
+    @staticmethod
+    def _bucket_status(entry: Entry, entries: list[Entry]) -> Entry:
+        """A bucket row is used only beside the op-level row of its tune (same key but the bucket, same layer)
+        that selection uses: get_kernel reads the bucket rows of the layer its op-level decision came from."""
+        d = entry.decision
+        if d.bucket == OP_LEVEL_BUCKET or entry.status != "in use":
+            return entry
+        parent = next((e for e in entries if e.decision.bucket == OP_LEVEL_BUCKET and e.layer_path == entry.layer_path
+                       and e.decision.key == dataclasses.replace(d.key, bucket=OP_LEVEL_BUCKET)), None)
+        if parent is not None and parent.status == "in use":
+            return entry
+        why = (f"its op-level row in this layer is {parent.status}" if parent else "this layer has no op-level row "
+               "for its tune") + "; get_kernel reads bucket rows beside the op-level decision it uses"
+        return dataclasses.replace(entry, status="shadowed", detail=why)

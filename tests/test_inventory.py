@@ -1,0 +1,44 @@
+"""What each stored row means on this machine; here, bucket rows beside their op-level row."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from autosel.decisions import CandidateResult, Decision
+from autosel.inventory import Inventory
+from autosel.platforms import PlatformInfo, version_vector
+from autosel.registry import KernelRegistry
+from autosel.spec import KernelBackend as B, KernelSpec
+
+CPU = PlatformInfo("cpu", arch="x86_64", device_name="test cpu", multiprocessor_count=2)
+
+
+@dataclass
+class Layer:
+    path: str
+    kind: str
+
+
+SPECS = [KernelSpec("toy.op", B.TORCH, "toy_kernels:fast"), KernelSpec("toy.op", B.TRITON, "toy_kernels:slow")]
+
+
+def row(bucket: str, winner: str) -> Decision:
+    return Decision(op="toy.op", mode="eager", bucket=bucket, winner=winner, platform_key=CPU.key,
+                    versions=version_vector(CPU, SPECS), candidates=(CandidateResult("torch", "ok"),), margin=0.05)
+
+
+def test_bucket_rows_are_in_use_only_beside_the_op_level_row_in_use():
+    # Used to break: a shipped layer's bucket rows showed "in use" though the user layer's op-level row was
+    # used, and get_kernel reads bucket rows only from the layer its op-level decision came from.
+    registry = KernelRegistry()
+    for spec in SPECS:
+        registry.register(spec)
+    inventory = Inventory(CPU, registry)
+    user, shipped = Layer("user.db", "user"), Layer("shipped.db", "shipped")
+    entries = inventory.entries([(row("*", "torch"), user), (row("*", "triton"), shipped),
+                                 (row("[1]", "triton"), shipped), (row("[2]", "torch"), user)])
+    status = {(e.layer_kind, e.decision.bucket): e.status for e in entries}
+    assert status == {("user", "*"): "in use", ("shipped", "*"): "shadowed", ("shipped", "[1]"): "shadowed",
+                      ("user", "[2]"): "in use"}
+    detail = next(e.detail for e in entries if e.decision.bucket == "[1]")
+    assert "its op-level row in this layer is shadowed" in detail
