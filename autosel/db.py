@@ -351,14 +351,19 @@ def _expanded(path: Path | str, what: str) -> Path:
                          "an existing user's ~name") from None
 
 
+def package_folder() -> Path | None:
+    """The folder of the DBs shipped in the package (autosel.tuning_db), the last read-only layer; None if absent."""
+    try:
+        return Path(str(importlib.resources.files("autosel.tuning_db")))
+    except (ModuleNotFoundError, TypeError):
+        source_tree = Path(__file__).resolve().parent.parent / "tuning_db"  # running from a checkout
+        return source_tree if source_tree.is_dir() else None
+
+
 def _shipped_paths(shipped: Sequence[Path], include_package: bool) -> list[Path]:
     entries = list(shipped)
-    if include_package:
-        try:
-            entries.append(Path(str(importlib.resources.files("autosel.tuning_db"))))
-        except (ModuleNotFoundError, TypeError):
-            source_tree = Path(__file__).resolve().parent.parent / "tuning_db"  # running from a checkout
-            entries += [source_tree] if source_tree.is_dir() else []
+    folder = package_folder() if include_package else None
+    entries += [folder] if folder is not None else []
     files: list[Path] = []
     for entry in entries:
         try:
