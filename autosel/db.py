@@ -27,6 +27,7 @@ from autosel.db_tools import (
 from autosel.config import DEFAULT_BUDGET_S
 from autosel.decisions import OP_LEVEL_BUCKET, Decision, DecisionKey
 from autosel.errors import DatabaseError
+from autosel.platforms import near_rank
 
 if TYPE_CHECKING:
     from autosel.config import Settings
@@ -479,6 +480,27 @@ class TuningDB:
                     logger.debug("%s: winner %r of %s is not usable here; trying the next layer",
                                  layer.path, decision.winner, key.op)
         return None
+
+    def lookup_near(self, key: DecisionKey, usable: Callable[[str], bool] = lambda backend: True, *,
+                    match: str) -> tuple[Decision, Layer] | None:
+        """When lookup(key) missed and AUTOSEL_MATCH accepts near rows: the closest stored decision for the same
+        op, mode and bucket under another version vector ("device") or also on another model of the same arch
+        ("arch"). Closest: the same device before the same arch, then the earlier layer, then the newest row."""
+        found = []
+        with self._lock:
+            for index, layer in enumerate(self._here()):
+                for row in layer.select("WHERE op = ? AND mode = ? AND bucket = ?", (key.op, key.mode, key.bucket)):
+                    rank = near_rank(row[0], key.platform_key, match)
+                    if rank is None or (row[0], row[4]) == (key.platform_key, key.versions_hash):
+                        continue  # not accepted, or the exact key (whose winner lookup found unusable)
+                    decision = parse_row(layer.path, row)
+                    if decision is not None and usable(decision.winner):
+                        found.append((rank, index, decision, layer))
+            if not found:
+                return None
+            found.sort(key=lambda item: item[2].created_at, reverse=True)
+            rank, index, decision, layer = min(found, key=lambda item: item[:2])  # min keeps the first: the newest
+            return decision, layer.layer()
 
     def _writable(self) -> _Open:
         for layer in self._here():

@@ -675,3 +675,37 @@ def test_reproducible_build_refuses_nothing_and_an_existing_file(tmp_path):
     with pytest.raises(DatabaseError, match="already exists"):
         build_reproducible([decision()], tmp_path / "kept.db")
     assert (tmp_path / "kept.db").read_text() == "keep me" and not (tmp_path / "empty.db").exists()
+
+
+H200, H100 = "cuda/sm_90/NVIDIA_H200/132", "cuda/sm_90/NVIDIA_H100_80GB_HBM3/132"
+
+
+@pytest.mark.parametrize("match, expected", [
+    ("exact", None),
+    ("device", ("user", H200, "2.5.0", "torch")),  # same device first, whatever the layer
+    ("arch", ("user", H200, "2.5.0", "torch")),
+])
+def test_lookup_near_takes_the_closest_row_the_setting_accepts(tmp_path, match, expected):
+    here = decision(platform=H200, versions={"torch": "2.6.0"})
+    ship = shipped_db(tmp_path / "ship.db", decision(platform=H200, versions={"torch": "2.4.0"}, winner="cuda"),
+                      decision(platform=H100, versions={"torch": "2.6.0"}, winner="aot"),
+                      decision(platform="cuda/sm_80/NVIDIA_A100/108", versions={"torch": "2.6.0"}, winner="jit"))
+    with open_db(tmp_path / "user.db", ship) as db:
+        db.record(decision(platform=H200, versions={"torch": "2.5.0"}, winner="torch", created_at="2025-02-01"))
+        db.record(decision(platform=H200, versions={"torch": "2.3.0"}, winner="cute", created_at="2025-01-01"))
+        db.record(decision(platform=H200, versions={"torch": "2.5.0"}, winner="x", bucket="[64]"))
+        assert db.lookup(here.key) is None
+        hit = db.lookup_near(here.key, match=match)
+    got = hit and (hit[1].kind, hit[0].platform_key, hit[0].versions["torch"], hit[0].winner)
+    assert got == expected
+
+
+def test_lookup_near_goes_to_another_model_of_the_arch_only_with_arch(tmp_path):
+    here = decision(platform=H200, versions={"torch": "2.6.0"})
+    ship = shipped_db(tmp_path / "ship.db", decision(platform=H100, versions={"torch": "2.6.0"}, winner="aot"),
+                      decision(platform="cuda/sm_80/NVIDIA_A100/108", versions={"torch": "2.6.0"}, winner="jit"))
+    with open_db(tmp_path / "user.db", ship) as db:
+        assert db.lookup_near(here.key, match="device") is None
+        found, layer = db.lookup_near(here.key, match="arch")
+        assert (found.winner, layer.kind) == ("aot", "shipped")
+        assert db.lookup_near(here.key, lambda backend: backend != "aot", match="arch") is None  # A100: not sm_90
