@@ -278,7 +278,7 @@ def _verbose_option() -> click.Option:
                         help="Log what autosel does on stderr (-v info, -vv debug).")
 
 
-from autosel.cli import _files, _inspect, _tune  # noqa: E402,F401  (registers the commands)
+from autosel.cli import _check, _files, _inspect, _tune  # noqa: E402,F401  (registers the commands)
 
 for _command in main.commands.values():
     _command.params.append(_verbose_option())
