@@ -112,19 +112,22 @@ def _closest_miss(stored: list[Decision], platform_key: str, versions: dict[str,
 def _there(op, mode, specs, definition, db, target, match, buckets) -> Coverage:
     registered = {s.backend.value for s in specs}.__contains__
     rows = [(d, layer) for d, layer in db.decisions(op)
-            if d.op == op and d.mode == mode and d.bucket == OP_LEVEL_BUCKET and registered(d.winner)]
+            if d.op == op and d.mode == mode and d.bucket == OP_LEVEL_BUCKET]
     best = None
     for index, (decision, layer) in enumerate(rows):
         rank = 0 if decision.platform_key == target else near_rank(decision.platform_key, target, match)
         differ = _differ_here(decision.versions)
-        if rank is None or (differ and match == "exact"):
+        if rank is None or (differ and match == "exact") or not registered(decision.winner):
             continue
-        order = (rank + (1 if differ and rank == 0 else 0), index)  # exact versions first, then layer order
+        order = (rank, bool(differ), index)  # the target's own rows first, agreeing versions first, layer order
         if best is None or order < best[0]:
             best = (order, decision, layer, differ)
     if best is None:
         same = [d for d, _ in rows if d.platform_key == target]
-        why = (f" with the versions installed here ({_differ_here(same[0].versions)})" if same else
+        known = [d for d in same if registered(d.winner)]
+        why = (f" with the versions installed here ({_differ_here(known[0].versions)})" if known else
+               f" (its stored winners {', '.join(sorted({d.winner for d in same}))} are not registered for {op} "
+               "here)" if same else
                f" (stored for: {', '.join(sorted({d.platform_key for d, _ in rows}))})" if rows else " (none stored)")
         return Coverage(op, mode, False, f"no usable {mode} decision for {target}{why}")
     _, decision, layer, differ = best

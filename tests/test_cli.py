@@ -145,7 +145,8 @@ def test_installed_autosel_doctor_runs(tmp_path):
 
 
 def test_without_torch_the_db_commands_work_and_tune_says_to_install_it(tmp_path):
-    block = "import sys; sys.modules['torch'] = None; from autosel.cli import main; main(prog_name='autosel')"
+    block = ("import sys; sys.modules['torch'] = None; import autosel.db; autosel.db.package_folder = lambda: None; "
+             "from autosel.cli import main; main(prog_name='autosel')")  # no shipped rows: as conftest isolates
     base = [sys.executable, "-c", block]
     # An explicit environment: pytest's readline puts COLUMNS=80 into the one children inherit by default.
     doctor = subprocess.run(base + ["doctor"], capture_output=True, text=True, env=dict(os.environ))
