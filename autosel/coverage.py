@@ -3,7 +3,7 @@ per bucket), so an image build can refuse to ship an empty or mismatched DB (`au
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Sequence
 
 from autosel.decisions import OP_LEVEL_BUCKET, Decision, versions_hash
@@ -62,16 +62,15 @@ def check(ops: Sequence[str], *, db, registry, platform: PlatformInfo, target: s
 def _with_buckets(found: Coverage, decision: Decision, layer, db, usable, definition, buckets: bool) -> Coverage:
     rows = db.buckets(decision, layer)
     bad = [row for row in rows if not usable(row.winner)]
-    found = Coverage(**{**vars(found), "buckets": len(rows)})
+    found = replace(found, buckets=len(rows))
     if buckets and definition is not None and definition.bucket is not None:
         if not rows:
-            return Coverage(**{**vars(found), "ok": False,
-                               "detail": found.detail + "; but no bucket rows beside it (tuned before buckets, or "
-                                                        "with a bucket function that failed): re-tune it"})
+            return replace(found, ok=False, detail=found.detail + "; but no bucket rows beside it (tuned before "
+                           "buckets, or with a bucket function that failed): re-tune it")
         if bad:
             names = ", ".join(f"{row.bucket} ({row.winner})" for row in bad)
-            return Coverage(**{**vars(found), "ok": False,
-                               "detail": found.detail + f"; but bucket rows name backends not usable there: {names}"})
+            return replace(found, ok=False, detail=found.detail + f"; but bucket rows name backends not usable there: "
+                           f"{names}")
     return found
 
 
