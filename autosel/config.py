@@ -15,6 +15,7 @@ from autosel.spec import KernelBackend
 TUNE_MODES = ("auto", "off", "force")
 EXECUTION_MODES = ("eager", "graph")
 LOG_LEVELS = ("debug", "info", "warning", "error")
+MATCH_MODES = ("exact", "device", "arch")
 
 VARIABLES = {
     "AUTOSEL_DB": "path of the writable user tuning DB (default: the user cache folder)",
@@ -25,6 +26,8 @@ VARIABLES = {
     "AUTOSEL_BUDGET_S": "time budget per op when tuning at run time, in seconds",
     "AUTOSEL_RECORD": "append each dispatched op's shape bucket to this JSON Lines file",
     "AUTOSEL_LOG": "log level of the autosel logger: debug, info, warning, error",
+    "AUTOSEL_MATCH": "which stored decisions count: exact (this device and versions), device (also other versions), "
+                     "arch (also another device model of this arch)",
 }
 
 
@@ -39,6 +42,7 @@ class Settings:
     budget_s: float
     record: Path | None
     log_level: str | None
+    match: str = "exact"  # AUTOSEL_MATCH: exact, device (other versions too), arch (other models of the arch too)
 
     def forced_backend_for(self, op: str) -> tuple[KernelBackend | None, bool]:
         """(backend, per_op): a per-op force wins over the global one."""
@@ -143,6 +147,7 @@ def read_settings(env: Mapping[str, str] | None = None) -> Settings:
         budget_s=_budget(env),
         record=_path("AUTOSEL_RECORD", record) if record else None,
         log_level=_choice(env, "AUTOSEL_LOG", LOG_LEVELS, None),
+        match=_choice(env, "AUTOSEL_MATCH", MATCH_MODES, "exact"),
     )
 
 

@@ -27,6 +27,7 @@ from autosel.db_tools import (
 from autosel.config import DEFAULT_BUDGET_S
 from autosel.decisions import OP_LEVEL_BUCKET, Decision, DecisionKey
 from autosel.errors import DatabaseError
+from autosel.platforms import near_rank
 
 if TYPE_CHECKING:
     from autosel.config import Settings
@@ -351,14 +352,19 @@ def _expanded(path: Path | str, what: str) -> Path:
                          "an existing user's ~name") from None
 
 
+def package_folder() -> Path | None:
+    """The folder of the DBs shipped in the package (autosel.tuning_db), the last read-only layer; None if absent."""
+    try:
+        return Path(str(importlib.resources.files("autosel.tuning_db")))
+    except (ModuleNotFoundError, TypeError):
+        source_tree = Path(__file__).resolve().parent.parent / "tuning_db"  # running from a checkout
+        return source_tree if source_tree.is_dir() else None
+
+
 def _shipped_paths(shipped: Sequence[Path], include_package: bool) -> list[Path]:
     entries = list(shipped)
-    if include_package:
-        try:
-            entries.append(Path(str(importlib.resources.files("autosel.tuning_db"))))
-        except (ModuleNotFoundError, TypeError):
-            source_tree = Path(__file__).resolve().parent.parent / "tuning_db"  # running from a checkout
-            entries += [source_tree] if source_tree.is_dir() else []
+    folder = package_folder() if include_package else None
+    entries += [folder] if folder is not None else []
     files: list[Path] = []
     for entry in entries:
         try:
@@ -474,6 +480,27 @@ class TuningDB:
                     logger.debug("%s: winner %r of %s is not usable here; trying the next layer",
                                  layer.path, decision.winner, key.op)
         return None
+
+    def lookup_near(self, key: DecisionKey, usable: Callable[[str], bool] = lambda backend: True, *,
+                    match: str) -> tuple[Decision, Layer] | None:
+        """When lookup(key) missed and AUTOSEL_MATCH accepts near rows: the closest stored decision for the same
+        op, mode and bucket under another version vector ("device") or also on another model of the same arch
+        ("arch"). Closest: the same device before the same arch, then the earlier layer, then the newest row."""
+        found = []
+        with self._lock:
+            for index, layer in enumerate(self._here()):
+                for row in layer.select("WHERE op = ? AND mode = ? AND bucket = ?", (key.op, key.mode, key.bucket)):
+                    rank = near_rank(row[0], key.platform_key, match)
+                    if rank is None or (row[0], row[4]) == (key.platform_key, key.versions_hash):
+                        continue  # not accepted, or the exact key (whose winner lookup found unusable)
+                    decision = parse_row(layer.path, row)
+                    if decision is not None and usable(decision.winner):
+                        found.append((rank, index, decision, layer))
+            if not found:
+                return None
+            found.sort(key=lambda item: item[2].created_at, reverse=True)
+            rank, index, decision, layer = min(found, key=lambda item: item[:2])  # min keeps the first: the newest
+            return decision, layer.layer()
 
     def _writable(self) -> _Open:
         for layer in self._here():

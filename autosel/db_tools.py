@@ -145,9 +145,10 @@ def inspect(conn: sqlite3.Connection) -> tuple[int, str, set[str]]:
     return version, written_by, tables
 
 
-def migrate(conn: sqlite3.Connection) -> None:
+def migrate(conn: sqlite3.Connection, *, written_by: str | None = None) -> None:
     """Bring a writable autosel file (or a new one, or :memory:) to SCHEMA_VERSION and stamp APPLICATION_ID;
-    safe when several processes do it at once. Callers check identify() first: this writes."""
+    safe when several processes do it at once. Callers check identify() first: this writes.
+    written_by: the autosel version stamped in meta (default: this one; a reproducible build passes its own)."""
     def done() -> bool:
         return (conn.execute("PRAGMA user_version").fetchone()[0] >= SCHEMA_VERSION
                 and conn.execute("PRAGMA application_id").fetchone()[0] == APPLICATION_ID)
@@ -160,9 +161,10 @@ def migrate(conn: sqlite3.Connection) -> None:
         if current < SCHEMA_VERSION:
             for target in range(current + 1, SCHEMA_VERSION + 1):
                 MIGRATIONS[target](db)
+            stamp = written_by or autosel_version()
             if current == 0:
-                db["meta"].upsert({"key": "created_by", "value": autosel_version()}, pk="key")
-            db["meta"].upsert({"key": "schema_written_by", "value": autosel_version()}, pk="key")
+                db["meta"].upsert({"key": "created_by", "value": stamp}, pk="key")
+            db["meta"].upsert({"key": "schema_written_by", "value": stamp}, pk="key")
             conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
         conn.execute(f"PRAGMA application_id = {APPLICATION_ID}")
 
@@ -283,6 +285,47 @@ def export_decisions(rows: Iterable[Decision], out: Path, *, fmt: str, overwrite
             finally:
                 conn.close()
         os.replace(tmp, out)  # readers never see a half-written export
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return len(ordered)
+
+
+PAGE_SIZE = 4096  # fixed, so a reproducible build does not follow the SQLite library's default
+
+
+def build_reproducible(rows: Iterable[Decision], out: Path, *, overwrite: bool = False) -> int:
+    """Write decisions as a shipped SQLite file whose bytes depend only on the decisions and the SQLite library:
+    sorted rows inserted in one transaction, a fixed page size, meta stamped with the newest row's autosel
+    version (not this one's) and the SQLite version that laid the pages out, VACUUMed, DELETE journal mode.
+    Returns how many rows were written; the first row of each key wins, as in export_decisions."""
+    out = Path(out)
+    if out.exists() and not overwrite:
+        raise DatabaseError(f"{out} already exists; not overwriting it. Choose another output path, "
+                            "or overwrite it on purpose (overwrite=True).")
+    unique: dict[DecisionKey, Decision] = {}
+    for decision in rows:
+        unique.setdefault(decision.key, decision)
+    ordered = sorted(unique.values(), key=_sort_key)
+    if not ordered:
+        raise DatabaseError(f"no decisions to write to {out}; a shipped DB must hold at least one")
+    written_by = max(ordered, key=lambda d: (d.created_at, d.autosel_version)).autosel_version or "unknown"
+    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
+    tmp.unlink(missing_ok=True)
+    try:
+        conn = connect(str(tmp))
+        try:
+            conn.execute(f"PRAGMA page_size = {PAGE_SIZE}")
+            conn.execute("PRAGMA journal_mode = DELETE")
+            migrate(conn, written_by=written_by)
+            with immediate(conn):
+                db = Database(conn, execute_plugins=False)
+                db["meta"].upsert({"key": "built_with_sqlite", "value": sqlite3.sqlite_version}, pk="key")
+                db["decisions"].insert_all([decision_row(d) for d in ordered])
+            conn.execute("VACUUM")
+        finally:
+            conn.close()
+        os.replace(tmp, out)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Iterable
 
 from autosel.decisions import OP_LEVEL_BUCKET, Decision, versions_hash
-from autosel.platforms import PlatformInfo, version_vector
+from autosel.platforms import PlatformInfo, near_rank, version_vector
 from autosel.registry import KernelRegistry
 
 
@@ -20,6 +20,7 @@ class Entry:
     layer_kind: str  # "user" | "shipped" | "memory"
     status: str  # "in use", "shadowed", "stale", "unusable", "unknown op"
     detail: str = ""
+    near: bool = False  # in use as a near match (AUTOSEL_MATCH=device or arch); detail says what differs
 
 
 def version_diff(stored: dict[str, str], current: dict[str, str]) -> str:
@@ -28,11 +29,22 @@ def version_diff(stored: dict[str, str], current: dict[str, str]) -> str:
     return ", ".join(changed) or "same versions, different eligible backends"
 
 
+def near_detail(decision: Decision, platform_key: str, versions: dict[str, str]) -> str:
+    """What differs between a decision taken as a near match (AUTOSEL_MATCH) and this machine."""
+    parts = []
+    if decision.platform_key != platform_key:
+        parts.append(f"tuned on {decision.platform_key}, this machine is {platform_key}")
+    if decision.key.versions_hash != versions_hash(versions):
+        parts.append(f"versions differ: {version_diff(decision.versions, versions)}")
+    return "near match: " + ("; ".join(parts) or "same key")
+
+
 class Inventory:
     """Classifies stored decisions against this machine: platform key, current version vector, eligibility."""
 
-    def __init__(self, platform: PlatformInfo, registry: KernelRegistry) -> None:
-        self.platform, self.registry = platform, registry
+    def __init__(self, platform: PlatformInfo, registry: KernelRegistry, match: str = "exact") -> None:
+        """match: AUTOSEL_MATCH, which near rows selection takes when no exact one is stored."""
+        self.platform, self.registry, self.match = platform, registry, match
         self._ops: dict[str, tuple[list, list[str], dict[str, str]]] = {}
 
     def current(self, op: str) -> tuple[list, list[str], dict[str, str]]:
@@ -77,7 +89,40 @@ class Inventory:
                 status, detail = "in use", ""
                 used[decision.key] = layer.kind
             out.append(Entry(decision, layer.path, layer.kind, status, detail))
+        out = self._near_matches(out) if self.match != "exact" else out
         return [self._bucket_status(e, out) for e in out]
+
+    def _near_matches(self, entries: list[Entry]) -> list[Entry]:
+        """Mark the rows selection takes as near matches, as TuningDB.lookup_near picks them: per op and mode
+        without an exact op-level row in use, the closest stale tune (same device before same arch, earlier
+        layer, newest row), its op-level row and its bucket rows of the same layer."""
+        exact = {(e.decision.op, e.decision.mode) for e in entries
+                 if e.status == "in use" and e.decision.bucket == OP_LEVEL_BUCKET}
+        layers = list(dict.fromkeys(e.layer_path for e in entries))
+        candidates = []
+        for e in entries:
+            d = e.decision
+            rank = near_rank(d.platform_key, self.platform.key, self.match)
+            if (e.status == "stale" and d.bucket == OP_LEVEL_BUCKET and rank is not None
+                    and (d.op, d.mode) not in exact and d.winner in self.current(d.op)[1]):
+                candidates.append((rank, layers.index(e.layer_path), e))
+        candidates.sort(key=lambda item: item[2].decision.created_at, reverse=True)
+        chosen: dict[tuple, tuple] = {}
+        for rank, index, e in sorted(candidates, key=lambda item: item[:2]):  # stable: newest first within a rank
+            d = e.decision
+            chosen.setdefault((d.op, d.mode), (d.platform_key, d.key.versions_hash, e.layer_path))
+        out = []
+        for e in entries:
+            d = e.decision
+            if e.status == "stale" and chosen.get((d.op, d.mode)) == (d.platform_key, d.key.versions_hash, e.layer_path):
+                if d.winner in self.current(d.op)[1]:
+                    e = replace(e, status="in use", near=True,
+                                detail=near_detail(d, self.platform.key, self.current(d.op)[2]))
+                else:
+                    e = replace(e, status="unusable",
+                                detail=f"winner {d.winner!r} is not eligible here (eligible: {self.current(d.op)[1]})")
+            out.append(e)
+        return out
 
     @staticmethod
     def _bucket_status(entry: Entry, entries: list[Entry]) -> Entry:

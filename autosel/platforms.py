@@ -25,6 +25,33 @@ def normalise_device_name(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9.\-]+", "_", name.strip()).strip("_") or "unknown"
 
 
+def key_fields(key: str) -> tuple[str, str, str, str]:
+    """(device type, arch, device name, multiprocessor count) of a platform key, as PlatformInfo.key writes it."""
+    parts = key.split("/")
+    return tuple(parts) if len(parts) == 4 else (key, "", "", "")  # type: ignore[return-value]
+
+
+def platform_nearness(stored: str, current: str) -> str | None:
+    """How a stored decision's platform key relates to this machine's: "device" (the same key), "arch" (the same
+    device type and a known arch, another model or multiprocessor count: an H100 row on an H200) or None."""
+    if stored == current:
+        return "device"
+    a, b = key_fields(stored), key_fields(current)
+    return "arch" if a[:2] == b[:2] and a[1] not in ("", "unknown") else None
+
+
+# What each AUTOSEL_MATCH setting accepts besides the exact key, closest first.
+MATCH_ACCEPTS = {"exact": (), "device": ("device",), "arch": ("device", "arch")}
+
+
+def near_rank(stored: str, current: str, match: str) -> int | None:
+    """Where a stored row of another version vector or platform ranks under AUTOSEL_MATCH=`match` (0: the same
+    device, 1: the same arch), or None when the setting does not accept it."""
+    accepts = MATCH_ACCEPTS[match]
+    nearness = platform_nearness(stored, current)
+    return accepts.index(nearness) if nearness in accepts else None
+
+
 def distribution_version(dist: str) -> str | None:
     try:
         return importlib.metadata.version(dist)
@@ -231,3 +258,11 @@ def version_vector(platform: PlatformInfo, specs) -> dict[str, str]:
         if spec.target.startswith("autosel."):  # our own kernels change with autosel releases
             versions["autosel"] = distribution_version("autosel") or "dev"
     return versions
+
+
+def installed_version(name: str) -> str | None:
+    """The version installed here of a version vector's entry (torch, triton, flashinfer, sgl_kernel, autosel...),
+    read as version_vector reads it; None when it is not installed."""
+    if name == "autosel":
+        return distribution_version("autosel") or "dev"
+    return distribution_version(_distribution_of(name))

@@ -84,22 +84,49 @@ def decide(op: str, eligible: list[KernelSpec], platform: PlatformInfo, mode: st
     return table
 
 
-def _lookup(db, key: DecisionKey, usable: Callable[[str], bool]) -> tuple[Decision, tuple[Decision, ...]] | None:
-    """The stored op-level decision and the bucket rows of its layer, or None."""
+_near_said: set[tuple] = set()  # near-match rows this process has said it uses
+
+
+def _lookup(db, key: DecisionKey, usable: Callable[[str], bool], *, match: str = "exact",
+            versions: dict[str, str] | None = None) -> tuple[Decision, tuple[Decision, ...]] | None:
+    """The stored op-level decision and the bucket rows of its layer, or None. match: AUTOSEL_MATCH; "device" or
+    "arch" take the closest near row when no exact one is stored, and say so once (versions: this machine's, for
+    saying what differs)."""
     hit = db.lookup(key, usable=usable)
+    near = hit is None and match != "exact"
+    if near:
+        hit = db.lookup_near(key, usable=usable, match=match)
     if hit is None:
         return None
-    return hit[0], tuple(db.buckets(hit[0], hit[1], usable=usable))
+    buckets = tuple(db.buckets(hit[0], hit[1], usable=usable))
+    if near:
+        _say_near(key, hit[0], hit[1], len(buckets), match, versions or {})
+    return hit[0], buckets
+
+
+def _say_near(key: DecisionKey, decision: Decision, layer, buckets: int, match: str, versions: dict[str, str]) -> None:
+    from autosel.inventory import near_detail
+
+    said = (key.op, key.mode, layer.path, decision.platform_key, decision.key.versions_hash)
+    if said in _near_said:
+        return
+    _near_said.add(said)
+    log.warning("op %r (%s mode): no decision is stored for this machine (%s) with its versions; AUTOSEL_MATCH=%s "
+                "takes %s (and %d bucket row(s)) from the %s DB %s, a %s. Run `autosel tune` here to store an exact "
+                "decision, or set AUTOSEL_MATCH=exact to refuse near matches", key.op, key.mode, key.platform_key,
+                match, decision.winner, buckets, layer.kind, layer.path,
+                near_detail(decision, key.platform_key, versions))
 
 
 def _decide_here(op: str, eligible: list[KernelSpec], platform: PlatformInfo, mode: str,
                  settings: config.Settings) -> BucketTable:
     usable = {s.backend.value for s in eligible}.__contains__
-    key = decision_key(op, eligible, platform, mode)
+    versions = version_vector(platform, eligible)
+    key = decision_key(op, eligible, platform, mode, versions)
     db = database(settings)
     retune = settings.tune == "force" and key not in _forced_done
     if not retune:
-        found = _lookup(db, key, usable)
+        found = _lookup(db, key, usable, match=settings.match, versions=versions)
         if found is not None:
             return table_of(*found)
     message = multiple_backends_message(op, platform, eligible)

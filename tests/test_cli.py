@@ -145,7 +145,8 @@ def test_installed_autosel_doctor_runs(tmp_path):
 
 
 def test_without_torch_the_db_commands_work_and_tune_says_to_install_it(tmp_path):
-    block = "import sys; sys.modules['torch'] = None; from autosel.cli import main; main(prog_name='autosel')"
+    block = ("import sys; sys.modules['torch'] = None; import autosel.db; autosel.db.package_folder = lambda: None; "
+             "from autosel.cli import main; main(prog_name='autosel')")  # no shipped rows: as conftest isolates
     base = [sys.executable, "-c", block]
     # An explicit environment: pytest's readline puts COLUMNS=80 into the one children inherit by default.
     doctor = subprocess.run(base + ["doctor"], capture_output=True, text=True, env=dict(os.environ))
@@ -480,7 +481,39 @@ def test_doctor_says_when_a_stored_decision_is_in_use(reg):
     [op] = json.loads(run("doctor", "--json").stdout)["ops"]
     user_db = os.environ["AUTOSEL_DB"]
     assert op["selection"] == f"torch, the stored decision in use (user DB {user_db})"
-    assert op["stored"] == {"eager": {"winner": "torch", "layer": user_db, "layer_kind": "user"}}
+    assert op["stored"] == {"eager": {"winner": "torch", "layer": user_db, "layer_kind": "user", "near_match": None}}
+
+
+@pytest.mark.parametrize("match, status, detail", [
+    ("exact", "stale", f"tuned on {OTHER_CPU.key}, this machine is {CPU.key}"),
+    ("device", "stale", f"tuned on {OTHER_CPU.key}, this machine is {CPU.key}"),
+    ("arch", "in use", f"near match: tuned on {OTHER_CPU.key}, this machine is {CPU.key}; versions differ: "
+                       "torch 2.0 -> (none)"),
+])
+def test_show_and_doctor_say_which_near_match_is_in_use_and_what_differs(reg, monkeypatch, match, status, detail):
+    toy(reg, B.TORCH, B.TRITON)
+    store(decision(platform=OTHER_CPU, versions={"torch": "2.0"}))
+    monkeypatch.setenv("AUTOSEL_MATCH", match)
+    [row] = json.loads(run("show", "--json").stdout)["decisions"]
+    assert (row["status"], row["status_detail"], row["near_match"]) == (status, detail, status == "in use")
+    [op] = json.loads(run("doctor", "--json").stdout)["ops"]
+    if status == "in use":
+        user_db = os.environ["AUTOSEL_DB"]
+        assert op["selection"] == f"triton, the stored decision in use (user DB {user_db}), a {detail}"
+        assert op["stored"]["eager"]["near_match"] == detail
+    else:
+        assert op["stored"] == {} and op["selection"].startswith("none stored")
+    text = run("show").stdout
+    assert (f"in use: {detail}" in text) == (match == "arch") and ("AUTOSEL_MATCH=arch" in text) == (match == "arch")
+
+
+def test_a_bad_match_setting_stops_show_and_blocks_doctor(reg, monkeypatch):
+    monkeypatch.setenv("AUTOSEL_MATCH", "model")
+    allowed = "AUTOSEL_MATCH='model' is not valid; allowed values: exact, device, arch"
+    shown = run("show")
+    assert shown.exit_code == 1 and shown.stderr.startswith(f"Error: {allowed}")
+    checked = run("doctor", "--json")
+    assert checked.exit_code == 1 and json.loads(checked.stdout)["config_error"] == allowed
 
 
 def test_doctor_lists_how_each_builtin_op_is_called(reg):
@@ -784,3 +817,86 @@ def test_tune_with_the_db_locked_past_the_busy_timeout_warns_and_goes_on(reg, mo
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout)["outcomes"][0]["winner"] == "triton"
     assert result.stderr.count("Warning: ") == 1 and "kept in memory" in result.stderr
+
+
+# --- check ------------------------------------------------------------------------------------------------
+
+def bucketed(reg):
+    import toy_kernels
+
+    reg.register(KernelSpec("toy.double", B.TORCH, "toy_kernels:slow"))
+    reg.register(KernelSpec("toy.double", B.TRITON, "toy_kernels:fast"))
+    reg.define(OpDefinition("toy.double", shapes=toy_kernels.SHAPES, make_inputs=toy_kernels.inputs,
+                            bucket=toy_kernels.bucket))
+
+
+def test_check_passes_when_every_required_op_has_a_usable_decision(reg):
+    toy(reg, B.TORCH, B.TRITON)
+    reg.register(KernelSpec("toy.single", B.TORCH, "toy_kernels:fast"))
+    store(decision())
+    result = run("check", "--require", "toy.double,toy.single")
+    assert result.exit_code == 0, result.output
+    assert result.stdout.endswith(f"OK: 2 required (op, mode) pair(s) have a usable decision for {CPU.key}.\n")
+    report = json.loads(run("check", "--require", "toy.*", "--json").stdout)
+    assert report["ok"] and report["this_machine"] and report["missing"] == []
+    assert [(c["op"], c["mode"], c["winner"], c["detail"]) for c in report["checked"]] == [
+        ("toy.double", "eager", "triton", f"triton (user DB {os.environ['AUTOSEL_DB']})"),
+        ("toy.single", "eager", "torch", "no decision needed: torch is the only usable backend here")]
+
+
+def test_check_fails_on_an_empty_db_and_names_what_is_missing(reg, tmp_path):
+    toy(reg, B.TORCH, B.TRITON)
+    empty = tmp_path / "empty.db"
+    from autosel.db import TuningDB
+
+    TuningDB.open(empty, include_package=False).close()
+    result = run("check", "--require", "toy.double", "--require", "no.such", "--db", empty)
+    assert result.exit_code == 1
+    assert result.stderr == (
+        f"Error: 2 of 2 required (op, mode) pairs have no usable decision for {CPU.key}: toy.double (eager): no "
+        f"usable eager decision for {CPU.key} (none stored); no.such (eager): op 'no.such' is not registered here "
+        "(is the package that declares it installed?). Tune them on the target (`autosel tune --db build.db`) and "
+        "ship that DB, or point AUTOSEL_DB_PATH at one that holds them\n")
+    assert "MISSING" in result.stdout
+    report = json.loads(run("check", "--require", "toy.double", "--json", "--db", empty).stdout)
+    assert report["ok"] is False and [m["op"] for m in report["missing"]] == ["toy.double"]
+
+
+def test_check_with_buckets_needs_the_bucket_rows_of_an_op_that_declares_buckets(reg):
+    bucketed(reg)
+    store(decision())  # an op-level row alone, as a tune before buckets left it
+    assert run("check", "--require", "toy.double").exit_code == 0
+    bare = run("check", "--require", "toy.double", "--buckets")
+    assert bare.exit_code == 1 and "but no bucket rows beside it" in bare.stderr
+    buckets = [Decision(**{**vars(decision()), "bucket": bucket, "winner": winner})
+               for bucket, winner in (("[16384]", "torch"), ("[65536]", "triton"))]
+    tuning.database(cli._settings(None, full=False)).record(decision(), buckets)
+    report = json.loads(run("check", "--require", "toy.double", "--buckets", "--json").stdout)
+    assert report["ok"] and report["checked"][0]["buckets"] == 2
+
+
+def test_check_for_another_platform_compares_the_versions_installed_here(reg, monkeypatch):
+    from autosel.platforms import installed_version
+
+    toy(reg, B.TORCH, B.TRITON)
+    torch_here = installed_version("torch")
+    store(decision(platform=OTHER_CPU, versions={"torch": "1.0"}))
+    missing = run("check", "--require", "toy.double", "--platform", OTHER_CPU.key)
+    assert missing.exit_code == 1
+    assert (f"no usable eager decision for {OTHER_CPU.key} with the versions installed here (torch 1.0 -> "
+            f"{torch_here})") in missing.stderr
+    monkeypatch.setenv("AUTOSEL_MATCH", "device")
+    [near] = json.loads(run("check", "--require", "toy.double", "--platform", OTHER_CPU.key, "--json").stdout)[
+        "checked"]
+    assert near["ok"] and near["near"] == f"near match: versions differ: torch 1.0 -> {torch_here}"
+    store(decision(platform=OTHER_CPU, versions={"torch": torch_here, "cuda": "13.0"}))
+    monkeypatch.setenv("AUTOSEL_MATCH", "exact")
+    [exact] = json.loads(run("check", "--require", "toy.double", "--platform", OTHER_CPU.key, "--json").stdout)[
+        "checked"]
+    assert exact["ok"] and exact["near"] is None and exact["detail"].endswith(
+        "; cuda not checked (only the target can tell)")
+
+
+def test_check_rejects_a_platform_that_is_not_a_key(reg):
+    result = run("check", "--require", "toy.double", "--platform", "H200")
+    assert result.exit_code == 2 and "'H200' is not a platform key device/arch/name/multiprocessors" in result.stderr

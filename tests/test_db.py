@@ -20,6 +20,7 @@ import pytest
 
 from autosel import db as db_module, db_tools
 from autosel.db import Layer, TuningDB, export_decisions, merge, read_decisions
+from autosel.db_tools import build_reproducible
 from autosel.decisions import CandidateResult, Decision, Measurement, ShapeResult
 from autosel.errors import DatabaseError
 
@@ -650,3 +651,62 @@ def test_layer_is_a_frozen_value():
     layer = Layer(":memory:", "memory", True, 1, 0, None)
     with pytest.raises(AttributeError):
         layer.rows = 3
+
+
+def test_reproducible_build_gives_the_same_bytes_for_the_same_decisions(tmp_path):
+    rows = [decision(op=op, bucket=bucket) for op in ("z.last", "a.first") for bucket in ("*", "[64]", "[8]")]
+    first = build_reproducible(rows, tmp_path / "a.db")
+    build_reproducible(list(reversed(rows)) + rows[:2], tmp_path / "b.db")  # order and duplicates do not matter
+    assert first == 6 and (tmp_path / "a.db").read_bytes() == (tmp_path / "b.db").read_bytes()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.db", "b.db"]  # no -wal, -journal or temporary left
+    with sqlite3.connect(tmp_path / "a.db") as conn:
+        assert conn.execute("PRAGMA application_id").fetchone()[0] == db_tools.APPLICATION_ID
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == db_tools.SCHEMA_VERSION
+        assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "delete"
+        meta = dict(conn.execute("SELECT key, value FROM meta"))
+    assert meta == {"created_by": "0.1.0", "schema_written_by": "0.1.0", "built_with_sqlite": sqlite3.sqlite_version}
+    with open_db(None, tmp_path / "a.db") as db:
+        assert db.layers[1].problem is None and db.lookup(rows[0].key)[0] == rows[0]
+
+
+def test_reproducible_build_refuses_nothing_and_an_existing_file(tmp_path):
+    with pytest.raises(DatabaseError, match="no decisions to write"):
+        build_reproducible([], tmp_path / "empty.db")
+    (tmp_path / "kept.db").write_text("keep me")
+    with pytest.raises(DatabaseError, match="already exists"):
+        build_reproducible([decision()], tmp_path / "kept.db")
+    assert (tmp_path / "kept.db").read_text() == "keep me" and not (tmp_path / "empty.db").exists()
+
+
+H200, H100 = "cuda/sm_90/NVIDIA_H200/132", "cuda/sm_90/NVIDIA_H100_80GB_HBM3/132"
+
+
+@pytest.mark.parametrize("match, expected", [
+    ("exact", None),
+    ("device", ("user", H200, "2.5.0", "torch")),  # same device first, whatever the layer
+    ("arch", ("user", H200, "2.5.0", "torch")),
+])
+def test_lookup_near_takes_the_closest_row_the_setting_accepts(tmp_path, match, expected):
+    here = decision(platform=H200, versions={"torch": "2.6.0"})
+    ship = shipped_db(tmp_path / "ship.db", decision(platform=H200, versions={"torch": "2.4.0"}, winner="cuda"),
+                      decision(platform=H100, versions={"torch": "2.6.0"}, winner="aot"),
+                      decision(platform="cuda/sm_80/NVIDIA_A100/108", versions={"torch": "2.6.0"}, winner="jit"))
+    with open_db(tmp_path / "user.db", ship) as db:
+        db.record(decision(platform=H200, versions={"torch": "2.5.0"}, winner="torch", created_at="2025-02-01"))
+        db.record(decision(platform=H200, versions={"torch": "2.3.0"}, winner="cute", created_at="2025-01-01"))
+        db.record(decision(platform=H200, versions={"torch": "2.5.0"}, winner="x", bucket="[64]"))
+        assert db.lookup(here.key) is None
+        hit = db.lookup_near(here.key, match=match)
+    got = hit and (hit[1].kind, hit[0].platform_key, hit[0].versions["torch"], hit[0].winner)
+    assert got == expected
+
+
+def test_lookup_near_goes_to_another_model_of_the_arch_only_with_arch(tmp_path):
+    here = decision(platform=H200, versions={"torch": "2.6.0"})
+    ship = shipped_db(tmp_path / "ship.db", decision(platform=H100, versions={"torch": "2.6.0"}, winner="aot"),
+                      decision(platform="cuda/sm_80/NVIDIA_A100/108", versions={"torch": "2.6.0"}, winner="jit"))
+    with open_db(tmp_path / "user.db", ship) as db:
+        assert db.lookup_near(here.key, match="device") is None
+        found, layer = db.lookup_near(here.key, match="arch")
+        assert (found.winner, layer.kind) == ("aot", "shipped")
+        assert db.lookup_near(here.key, lambda backend: backend != "aot", match="arch") is None  # A100: not sm_90

@@ -258,6 +258,37 @@ def test_platform_key_separates_decisions(reg, monkeypatch):
         selector.select_kernel("toy.double")
 
 
+@pytest.mark.parametrize("match, other, taken", [
+    ("exact", PlatformInfo("cpu", arch="x86_64", device_name="test cpu", multiprocessor_count=2,
+                           versions=(("torch", "9.9"),)), False),
+    ("device", PlatformInfo("cpu", arch="x86_64", device_name="test cpu", multiprocessor_count=2,
+                            versions=(("torch", "9.9"),)), True),
+    ("device", PlatformInfo("cpu", arch="x86_64", device_name="other cpu", multiprocessor_count=64), False),
+    ("arch", PlatformInfo("cpu", arch="x86_64", device_name="other cpu", multiprocessor_count=64), True),
+    ("arch", PlatformInfo("cpu", arch="aarch64", device_name="test cpu", multiprocessor_count=2), False),
+])
+def test_near_matches_are_a_miss_unless_the_match_setting_accepts_them_and_then_logged(reg, monkeypatch, caplog,
+                                                                                        match, other, taken):
+    toy(reg, B.TORCH, B.TRITON)
+    selector.select_kernel("toy.double")
+    use_platform(monkeypatch, other)
+    monkeypatch.setenv("AUTOSEL_TUNE", "off")
+    monkeypatch.setenv("AUTOSEL_MATCH", match)
+    if not taken:
+        with pytest.raises(ValueError, match="multiple backends"):
+            selector.select_kernel("toy.double")
+        return
+    with caplog.at_level("WARNING", logger="autosel"):
+        assert selector.select_kernel("toy.double").backend == B.TRITON
+        assert selector.select_kernel("toy.double").backend == B.TRITON
+    [said] = [r.getMessage() for r in caplog.records if "AUTOSEL_MATCH" in r.getMessage()]  # once per process
+    assert said.startswith(f"op 'toy.double' (eager mode): no decision is stored for this machine ({other.key}) "
+                           f"with its versions; AUTOSEL_MATCH={match} takes triton")
+    assert f"from the user DB {os.environ['AUTOSEL_DB']}, a near match: " in said
+    assert (f"tuned on {CPU.key}, this machine is {other.key}" in said) == (other.key != CPU.key)
+    assert ("versions differ: torch (none) -> 9.9" in said) == (match == "device")
+
+
 # --- get_kernel and its cache ------------------------------------------------------------------------------
 
 @pytest.fixture

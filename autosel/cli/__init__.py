@@ -148,12 +148,13 @@ def _echo_json(data: Any) -> None:
     click.echo(json.dumps(data, indent=2, sort_keys=False, default=str))
 
 
-def _settings(db: str | None, *, full: bool) -> config.Settings:
-    """Settings with --db as the user layer. Commands that only read DBs look at AUTOSEL_DB/AUTOSEL_DB_PATH only,
-    so a bad AUTOSEL_TUNE does not stop `autosel show` (doctor reports it)."""
+def _settings(db: str | None, *, full: bool, match: bool = True) -> config.Settings:
+    """Settings with --db as the user layer. Commands that only read DBs look at AUTOSEL_DB/AUTOSEL_DB_PATH and
+    AUTOSEL_MATCH (which rows count as in use) only, so a bad AUTOSEL_TUNE does not stop `autosel show` (doctor
+    reports it)."""
     env = dict(os.environ)
     if not full:
-        env = {k: v for k, v in env.items() if k in ("AUTOSEL_DB", "AUTOSEL_DB_PATH")}
+        env = {k: v for k, v in env.items() if k in ("AUTOSEL_DB", "AUTOSEL_DB_PATH") + ("AUTOSEL_MATCH",) * match}
     if db:
         env["AUTOSEL_DB"] = db
     return config.read_settings(env)
@@ -277,7 +278,7 @@ def _verbose_option() -> click.Option:
                         help="Log what autosel does on stderr (-v info, -vv debug).")
 
 
-from autosel.cli import _files, _inspect, _tune  # noqa: E402,F401  (registers the commands)
+from autosel.cli import _check, _files, _inspect, _tune  # noqa: E402,F401  (registers the commands)
 
 for _command in main.commands.values():
     _command.params.append(_verbose_option())

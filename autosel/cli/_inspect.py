@@ -21,7 +21,7 @@ from autosel.report import candidate_median_us, first_call_s, format_lead, forma
 
 # --- show -------------------------------------------------------------------------------------------------
 
-def _entries(db, ops: tuple[str, ...], *, layers: str = "all") -> tuple[Any, list[Entry]]:
+def _entries(db, ops: tuple[str, ...], *, layers: str = "all", match: str = "exact") -> tuple[Any, list[Entry]]:
     from autosel import platforms, tuning
 
     platform = platforms.current_platform()
@@ -30,13 +30,14 @@ def _entries(db, ops: tuple[str, ...], *, layers: str = "all") -> tuple[Any, lis
     _check_globs(ops, set(tuning.registry.ops()) | {d.op for d, _ in stored}, "registered op or stored decision")
     pairs = [(d, layer) for d, layer in stored
              if _matches(d.op, ops) and (layers == "all" or layer.kind != "shipped")]
-    return platform, Inventory(platform, tuning.registry).entries(pairs)
+    return platform, Inventory(platform, tuning.registry, match).entries(pairs)
 
 
 def _entry_json(entry: Entry) -> dict[str, Any]:
     d = entry.decision
     return {"op": d.op, "mode": d.mode, "bucket": d.bucket, "status": entry.status, "status_detail": entry.detail,
-            "layer": {"path": entry.layer_path, "kind": entry.layer_kind}, **_decision_summary(d),
+            "near_match": entry.near, "layer": {"path": entry.layer_path, "kind": entry.layer_kind},
+            **_decision_summary(d),
             "decision": d.to_dict()}
 
 
@@ -71,9 +72,10 @@ def show(ops, db, as_json):
       autosel show
       autosel show --op 'layernorm.*' --json
     """
-    platform, entries = _entries(_read_db(_settings(db, full=False), db), ops)
+    settings = _settings(db, full=False)
+    platform, entries = _entries(_read_db(settings, db), ops, match=settings.match)
     if as_json:
-        _echo_json({"platform_key": platform.key, "median": MEDIAN_NOTE,
+        _echo_json({"platform_key": platform.key, "match": settings.match, "median": MEDIAN_NOTE,
                     "decisions": [_entry_json(e) for e in entries]})
         return
     console = _console()
@@ -89,8 +91,11 @@ def show(ops, db, as_json):
         table.add_row(d.op, d.mode, d.bucket, status, d.winner, _runner_up_text(d), format_lead(d), _evidence(d),
                       f"{e.layer_kind} {e.layer_path}")
     console.print(table)
+    near = (f" AUTOSEL_MATCH={settings.match}: rows \"in use: near match\" were tuned with other versions"
+            + (" or on another model of this arch" if settings.match == "arch" else "") + "; what differs is named."
+            if settings.match != "exact" else "")
     console.print(f"This machine: {platform.key}. {MEDIAN_NOTE}; score: time relative to the fastest per shape "
-                  "(geometric mean); * marks the winner.", markup=False)
+                  f"(geometric mean); * marks the winner.{near}", markup=False)
 
 
 # --- doctor -----------------------------------------------------------------------------------------------
@@ -126,8 +131,12 @@ def doctor(db, as_json):
     except ConfigError as exc:
         config_error = str(exc)
         blocking.append(f"{exc}; fix or unset the variable")
-    database = _read_db(_settings(db, full=False), db)
-    platform, entries = _entries(database, ())
+    try:
+        match = _settings(db, full=False).match
+    except ConfigError:  # a bad AUTOSEL_MATCH is reported above as blocking; show what exact matching finds
+        match = "exact"
+    database = _read_db(_settings(db, full=False, match=False), db)
+    platform, entries = _entries(database, (), match=match)
     plugin_errors = dict(registry_module.plugin_errors)
     blocking += [f"plug-in {name!r} failed to load ({error}); its ops are not registered. Reinstall or fix "
                  "the package that declares it" for name, error in plugin_errors.items()]
@@ -149,14 +158,15 @@ def doctor(db, as_json):
             selection = f"{eligible[0]} (the only eligible backend)"
         else:
             selection = _contested_selection(op, eligible, shapes, tuning.modes_for(platform), in_use)
-        stored = {mode: {"winner": e.decision.winner, "layer": e.layer_path, "layer_kind": e.layer_kind}
+        stored = {mode: {"winner": e.decision.winner, "layer": e.layer_path, "layer_kind": e.layer_kind,
+                         "near_match": e.detail if e.near else None}
                   for (name, mode), e in in_use.items() if name == op}
         ops.append({"op": op, "signature": definition.signature if definition else "", "eligible": eligible,
                     "shapes": shapes, "selection": selection, "stored": stored, "backends": backends})
     layers = [vars(layer) for layer in database.layers]
     ok = not blocking
     if as_json:
-        _echo_json({"ok": ok, "blocking": blocking, "config_error": config_error,
+        _echo_json({"ok": ok, "blocking": blocking, "config_error": config_error, "match": match,
                     "platform": {"key": platform.key, "device": platform.device.value, "arch": platform.arch,
                                  "device_name": platform.device_name,
                                  "multiprocessor_count": platform.multiprocessor_count,
@@ -175,6 +185,7 @@ def _contested_selection(op: str, eligible: list[str], shapes: int, modes: list[
         entry = in_use.get((op, mode))
         if entry is not None:
             text = f"{entry.decision.winner}, the stored decision in use ({entry.layer_kind} DB {entry.layer_path})"
+            text += f", a {entry.detail}" if entry.near else ""
         elif shapes:
             text = (f"none stored: measured among {', '.join(eligible)} on {shapes} shapes at first use "
                     "(or by `autosel tune`)")
