@@ -17,3 +17,8 @@ class DatabaseError(AutoselError):
 
 class TuningError(AutoselError, ValueError):
     """Tuning ran but could not produce a decision (for example every candidate was rejected)."""
+
+
+class NoCandidateError(TuningError):
+    """Every candidate of a tune was rejected; the message lists each one's reason, and the caller adds what to
+    do (at run time: pass backend=...; on the command line: leave the op out with --op)."""

@@ -12,7 +12,7 @@ from typing import Any, Callable, Sequence
 
 from autosel import checks
 from autosel.decisions import OP_LEVEL_BUCKET, CandidateResult, Decision, ShapeResult, bucket_text
-from autosel.errors import TuningError
+from autosel.errors import NoCandidateError, TuningError
 from autosel.policy import DEFAULT_POLICY, Policy, Verdict, relative_scores, shape_text
 from autosel.report import format_lead
 from autosel.spec import KernelSpec, OpDefinition
@@ -271,8 +271,7 @@ class Tuner:
         measured = [c for c in candidates if c.status == "ok"]
         if not measured:
             reasons = "; ".join(f"{c.backend}: {c.reason}" for c in candidates)
-            raise TuningError(f"op {op!r}: no candidate passed the checks ({reasons}); fix the kernels or "
-                              "pass backend=... to choose one")
+            raise NoCandidateError(f"op {op!r}: no candidate passed the checks ({reasons})")
         timings = {c.backend: [summarize(c.samples[i], self.timer.method, c.rounds.get(i), c.splits.get(i))
                                if c.samples.get(i) else None for i in range(len(shapes))] for c in candidates}
         stats = {c.backend: timings[c.backend] for c in measured}  # registration order: the first is the default

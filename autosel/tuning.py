@@ -12,7 +12,7 @@ from typing import Any, Callable
 from autosel import config, platforms
 from autosel.decisions import OP_LEVEL_BUCKET, Decision, DecisionKey, parse_bucket, versions_hash
 from autosel.dispatch import BucketTable
-from autosel.errors import TuningError
+from autosel.errors import NoCandidateError, TuningError
 from autosel.platforms import PlatformInfo, capturing_cuda_graph, version_vector
 from autosel.registry import load_plugins, registry
 from autosel.spec import KernelBackend, KernelSpec, OpDefinition, spec_list
@@ -145,8 +145,11 @@ def _decide_here(op: str, eligible: list[KernelSpec], platform: PlatformInfo, mo
                     "compilation plus up to AUTOSEL_BUDGET_S=%g s of timing, and the decision is stored in %s. To "
                     "avoid the wait, run `autosel tune` before serving, or ship a tuning DB and point AUTOSEL_DB_PATH "
                     "at it", op, mode, why, ", ".join(spec_list(eligible)), settings.budget_s, settings.db)
-    return table_of(*tune_and_record(definition, eligible, platform=platform, mode=mode, db=db,
-                                     budget_s=settings.budget_s, force=retune))
+    try:
+        return table_of(*tune_and_record(definition, eligible, platform=platform, mode=mode, db=db,
+                                         budget_s=settings.budget_s, force=retune))
+    except NoCandidateError as exc:
+        raise NoCandidateError(f"{exc}; fix the kernels named, or pass backend=... to choose one") from None
 
 
 def tune_and_record(definition: OpDefinition, eligible: list[KernelSpec], *, platform: PlatformInfo, mode: str,

@@ -477,3 +477,21 @@ def test_processes_selecting_the_same_ops_tune_each_once_and_all_run_the_stored_
     assert (phase["tunes"], phase["rows"], phase["disagree_between"], phase["disagree_with_db"]) == (20, 20, 0, 0), \
         phase["error_lines"]
     assert (phase["errors"], phase["integrity"], out.returncode) == (0, "ok", 0), phase["error_lines"]
+
+
+def test_every_candidate_rejected_at_run_time_says_what_to_do_once(reg):
+    # Used to say "fix the kernels or pass backend=..." inside the tuner, so every caller repeated it.
+    import toy_kernels
+
+    from autosel.errors import NoCandidateError
+
+    reg.register(KernelSpec("toy.broken", B.JIT, "toy_kernels:raises"))
+    reg.register(KernelSpec("toy.broken", B.CUTE_DSL, "toy_kernels:nan"))
+    reg.define(OpDefinition("toy.broken", shapes=toy_kernels.SHAPES, make_inputs=toy_kernels.inputs,
+                            reference=toy_kernels.fast))
+    with pytest.raises(NoCandidateError) as info:
+        selector.select_kernel("toy.broken")
+    message = str(info.value)
+    assert message.startswith("op 'toy.broken': no candidate passed the checks (jit: raised RuntimeError")
+    assert message.endswith("; fix the kernels named, or pass backend=... to choose one")
+    assert message.count("backend=...") == 1
