@@ -10,9 +10,14 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from conftest import use_platform, use_registry
 
+import autosel.tuner
+from autosel import config, platforms, tuning
 from autosel.dispatch import BucketTable
 from autosel.distributed import RankDifference, check_against_local, differences
+from autosel.registry import KernelRegistry
+from autosel.spec import KernelBackend as B, KernelSpec
 
 HERE = Path(__file__).parent
 
@@ -140,3 +145,21 @@ def test_every_rank_runs_rank_zeros_winner_and_gets_its_errors(tmp_path):
     assert results[0]["off"].startswith("op 'toy.untuned' has multiple backends usable") and "AUTOSEL_TUNE=off" in \
         results[0]["off"]
     assert results[1]["off"] == results[0]["off"] + " (decided on rank 0 of 2)"
+
+
+def test_a_ranks_own_answer_is_looked_up_and_never_tuned(monkeypatch):
+    reg = KernelRegistry()
+    use_registry(monkeypatch, reg)
+    use_platform(monkeypatch, platforms.PlatformInfo.detect())
+    monkeypatch.syspath_prepend(str(HERE))
+    import toy_kernels
+
+    reg.register(KernelSpec("toy.double", B.TORCH, "toy_kernels:slow"))
+    reg.register(KernelSpec("toy.double", B.TRITON, "toy_kernels:fast"))
+    monkeypatch.setattr(autosel.tuner.Tuner, "tune_buckets", lambda *a, **k: pytest.fail("tuned"))
+    eligible = reg.get("toy.double")
+    platform = platforms.current_platform()
+    assert tuning.stored_table("toy.double", eligible, platform, "eager", config.settings()) is None
+    toy_kernels.plant("toy.double", "torch", {(16,): "triton"})
+    assert tuning.stored_table("toy.double", eligible, platform, "eager", config.settings()) == BucketTable(
+        "toy.double", "eager", "torch", {(16,): "triton"})
