@@ -16,6 +16,7 @@ TUNE_MODES = ("auto", "off", "force")
 EXECUTION_MODES = ("eager", "graph")
 LOG_LEVELS = ("debug", "info", "warning", "error")
 MATCH_MODES = ("exact", "device", "arch")
+SWITCHES = ("0", "1", "off", "on")
 
 VARIABLES = {
     "AUTOSEL_DB": "path of the writable user tuning DB (default: the user cache folder)",
@@ -28,6 +29,8 @@ VARIABLES = {
     "AUTOSEL_LOG": "log level of the autosel logger: debug, info, warning, error",
     "AUTOSEL_MATCH": "which stored decisions count: exact (this device and versions), device (also other versions), "
                      "arch (also another device model of this arch)",
+    "AUTOSEL_CHECK_RANKS": "0/off (default) or 1/on: with several ranks, each rank also looks up its own stored "
+                           "decision and logs where it differs from rank 0's",
 }
 
 
@@ -43,6 +46,7 @@ class Settings:
     record: Path | None
     log_level: str | None
     match: str = "exact"  # AUTOSEL_MATCH: exact, device (other versions too), arch (other models of the arch too)
+    check_ranks: bool = False  # AUTOSEL_CHECK_RANKS: compare each rank's own stored decision with rank 0's
 
     def forced_backend_for(self, op: str) -> tuple[KernelBackend | None, bool]:
         """(backend, per_op): a per-op force wins over the global one."""
@@ -148,6 +152,7 @@ def read_settings(env: Mapping[str, str] | None = None) -> Settings:
         record=_path("AUTOSEL_RECORD", record) if record else None,
         log_level=_choice(env, "AUTOSEL_LOG", LOG_LEVELS, None),
         match=_choice(env, "AUTOSEL_MATCH", MATCH_MODES, "exact"),
+        check_ranks=_choice(env, "AUTOSEL_CHECK_RANKS", SWITCHES, "0") in ("1", "on"),
     )
 
 

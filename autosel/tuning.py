@@ -75,23 +75,38 @@ def decide(op: str, eligible: list[KernelSpec], platform: PlatformInfo, mode: st
            settings: config.Settings) -> BucketTable:
     """The stored or measured decision of `op` as a bucket table; with several ranks, rank 0's whole table
     (autosel.distributed), so every rank dispatches every bucket alike."""
-    from autosel.distributed import agree, check_eligible
+    from autosel.distributed import agree, check_against_local, check_eligible
 
     what = f"op {op!r} ({mode} mode)"
-    table = agree(lambda: _decide_here(op, eligible, platform, mode, settings), what=what,
-                  in_capture=capturing_cuda_graph())
+    in_capture = capturing_cuda_graph()
+    table = agree(lambda: _decide_here(op, eligible, platform, mode, settings), what=what, in_capture=in_capture)
     check_eligible({table.default, *table.winners.values()}, {s.backend.value for s in eligible}, what=what)
+    if settings.check_ranks:
+        check_against_local(table, lambda: stored_table(op, eligible, platform, mode, settings), what=what,
+                            in_capture=in_capture)
     return table
+
+
+def stored_table(op: str, eligible: list[KernelSpec], platform: PlatformInfo, mode: str,
+                 settings: config.Settings) -> BucketTable | None:
+    """What this process's own DB layers hold for `op` (under AUTOSEL_MATCH), as a bucket table; None when they
+    hold nothing. Never tunes: a rank's own answer for AUTOSEL_CHECK_RANKS."""
+    versions = version_vector(platform, eligible)
+    found = _lookup(database(settings), decision_key(op, eligible, platform, mode, versions),
+                    {s.backend.value for s in eligible}.__contains__, match=settings.match, versions=versions,
+                    say=False)
+    return None if found is None else table_of(*found)
 
 
 _near_said: set[tuple] = set()  # near-match rows this process has said it uses
 
 
 def _lookup(db, key: DecisionKey, usable: Callable[[str], bool], *, match: str = "exact",
-            versions: dict[str, str] | None = None) -> tuple[Decision, tuple[Decision, ...]] | None:
+            versions: dict[str, str] | None = None, say: bool = True
+            ) -> tuple[Decision, tuple[Decision, ...]] | None:
     """The stored op-level decision and the bucket rows of its layer, or None. match: AUTOSEL_MATCH; "device" or
-    "arch" take the closest near row when no exact one is stored, and say so once (versions: this machine's, for
-    saying what differs)."""
+    "arch" take the closest near row when no exact one is stored, and say so once unless `say` is false (versions:
+    this machine's, for saying what differs)."""
     hit = db.lookup(key, usable=usable)
     near = hit is None and match != "exact"
     if near:
@@ -99,7 +114,7 @@ def _lookup(db, key: DecisionKey, usable: Callable[[str], bool], *, match: str =
     if hit is None:
         return None
     buckets = tuple(db.buckets(hit[0], hit[1], usable=usable))
-    if near:
+    if near and say:
         _say_near(key, hit[0], hit[1], len(buckets), match, versions or {})
     return hit[0], buckets
 

@@ -16,7 +16,7 @@ def test_defaults():
     assert settings.tune == "auto" and settings.mode is None and settings.forced_backend is None
     assert settings.db.name == "tuning.db" and "autosel" in str(settings.db)
     assert settings.db_path == () and settings.record is None and settings.budget_s == 30.0
-    assert settings.match == "exact"
+    assert settings.match == "exact" and settings.check_ranks is False
 
 
 def test_values_are_parsed():
@@ -27,6 +27,8 @@ def test_values_are_parsed():
     assert settings.record == Path("/tmp/r.jsonl")
     assert [read_settings({"AUTOSEL_MATCH": m}).match for m in ("exact", "Device", " arch ")] == ["exact", "device",
                                                                                                    "arch"]
+    assert [read_settings({"AUTOSEL_CHECK_RANKS": v}).check_ranks for v in ("0", "1", "off", "ON", " on ")] == [
+        False, True, False, True, True]
 
 
 def test_forced_backend_global_and_per_op():
@@ -41,6 +43,7 @@ def test_forced_backend_global_and_per_op():
     ({"AUTOSEL_MODE": "prefill"}, "AUTOSEL_MODE='prefill' is not valid; allowed values: eager, graph"),
     ({"AUTOSEL_LOG": "loud"}, "AUTOSEL_LOG='loud' is not valid; allowed values: debug, info, warning, error"),
     ({"AUTOSEL_MATCH": "model"}, "AUTOSEL_MATCH='model' is not valid; allowed values: exact, device, arch"),
+    ({"AUTOSEL_CHECK_RANKS": "yes"}, "AUTOSEL_CHECK_RANKS='yes' is not valid; allowed values: 0, 1, off, on"),
     ({"AUTOSEL_BACKEND": "cuda"}, "AUTOSEL_BACKEND: unknown kernel backend 'cuda'"),
     ({"AUTOSEL_BACKEND": "a.b=torch,c.d"}, "AUTOSEL_BACKEND item 'c.d' is not 'op=backend'"),
     ({"AUTOSEL_BUDGET_S": "-1"}, "AUTOSEL_BUDGET_S='-1' is not a positive finite number of seconds"),

@@ -9,7 +9,49 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+from conftest import use_platform, use_registry
+
+import autosel.tuner
+from autosel import config, platforms, tuning
+from autosel.dispatch import BucketTable
+from autosel.distributed import RankDifference, check_against_local, differences
+from autosel.registry import KernelRegistry
+from autosel.spec import KernelBackend as B, KernelSpec
+
 HERE = Path(__file__).parent
+
+
+def table(default: str, **winners: str) -> BucketTable:
+    """A bucket table of toy.op whose buckets are written as keyword names: n16="torch" is bucket (16,)."""
+    return BucketTable("toy.op", "eager", default, {(int(k[1:]),): w for k, w in winners.items()})
+
+
+@pytest.mark.parametrize("local, agreed, expected", [
+    (table("torch", n16="torch"), table("torch", n16="torch"), []),
+    (None, table("triton"), [RankDifference(None, None, "triton")]),
+    (table("torch"), table("triton"), [RankDifference(None, "torch", "triton")]),
+    # Buckets in either table, in order; each side routed as its dispatcher would route it:
+    (table("torch", n1024="triton", n16="torch"), table("torch", n16="triton"),
+     [RankDifference((16,), "torch", "triton"), RankDifference((1024,), "triton", "torch")]),
+    # (32,) is tuned here only; rank 0 routes it to its nearest bucket (16,), which agrees:
+    (table("torch", n32="triton"), table("torch", n16="triton"), []),
+    (table("triton", n16="torch"), table("torch", n16="torch"), [RankDifference(None, "triton", "torch")]),
+])
+def test_differences_of_a_local_table_from_rank_zeros(local, agreed, expected):
+    assert differences(local, agreed) == expected
+
+
+def test_a_difference_reads_as_a_sentence():
+    assert [str(d) for d in (RankDifference(None, None, "triton"), RankDifference((16, 4096), "torch", "triton"))] == [
+        "op level: nothing stored here, triton on rank 0", "bucket [16, 4096]: torch here, triton on rank 0"]
+
+
+def test_a_single_process_has_nothing_to_compare():
+    def local():
+        raise AssertionError("looked up without a process group")
+
+    assert check_against_local(table("torch"), local, what="op 'toy.op' (eager mode)") == []
 
 RANK = textwrap.dedent("""
     import json, os
@@ -36,6 +78,8 @@ RANK = textwrap.dedent("""
     reg.register(KernelSpec("toy.split", B.TRITON, "toy_kernels:overhead"))
     reg.define(OpDefinition("toy.split", shapes=toy_kernels.SPLIT_SHAPES, make_inputs=toy_kernels.inputs,
                             bucket=toy_kernels.bucket))
+    if rank == 1:  # this rank's own DB holds the opposite table: it still runs rank 0's, and says how they differ
+        toy_kernels.plant("toy.split", "triton", {(16,): "triton", (1 << 20,): "torch"})
     table = selector.get_kernel("toy.split").table
     reg.register(KernelSpec("toy.broken", B.TORCH, "toy_kernels:slow"))
     reg.register(KernelSpec("toy.broken", B.TRITON, "toy_kernels:fast"))
@@ -45,8 +89,18 @@ RANK = textwrap.dedent("""
         broken = None
     except Exception as exc:
         broken = f"{type(exc).__name__}: {exc}"
-    print(json.dumps({"rank": rank, "winner": winner, "timed": len(timed), "error": error,
-                      "table": sorted([list(k), w] for k, w in table.winners.items()), "broken": broken}))
+    reg.register(KernelSpec("toy.untuned", B.TORCH, "toy_kernels:slow"))
+    reg.register(KernelSpec("toy.untuned", B.TRITON, "toy_kernels:fast"))
+    reg.define(OpDefinition("toy.untuned", shapes=toy_kernels.SHAPES, make_inputs=toy_kernels.inputs))
+    os.environ["AUTOSEL_TUNE"] = "off"  # on every rank now, and nothing is stored for toy.untuned anywhere
+    try:
+        selector.select_kernel("toy.untuned")
+        off = None
+    except ValueError as exc:
+        off = str(exc)
+    print(json.dumps({"rank": rank, "winner": winner, "timed": len(timed), "error": error, "default": table.default,
+                      "table": sorted([list(k), w] for k, w in table.winners.items()), "broken": broken,
+                      "off": off}))
     dist.destroy_process_group()
 """)
 
@@ -55,22 +109,58 @@ def test_every_rank_runs_rank_zeros_winner_and_gets_its_errors(tmp_path):
     procs = []
     for rank in (0, 1):
         env = dict(os.environ, RANK=str(rank), INIT_FILE=str(tmp_path / "init"), PYTHONPATH=str(HERE),
-                   AUTOSEL_DB=str(tmp_path / f"rank{rank}.db"))
+                   AUTOSEL_DB=str(tmp_path / f"rank{rank}.db"), AUTOSEL_CHECK_RANKS="1",
+                   AUTOSEL_BUDGET_S="5")  # the toys differ 4x or more: on a busy machine, no 30 s tunes
         procs.append(subprocess.Popen([sys.executable, "-c", RANK], env=env, stdout=subprocess.PIPE,
                                       stderr=subprocess.PIPE, text=True))
-    results = []
+    results, logs = [], []
     for proc in procs:
         out, err = proc.communicate(timeout=180)
         assert proc.returncode == 0, err
         results.append(json.loads(out.strip().splitlines()[-1]))
+        logs.append([line for line in err.splitlines() if "on its own would differ" in line])
     # rank 0 tuned toy.double, toy.split and toy.broken; rank 1 none of them
     assert [(r["rank"], r["winner"], r["timed"]) for r in results] == [(0, "triton", 3), (1, "triton", 0)]
     assert results[0]["error"].startswith("op 'toy.missing_shapes' has multiple backends usable")
     assert results[1]["error"] == results[0]["error"] + " (decided on rank 0 of 2)"
     # The whole bucket table is rank 0's: rank 1, with tuning off and an empty DB, dispatches alike.
     assert results[0]["table"] == results[1]["table"] == [[[16], "torch"], [[1 << 20], "triton"]]
+    assert results[0]["default"] == results[1]["default"]
+    # AUTOSEL_CHECK_RANKS=1: rank 1 says where its own DB differs (nothing stored for toy.double; the opposite
+    # table for toy.split); rank 0 runs its own answer and says nothing.
+    default = results[0]["default"]
+    split = ([f"op level: triton here, {default} on rank 0"] if default != "triton" else []) + [
+        "bucket [16]: triton here, torch on rank 0", "bucket [1048576]: torch here, triton on rank 0"]
+    assert [line.split(". [AUTOSEL_CHECK_RANKS")[0] for line in logs[1]] == [
+        "op 'toy.double' (eager mode): rank 1 of 2 runs rank 0's decision, and on its own would differ: op level: "
+        "nothing stored here, triton on rank 0",
+        "op 'toy.split' (eager mode): rank 1 of 2 runs rank 0's decision, and on its own would differ: "
+        + "; ".join(split)]
+    assert logs[0] == []
     # Used to hang: a RuntimeError on rank 0 was raised before the broadcast, rank 1 waited forever.
     broken = "op 'toy.broken': its make_inputs raised RuntimeError: input factory failed (simulated) for the shape"
     assert results[0]["broken"].startswith(f"TuningError: {broken}")
     assert results[1]["broken"].startswith(f"TuningError: op 'toy.broken' (eager mode): rank 0 failed with "
                                            f"TuningError: {broken}")
+    # AUTOSEL_TUNE=off on every rank and nothing stored: the same error everywhere, rank 1's saying whose it is.
+    assert results[0]["off"].startswith("op 'toy.untuned' has multiple backends usable") and "AUTOSEL_TUNE=off" in \
+        results[0]["off"]
+    assert results[1]["off"] == results[0]["off"] + " (decided on rank 0 of 2)"
+
+
+def test_a_ranks_own_answer_is_looked_up_and_never_tuned(monkeypatch):
+    reg = KernelRegistry()
+    use_registry(monkeypatch, reg)
+    use_platform(monkeypatch, platforms.PlatformInfo.detect())
+    monkeypatch.syspath_prepend(str(HERE))
+    import toy_kernels
+
+    reg.register(KernelSpec("toy.double", B.TORCH, "toy_kernels:slow"))
+    reg.register(KernelSpec("toy.double", B.TRITON, "toy_kernels:fast"))
+    monkeypatch.setattr(autosel.tuner.Tuner, "tune_buckets", lambda *a, **k: pytest.fail("tuned"))
+    eligible = reg.get("toy.double")
+    platform = platforms.current_platform()
+    assert tuning.stored_table("toy.double", eligible, platform, "eager", config.settings()) is None
+    toy_kernels.plant("toy.double", "torch", {(16,): "triton"})
+    assert tuning.stored_table("toy.double", eligible, platform, "eager", config.settings()) == BucketTable(
+        "toy.double", "eager", "torch", {(16,): "triton"})

@@ -99,6 +99,21 @@ def use_fresh_registry() -> list:
     return timed
 
 
+def plant(op: str, default: str, winners: dict[tuple, str]) -> None:
+    """Store a decision for `op` (eager mode) in this process's user DB as if a tune had chosen `default` at op
+    level and `winners` per bucket: a rank whose own DB disagrees with rank 0's."""
+    from autosel import config, platforms, selector, tuning
+    from autosel.decisions import Decision, bucket_text
+
+    platform = platforms.current_platform()
+    eligible = [s for s in selector.registry.get(op) if s.is_available(platform)]
+    key = tuning.decision_key(op, eligible, platform, "eager")
+    row = Decision(op=op, mode="eager", bucket=key.bucket, winner=default, platform_key=platform.key,
+                   versions=platforms.version_vector(platform, eligible), candidates=(), margin=0.0, method="planted")
+    buckets = [Decision(**{**vars(row), "bucket": bucket_text(k), "winner": w}) for k, w in winners.items()]
+    tuning.database(config.settings()).record(row, buckets)
+
+
 def overhead(x: torch.Tensor) -> torch.Tensor:
     """x * 2 after a fixed 2 ms: far slower than `slow` on tiny inputs, far faster on 1 << 20 elements."""
     import time
