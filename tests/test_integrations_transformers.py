@@ -3,6 +3,11 @@ tokens), counts what it patched, undoes itself exactly, and refuses a structure 
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
 transformers = pytest.importorskip("transformers")
@@ -82,7 +87,8 @@ def test_counts_per_kind(family, fuse, projections, counts):
     with patch_model(tiny(family), backend="torch", fuse=fuse, projections=projections) as patched:
         assert patched.counts == counts
         assert patched.skipped == ({} if projections else {"gemm": "projections=False"})
-        assert str(patched).startswith(f"autosel patched {FAMILIES[family][1]} (transformers ")
+        assert str(patched).startswith(f"autosel patched {FAMILIES[family][1]} (transformers "
+                                       f"{transformers.__version__}, mode eager): rmsnorm {counts['rmsnorm']}, ")
 
 
 def test_forwards_call_the_kernels_resolved_at_patch_time_in_the_mode_given(monkeypatch):
@@ -195,11 +201,28 @@ def test_an_unsupported_family_fails_loudly():
 
 
 @pytest.mark.compile
-def test_real_selection_on_a_tiny_model():
-    # No backend given: every op is selected between torch and torch_compile as an engine's would be.
+def test_real_selection_on_a_tiny_model(monkeypatch):
+    # No backend given: rmsnorm and silu_and_mul are tuned (torch against torch_compile) as in an engine; the
+    # other two are forced as a user would force them, which keeps the test near 30 s rather than 60.
+    monkeypatch.setenv("AUTOSEL_BACKEND", "layernorm.fused_add_rmsnorm=torch,embeddings.rope=torch")
     model = tiny("llama", torch.bfloat16)
     expected = logits(model)
     with patch_model(model) as patched:
         got = logits(model)
     assert patched.counts["rope"] == 2 and patched.counts["fused_add_rmsnorm"] == 2
     torch.testing.assert_close(got, expected, atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.compile
+def test_readme_section_runs_as_pasted(tmp_path):
+    # No backend given, so the shipped DB (or a tune) decides and torch_compile kernels may compile: ~15 s.
+    root = Path(__file__).parent.parent
+    text = (root / "README.md").read_text(encoding="utf-8")
+    section = text[text.index("## Use it with transformers"):]
+    script = tmp_path / "snippet.py"
+    script.write_text(section[section.index("```python") + len("```python"):].split("```", 1)[0])
+    env = dict(os.environ, PYTHONPATH=str(root), AUTOSEL_DB=str(tmp_path / "user.db"))
+    result = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("autosel patched LlamaForCausalLM (transformers ")
+    assert "rmsnorm 3, fused_add_rmsnorm 2, rope 2, silu_and_mul 2" in result.stdout

@@ -24,7 +24,7 @@ except ImportError as exc:  # pragma: no cover - the tests skip without transfor
 import torch
 
 import autosel
-from autosel import config
+from autosel import platforms, selector
 from autosel.errors import IntegrationError
 
 log = logging.getLogger(__name__)
@@ -50,7 +50,7 @@ class PatchedModel:
 
     Also a context manager: the model is restored when the block ends."""
 
-    def __init__(self, model, *, counts: dict[str, int], skipped: dict[str, str], mode: str | None,
+    def __init__(self, model, *, counts: dict[str, int], skipped: dict[str, str], mode: str,
                  steps: list[Callable[[], None]]) -> None:
         self.model, self.counts, self.skipped, self.mode = model, counts, skipped, mode
         self._steps = steps
@@ -74,7 +74,7 @@ class PatchedModel:
         done = ", ".join(f"{kind} {n}" for kind, n in self.counts.items() if n)
         left = "; ".join(f"{kind}: {why}" for kind, why in self.skipped.items())
         return (f"autosel patched {type(self.model).__name__} (transformers {transformers.__version__}, mode "
-                f"{self.mode or 'default'}): {done}" + (f"; left to transformers: {left}" if left else ""))
+                f"{self.mode}): {done}" + (f"; left to transformers: {left}" if left else ""))
 
 
 def patch_model(model, *, backend: str | None = None, mode: str | None = None, fuse: bool = True,
@@ -85,8 +85,7 @@ def patch_model(model, *, backend: str | None = None, mode: str | None = None, f
     Patch the model for inference, after it is on its device and in its dtype, and undo() before moving, training
     or saving it: the rope cache and the fused gate/up weight are built here on the model's device.
     """
-    if mode is not None and mode not in config.EXECUTION_MODES:
-        raise ValueError(f"mode={mode!r} is not valid; allowed values: {', '.join(config.EXECUTION_MODES)}")
+    resolved = selector.resolve_mode(mode, platforms.current_platform())  # checks mode; what kernels are chosen for
     if getattr(model, "_autosel_patch", None) is not None:
         raise IntegrationError(f"{type(model).__name__} is already patched by autosel; call undo() on its handle "
                                "(model._autosel_patch) before patching it again")
@@ -145,7 +144,7 @@ def patch_model(model, *, backend: str | None = None, mode: str | None = None, f
 
     # An RMSNorm this code does not know about (a later release's new norm) must not stay silently unpatched.
     missed = [name for name, m in model.named_modules() if type(m).__name__.endswith("RMSNorm") and id(m) not in replaced]
-    handle = PatchedModel(model, counts=counts, skipped=skipped, mode=mode, steps=steps)
+    handle = PatchedModel(model, counts=counts, skipped=skipped, mode=resolved, steps=steps)
     if missed:
         handle.undo()
         raise structure_error(family, [f"RMSNorm modules this integration does not route: {', '.join(missed[:4])}"])
