@@ -91,6 +91,13 @@ def patch_model(model, *, backend: str | None = None, mode: str | None = None, f
                                "(model._autosel_patch) before patching it again")
     family, inner = check_model(model)
     layers = list(inner.layers)
+    # An RMSNorm this code does not know about (a later release's new norm) must not stay silently unpatched.
+    known = {id(inner.norm), *(id(getattr(module, name)) for layer in layers for module, names in (
+        (layer, ("input_layernorm", "post_attention_layernorm")),
+        (layer.self_attn, ("q_norm", "k_norm") if family in QK_NORM else ())) for name in names)}
+    missed = [name for name, m in model.named_modules() if type(m).__name__.endswith("RMSNorm") and id(m) not in known]
+    if missed:
+        raise structure_error(family, [f"RMSNorm modules this integration does not route: {', '.join(missed[:4])}"])
     table, rope_skip = rope_cache(inner.rotary_emb, layers[0].self_attn.head_dim)
     skipped = {"rope": rope_skip} if rope_skip else {}
     act = layers[0].mlp.act_fn
@@ -112,14 +119,12 @@ def patch_model(model, *, backend: str | None = None, mode: str | None = None, f
 
     counts = dict.fromkeys(KINDS, 0)
     steps: list[Callable[[], None]] = []
-    replaced: set[int] = set()
 
     def replace(kind: str, module: torch.nn.Module, forward: Callable) -> None:
         had, old = "forward" in module.__dict__, module.__dict__.get("forward")
         module.forward = forward
         steps.append(lambda: setattr(module, "forward", old) if had else delattr(module, "forward"))
         counts[kind] += 1
-        replaced.add(id(module))
 
     for layer in layers:
         attn, mlp = layer.self_attn, layer.mlp
@@ -127,8 +132,7 @@ def patch_model(model, *, backend: str | None = None, mode: str | None = None, f
         for norm in norms if fuse else [*norms, layer.post_attention_layernorm]:
             replace("rmsnorm", norm, rmsnorm_forward(norm, rmsnorm))
         if fuse:
-            replace("fused_add_rmsnorm", layer, layer_forward(layer, fused))
-            replaced.add(id(layer.post_attention_layernorm))  # its weight is read by the fused kernel
+            replace("fused_add_rmsnorm", layer, layer_forward(layer, fused))  # post_attention_layernorm inside
         if rope is not None:
             replace("rope", attn, attention_forward(attn, rope, table, SLIDING[family], family in QK_NORM))
         if silu_and_mul is not None:
@@ -142,12 +146,7 @@ def patch_model(model, *, backend: str | None = None, mode: str | None = None, f
     if mm is not None and type(getattr(model, "lm_head", None)) is torch.nn.Linear:
         replace("gemm", model.lm_head, linear_forward(model.lm_head, mm))
 
-    # An RMSNorm this code does not know about (a later release's new norm) must not stay silently unpatched.
-    missed = [name for name, m in model.named_modules() if type(m).__name__.endswith("RMSNorm") and id(m) not in replaced]
     handle = PatchedModel(model, counts=counts, skipped=skipped, mode=resolved, steps=steps)
-    if missed:
-        handle.undo()
-        raise structure_error(family, [f"RMSNorm modules this integration does not route: {', '.join(missed[:4])}"])
     model._autosel_patch = handle
     steps.insert(0, lambda: delattr(model, "_autosel_patch"))
     for kind, why in skipped.items():
