@@ -3,19 +3,32 @@ tokens), counts what it patched, undoes itself exactly, and refuses a structure 
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import torch
 
-transformers = pytest.importorskip("transformers")
-import torch  # noqa: E402
+import autosel
+from autosel.errors import IntegrationError
 
-import autosel  # noqa: E402
-from autosel.errors import IntegrationError  # noqa: E402
-from autosel.integrations.transformers import WRITTEN_FOR, patch_model  # noqa: E402
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("transformers") is None,
+                                reason="transformers is not installed (pip install -e '.[hf]')")
+transformers = patch_model = WRITTEN_FOR = None  # imported by the fixture below
+
+
+@pytest.fixture(autouse=True, scope="module")
+def imported_when_run():
+    # Imported at collection, transformers imported torch._dynamo and with it triton, whose @triton.jit library
+    # then took compiled mode before tests/test_triton_kernels.py imported its kernels under TRITON_INTERPRET=1.
+    global transformers, patch_model, WRITTEN_FOR
+    import transformers as library
+
+    from autosel.integrations import transformers as integration
+    transformers, patch_model, WRITTEN_FOR = library, integration.patch_model, integration.WRITTEN_FOR
 
 FAMILIES = {"llama": ("LlamaConfig", "LlamaForCausalLM"), "qwen3": ("Qwen3Config", "Qwen3ForCausalLM"),
             "mistral": ("MistralConfig", "MistralForCausalLM"), "qwen2": ("Qwen2Config", "Qwen2ForCausalLM")}
