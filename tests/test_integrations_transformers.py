@@ -173,6 +173,16 @@ def test_dynamic_rope_is_left_to_transformers_and_said_so():
     patched.undo()
 
 
+def test_a_non_silu_mlp_is_left_to_transformers_and_said_so():
+    model = tiny("llama", hidden_act="gelu")
+    expected = logits(model)
+    with pytest.warns(UserWarning, match="autosel left silu_and_mul to transformers: the MLP's activation is "
+                                         "GELUActivation, not SiLU"):
+        with patch_model(model, backend="torch") as patched:
+            assert patched.counts["silu_and_mul"] == 0 and patched.counts["rope"] == 2
+            torch.testing.assert_close(logits(model), expected, atol=1e-4, rtol=1e-4)
+
+
 def _without_input_layernorm(model):
     del model.model.layers[1].input_layernorm
 
@@ -190,8 +200,9 @@ def _attention_forward_renamed(model, monkeypatch):
 @pytest.mark.parametrize("change, message", [
     (_without_input_layernorm, "LlamaDecoderLayer has no input_layernorm"),
     (_with_an_unknown_norm, "RMSNorm modules this integration does not route: model.layers.0.extra_norm"),
-    (_attention_forward_renamed, "LlamaAttention.forward takes (hidden_states, position_embeddings, attention_mask, "
-                                 "past_key_values), expected (hidden_states, position_embeddings, attention_mask, cache)"),
+    (_attention_forward_renamed, "LlamaAttention.forward takes (hidden_states, position_embeddings, "
+                                 "attention_mask, past_key_values), expected (hidden_states, position_embeddings, "
+                                 "attention_mask, cache)"),
 ])
 def test_a_structure_it_was_not_written_for_fails_loudly_and_leaves_the_model_unchanged(change, message, monkeypatch):
     model = tiny("llama")

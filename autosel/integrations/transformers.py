@@ -18,6 +18,7 @@ from typing import Any, Callable
 
 try:
     import transformers
+    from transformers.activations import SiLUActivation
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 except ImportError as exc:  # pragma: no cover - the tests skip without transformers
     raise ImportError("autosel.integrations.transformers needs transformers: pip install 'autosel[hf]'") from exc
@@ -101,10 +102,10 @@ def patch_model(model, *, backend: str | None = None, mode: str | None = None, f
     table, rope_skip = rope_cache(inner.rotary_emb, layers[0].self_attn.head_dim)
     skipped = {"rope": rope_skip} if rope_skip else {}
     act = layers[0].mlp.act_fn
-    if not (isinstance(act, (torch.nn.SiLU, transformers.activations.SiLUActivation))
-            and all(type(getattr(layer.mlp, p)) is torch.nn.Linear for layer in layers for p in ("gate_proj", "up_proj"))):
-        skipped["silu_and_mul"] = (f"the MLP's activation is {type(act).__name__} or its gate/up projections are not "
-                                   "torch.nn.Linear (silu_and_mul needs SiLU and plain weights to fuse)")
+    if not isinstance(act, (torch.nn.SiLU, SiLUActivation)):
+        skipped["silu_and_mul"] = f"the MLP's activation is {type(act).__name__}, not SiLU"
+    elif any(type(getattr(layer.mlp, p)) is not torch.nn.Linear for layer in layers for p in ("gate_proj", "up_proj")):
+        skipped["silu_and_mul"] = "gate_proj or up_proj is not a torch.nn.Linear, so their weights cannot be fused"
     if not projections:
         skipped["gemm"] = "projections=False"
 
