@@ -173,6 +173,13 @@ def test_dynamic_rope_is_left_to_transformers_and_said_so():
     patched.undo()
 
 
+def test_another_transformers_release_with_the_same_structure_patches_with_a_warning(monkeypatch):
+    monkeypatch.setattr(transformers, "__version__", "5.31.0")
+    with pytest.warns(UserWarning, match=f"written for transformers {WRITTEN_FOR}; transformers 5.31.0 has the "
+                                         "structure it checks, but compare"):
+        patch_model(tiny("llama"), backend="torch").undo()
+
+
 def test_a_non_silu_mlp_is_left_to_transformers_and_said_so():
     model = tiny("llama", hidden_act="gelu")
     expected = logits(model)

@@ -91,6 +91,10 @@ def patch_model(model, *, backend: str | None = None, mode: str | None = None, f
         raise IntegrationError(f"{type(model).__name__} is already patched by autosel; call undo() on its handle "
                                "(model._autosel_patch) before patching it again")
     family, inner = check_model(model)
+    if transformers.__version__.rsplit(".", 1)[0] != WRITTEN_FOR.rsplit(".", 1)[0]:
+        warnings.warn(f"autosel.integrations.transformers was written for transformers {WRITTEN_FOR}; transformers "
+                      f"{transformers.__version__} has the structure it checks, but compare the patched model's "
+                      "logits with the unpatched model's once (tools/hf_check.py does)", stacklevel=2)
     layers = list(inner.layers)
     # An RMSNorm this code does not know about (a later release's new norm) must not stay silently unpatched.
     known = {id(inner.norm), *(id(getattr(module, name)) for layer in layers for module, names in (
