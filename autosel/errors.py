@@ -22,3 +22,7 @@ class TuningError(AutoselError, ValueError):
 class NoCandidateError(TuningError):
     """Every candidate of a tune was rejected; the message lists each one's reason, and the caller adds what to
     do (at run time: pass backend=...; on the command line: leave the op out with --op)."""
+
+
+class IntegrationError(AutoselError):
+    """A model is not what an integration (autosel.integrations) was written for; the model is left unchanged."""

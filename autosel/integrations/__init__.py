@@ -1,0 +1,1 @@
+"""Optional integrations with model libraries; each module imports its library only when it is imported."""

@@ -1,0 +1,259 @@
+"""autosel.integrations.transformers on tiny random models: the patched model matches transformers (logits, greedy
+tokens), counts what it patched, undoes itself exactly, and refuses a structure it was not written for."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import autosel
+from autosel.errors import IntegrationError
+
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("transformers") is None,
+                                reason="transformers is not installed (pip install -e '.[hf]')")
+transformers = patch_model = WRITTEN_FOR = None  # imported by the fixture below
+
+
+@pytest.fixture(autouse=True, scope="module")
+def imported_when_run():
+    # Imported at collection, transformers imported torch._dynamo and with it triton, whose @triton.jit library
+    # then took compiled mode before tests/test_triton_kernels.py imported its kernels under TRITON_INTERPRET=1.
+    global transformers, patch_model, WRITTEN_FOR
+    import transformers as library
+
+    from autosel.integrations import transformers as integration
+    transformers, patch_model, WRITTEN_FOR = library, integration.patch_model, integration.WRITTEN_FOR
+
+FAMILIES = {"llama": ("LlamaConfig", "LlamaForCausalLM"), "qwen3": ("Qwen3Config", "Qwen3ForCausalLM"),
+            "mistral": ("MistralConfig", "MistralForCausalLM"), "qwen2": ("Qwen2Config", "Qwen2ForCausalLM")}
+TOLERANCE = {torch.float32: 1e-4, torch.bfloat16: 2e-2}
+
+
+def tiny(family: str, dtype=torch.float32, **overrides):
+    config_class, model_class = (getattr(transformers, name) for name in FAMILIES[family])
+    settings = dict(vocab_size=128, hidden_size=96, intermediate_size=192, num_hidden_layers=2,
+                    num_attention_heads=6, num_key_value_heads=2, head_dim=16, max_position_embeddings=256)
+    torch.manual_seed(0)
+    return model_class(config_class(**(settings | overrides))).to(dtype).eval()
+
+
+def batch():
+    """Two prompts, the second left-padded, so that positions come from the attention mask."""
+    torch.manual_seed(1)
+    ids = torch.randint(1, 128, (2, 12))
+    mask = torch.ones_like(ids)
+    mask[1, :3] = 0
+    return ids, mask
+
+
+def logits(model):
+    ids, mask = batch()
+    with torch.no_grad():
+        return model(input_ids=ids, attention_mask=mask).logits
+
+
+def replaced_forwards(model) -> list[str]:
+    return [name for name, module in model.named_modules() if "forward" in module.__dict__]
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3", "mistral", "qwen2"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("projections", [False, True])
+def test_patched_logits_match_transformers(family, dtype, projections):
+    model = tiny(family, dtype)
+    expected = logits(model)
+    with patch_model(model, backend="torch", projections=projections):
+        got = logits(model)
+    torch.testing.assert_close(got, expected, atol=TOLERANCE[dtype], rtol=TOLERANCE[dtype])
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3"])
+def test_greedy_generation_gives_the_same_tokens(family):
+    # float32: in bf16 a random model's near-tied logits can flip a greedy token within tolerance.
+    model = tiny(family)
+    ids, mask = batch()
+    settings = dict(input_ids=ids, attention_mask=mask, max_new_tokens=5, do_sample=False, pad_token_id=0)
+    with torch.no_grad():
+        expected = model.generate(**settings)
+        with patch_model(model, backend="torch", projections=True):
+            got = model.generate(**settings)
+    assert got.shape == (2, 12 + 5)
+    assert torch.equal(got, expected)
+
+
+@pytest.mark.parametrize("family, fuse, projections, counts", [
+    # rmsnorm: input_layernorm per layer (+ post_attention_layernorm unfused, + q_norm and k_norm in Qwen3) + final
+    ("llama", True, False, dict(rmsnorm=3, fused_add_rmsnorm=2, rope=2, silu_and_mul=2, gemm=0)),
+    ("llama", False, True, dict(rmsnorm=5, fused_add_rmsnorm=0, rope=2, silu_and_mul=2, gemm=13)),
+    ("qwen3", True, True, dict(rmsnorm=7, fused_add_rmsnorm=2, rope=2, silu_and_mul=2, gemm=13)),
+    ("mistral", True, False, dict(rmsnorm=3, fused_add_rmsnorm=2, rope=2, silu_and_mul=2, gemm=0)),
+    ("qwen2", True, True, dict(rmsnorm=3, fused_add_rmsnorm=2, rope=2, silu_and_mul=2, gemm=13)),
+])
+def test_counts_per_kind(family, fuse, projections, counts):
+    # gemm: q, k, v, o, [gate; up] and down per layer, and lm_head.
+    with patch_model(tiny(family), backend="torch", fuse=fuse, projections=projections) as patched:
+        assert patched.counts == counts
+        assert patched.skipped == ({} if projections else {"gemm": "projections=False"})
+        assert str(patched).startswith(f"autosel patched {FAMILIES[family][1]} (transformers "
+                                       f"{transformers.__version__}, mode eager): rmsnorm {counts['rmsnorm']}, ")
+
+
+def test_forwards_call_the_kernels_resolved_at_patch_time_in_the_mode_given(monkeypatch):
+    # The design point for CUDA graphs: no get_kernel (no selection, no capture check) per forward.
+    asked, calls = [], {}
+    real = autosel.get_kernel
+
+    def counting(op, backend=None, *, mode=None):
+        asked.append((op, backend, mode))
+        kernel = real(op, backend)
+
+        def run(*args):
+            calls[op] = calls.get(op, 0) + 1
+            return kernel(*args)
+        return run
+
+    monkeypatch.setattr(autosel, "get_kernel", counting)
+    model = tiny("qwen3")
+    with patch_model(model, backend="torch", mode="graph", projections=True):
+        logits(model)
+    assert sorted(asked) == sorted((op, "torch", "graph") for op in (
+        "layernorm.rmsnorm", "layernorm.fused_add_rmsnorm", "embeddings.rope", "activation.silu_and_mul", "gemm.mm"))
+    assert calls == {"layernorm.rmsnorm": 7, "layernorm.fused_add_rmsnorm": 2, "embeddings.rope": 2,
+                     "activation.silu_and_mul": 2, "gemm.mm": 13}
+
+
+def test_undo_restores_the_exact_original_model():
+    model = tiny("qwen3", torch.bfloat16)
+    before = logits(model)
+    mlp = model.model.layers[0].mlp
+    handle = patch_model(model, backend="torch", projections=True)
+    assert mlp.gate_proj.weight.untyped_storage().data_ptr() == mlp.up_proj.weight.untyped_storage().data_ptr()
+    assert len(replaced_forwards(model)) == sum(handle.counts.values()) - 2  # gate/up is counted, not a module
+    handle.undo()
+    handle.undo()  # a second undo does nothing
+    assert replaced_forwards(model) == [] and not hasattr(model, "_autosel_patch")
+    assert mlp.gate_proj.weight.untyped_storage().data_ptr() != mlp.up_proj.weight.untyped_storage().data_ptr()
+    assert torch.equal(logits(model), before)
+    patch_model(model, backend="torch").undo()  # patching again after an undo works
+
+
+def test_undo_keeps_a_forward_someone_else_set_on_the_instance():
+    # accelerate's hooks, for example, set module.forward on the instance.
+    model = tiny("llama")
+    norm = model.model.norm
+    theirs = norm.forward
+    norm.forward = theirs
+    with patch_model(model, backend="torch"):
+        assert norm.forward is not theirs
+    assert norm.__dict__["forward"] is theirs
+
+
+def test_patching_twice_or_with_a_bad_mode_raises():
+    model = tiny("llama")
+    with patch_model(model, backend="torch"):
+        with pytest.raises(IntegrationError, match="already patched by autosel; call undo()"):
+            patch_model(model, backend="torch")
+    with pytest.raises(ValueError, match="mode='fast' is not valid; allowed values: eager, graph"):
+        patch_model(model, mode="fast")
+
+
+def test_dynamic_rope_is_left_to_transformers_and_said_so():
+    model = tiny("llama", rope_parameters={"rope_type": "dynamic", "factor": 2.0, "rope_theta": 10000.0})
+    expected = logits(model)
+    with pytest.warns(UserWarning, match="autosel left rope to transformers: rope_type 'dynamic' changes"):
+        patched = patch_model(model, backend="torch")
+    assert patched.counts["rope"] == 0 and "rope" in patched.skipped
+    torch.testing.assert_close(logits(model), expected, atol=1e-4, rtol=1e-4)
+    patched.undo()
+
+
+def test_another_transformers_release_with_the_same_structure_patches_with_a_warning(monkeypatch):
+    monkeypatch.setattr(transformers, "__version__", "5.31.0")
+    with pytest.warns(UserWarning, match=f"written for transformers {WRITTEN_FOR}; transformers 5.31.0 has the "
+                                         "structure it checks, but compare"):
+        patch_model(tiny("llama"), backend="torch").undo()
+
+
+def test_a_non_silu_mlp_is_left_to_transformers_and_said_so():
+    model = tiny("llama", hidden_act="gelu")
+    expected = logits(model)
+    with pytest.warns(UserWarning, match="autosel left silu_and_mul to transformers: the MLP's activation is "
+                                         "GELUActivation, not SiLU"):
+        with patch_model(model, backend="torch") as patched:
+            assert patched.counts["silu_and_mul"] == 0 and patched.counts["rope"] == 2
+            torch.testing.assert_close(logits(model), expected, atol=1e-4, rtol=1e-4)
+
+
+def _without_input_layernorm(model):
+    del model.model.layers[1].input_layernorm
+
+
+def _with_an_unknown_norm(model):
+    model.model.layers[0].extra_norm = type(model.model.norm)(96)
+
+
+def _attention_forward_renamed(model, monkeypatch):
+    def forward(self, hidden_states, position_embeddings, attention_mask, past_key_values=None, **kwargs):
+        raise AssertionError("not called")
+    monkeypatch.setattr(type(model.model.layers[0].self_attn), "forward", forward)
+
+
+@pytest.mark.parametrize("change, message", [
+    (_without_input_layernorm, "LlamaDecoderLayer has no input_layernorm"),
+    (_with_an_unknown_norm, "RMSNorm modules this integration does not route: model.layers.0.extra_norm"),
+    (_attention_forward_renamed, "LlamaAttention.forward takes (hidden_states, position_embeddings, "
+                                 "attention_mask, past_key_values), expected (hidden_states, position_embeddings, "
+                                 "attention_mask, cache)"),
+])
+def test_a_structure_it_was_not_written_for_fails_loudly_and_leaves_the_model_unchanged(change, message, monkeypatch):
+    model = tiny("llama")
+    if change is _attention_forward_renamed:
+        change(model, monkeypatch)
+    else:
+        change(model)
+    with pytest.raises(IntegrationError) as failure:
+        patch_model(model, backend="torch")
+    assert f"written for transformers {WRITTEN_FOR}; with transformers {transformers.__version__}" in str(failure.value)
+    assert message in str(failure.value)
+    assert replaced_forwards(model) == [] and not hasattr(model, "_autosel_patch")
+
+
+def test_an_unsupported_family_fails_loudly():
+    config = transformers.GPT2Config(vocab_size=128, n_embd=64, n_layer=1, n_head=2, n_positions=64)
+    with pytest.raises(IntegrationError, match="has model_type 'gpt2'; autosel.integrations.transformers patches "
+                                               "llama, mistral, qwen2, qwen3 models only"):
+        patch_model(transformers.GPT2LMHeadModel(config), backend="torch")
+
+
+@pytest.mark.compile
+def test_real_selection_on_a_tiny_model(monkeypatch):
+    # No backend given: rmsnorm and silu_and_mul are tuned (torch against torch_compile) as in an engine; the
+    # other two are forced as a user would force them, which keeps the test near 30 s rather than 60.
+    monkeypatch.setenv("AUTOSEL_BACKEND", "layernorm.fused_add_rmsnorm=torch,embeddings.rope=torch")
+    model = tiny("llama", torch.bfloat16)
+    expected = logits(model)
+    with patch_model(model) as patched:
+        got = logits(model)
+    assert patched.counts["rope"] == 2 and patched.counts["fused_add_rmsnorm"] == 2
+    torch.testing.assert_close(got, expected, atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.compile
+def test_readme_section_runs_as_pasted(tmp_path):
+    # No backend given, so the shipped DB (or a tune) decides and torch_compile kernels may compile: ~15 s.
+    root = Path(__file__).parent.parent
+    text = (root / "README.md").read_text(encoding="utf-8")
+    section = text[text.index("## Use it with transformers"):]
+    script = tmp_path / "snippet.py"
+    script.write_text(section[section.index("```python") + len("```python"):].split("```", 1)[0])
+    env = dict(os.environ, PYTHONPATH=str(root), AUTOSEL_DB=str(tmp_path / "user.db"))
+    result = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("autosel patched LlamaForCausalLM (transformers ")
+    assert "rmsnorm 3, fused_add_rmsnorm 2, rope 2, silu_and_mul 2" in result.stdout

@@ -1,0 +1,134 @@
+"""Random weights at real model dimensions, a few layers: the patched model's logits and greedy tokens against
+transformers' own (issue 18 item 2), and both against the same weights run in float32.
+
+Writes hf_check.md (one row per model) and hf_check.json under --out.
+
+    python tools/hf_check.py --out "$OUT"                                   # on the H200: cuda, bf16, measured kernels
+    python tools/hf_check.py --device cpu --backend torch --out /tmp/hf     # on a CPU
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import torch
+import transformers
+
+from autosel.checks import TOLERANCES
+from autosel.integrations.transformers import patch_model
+
+# The published configurations (config.json of meta-llama/Meta-Llama-3-8B, Qwen/Qwen3-8B, Qwen/Qwen3-32B), less layers.
+MODELS = {
+    "llama-3-8b": ("LlamaConfig", "LlamaForCausalLM", dict(
+        vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_attention_heads=32, num_key_value_heads=8,
+        head_dim=128, max_position_embeddings=8192, rms_norm_eps=1e-5,
+        rope_parameters={"rope_type": "default", "rope_theta": 500000.0})),
+    "qwen3-8b": ("Qwen3Config", "Qwen3ForCausalLM", dict(
+        vocab_size=151936, hidden_size=4096, intermediate_size=12288, num_attention_heads=32, num_key_value_heads=8,
+        head_dim=128, max_position_embeddings=40960, rms_norm_eps=1e-6, tie_word_embeddings=False,
+        rope_parameters={"rope_type": "default", "rope_theta": 1000000.0})),
+    "qwen3-32b": ("Qwen3Config", "Qwen3ForCausalLM", dict(
+        vocab_size=151936, hidden_size=5120, intermediate_size=25600, num_attention_heads=64, num_key_value_heads=8,
+        head_dim=128, max_position_embeddings=40960, rms_norm_eps=1e-6, tie_word_embeddings=False,
+        rope_parameters={"rope_type": "default", "rope_theta": 1000000.0})),
+}
+
+
+def build(name: str, layers: int, device: str, dtype: torch.dtype):
+    config_name, model_name, settings = MODELS[name]
+    config = getattr(transformers, config_name)(num_hidden_layers=layers, **settings)
+    torch.manual_seed(0)
+    with torch.device(device):
+        return getattr(transformers, model_name)(config).to(dtype).eval()
+
+
+def first_difference(a: torch.Tensor, b: torch.Tensor) -> int | None:
+    """The first generated step where the two greedy sequences differ, else None."""
+    differs = (a != b).any(dim=0).nonzero()
+    return None if differs.numel() == 0 else int(differs[0])
+
+
+def check(name: str, args) -> dict:
+    dtype = getattr(torch, args.dtype)
+    model = build(name, args.layers, args.device, dtype)
+    torch.manual_seed(1)
+    ids = torch.randint(0, model.config.vocab_size, (args.batch, args.tokens), device=args.device)
+    generate = dict(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=args.new_tokens,
+                    do_sample=False, pad_token_id=0)
+    with torch.no_grad():
+        expected = model(ids).logits.float()
+        expected_tokens = model.generate(**generate)[:, args.tokens:]
+        began = time.perf_counter()
+        patched = patch_model(model, backend=args.backend, mode=args.mode, projections=args.projections)
+        patch_s = time.perf_counter() - began
+        got = model(ids).logits.float()
+        got_tokens = model.generate(**generate)[:, args.tokens:]
+        step = first_difference(expected_tokens, got_tokens)
+        # Where greedy decoding parted, how close transformers' own top two were (a near tie flips within tolerance).
+        margin = None
+        if step is not None:
+            prefix = torch.cat((ids, expected_tokens[:, :step]), dim=1)
+            patched.undo()
+            top2 = model(prefix).logits[:, -1].float().topk(2).values
+            parted = expected_tokens[:, step] != got_tokens[:, step]
+            margin = float((top2[:, 0] - top2[:, 1])[parted].min())
+        patched.undo()
+        truth = model.float()(ids).logits  # the same weights in float32, transformers' code
+    rtol, atol = TOLERANCES[args.dtype]
+    return {
+        "model": name, "layers": args.layers, "device": args.device, "dtype": args.dtype, "mode": patched.mode,
+        "backend": args.backend or "measured", "counts": patched.counts, "skipped": patched.skipped,
+        "patch_s": round(patch_s, 2), "max_abs_diff": float((got - expected).abs().max()),
+        "logit_scale": float(expected.abs().max()),
+        "allclose": bool(torch.allclose(got, expected, rtol=rtol, atol=atol)),  # element by element
+        # bf16 spaces values near the largest logit 2^-8 of it apart, and the lm_head's reduction errors scale with it.
+        "within_scale": bool((got - expected).abs().max() <= rtol * expected.abs().max()),
+        "argmax_agree": float((got.argmax(-1) == expected.argmax(-1)).float().mean()),
+        "err_vs_fp32_patched": float((got - truth).abs().max()),
+        "err_vs_fp32_transformers": float((expected - truth).abs().max()),
+        "tokens_equal": step is None, "first_token_difference": step, "top2_margin_there": margin,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", action="append", choices=sorted(MODELS), help="default: llama-3-8b and qwen3-8b")
+    parser.add_argument("--layers", type=int, default=2)
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
+    parser.add_argument("--backend", help="one backend for every op; default: the measured winners")
+    parser.add_argument("--mode", choices=["eager", "graph"])
+    parser.add_argument("--projections", action="store_true", help="also route the projections through gemm.mm")
+    parser.add_argument("--batch", type=int, default=2)
+    parser.add_argument("--tokens", type=int, default=32)
+    parser.add_argument("--new-tokens", type=int, default=8)
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for name in args.model or ["llama-3-8b", "qwen3-8b"]:
+        rows.append(check(name, args))
+        print(json.dumps(rows[-1]), flush=True)
+        torch.cuda.empty_cache() if args.device == "cuda" else None
+    (args.out / "hf_check.json").write_text(json.dumps({"transformers": transformers.__version__,
+                                                        "torch": torch.__version__, "rows": rows}, indent=1))
+    lines = [f"transformers {transformers.__version__}, torch {torch.__version__}", "",
+             "| model | layers | device | dtype | mode | backend | max abs diff (logit scale) | within rtol x scale "
+             "| allclose | argmax agree | max err vs fp32: patched / transformers | greedy tokens |", "|" + "---|" * 12]
+    for r in rows:
+        tokens = "equal" if r["tokens_equal"] else (f"differ from step {r['first_token_difference']} "
+                                                    f"(top-2 margin there {r['top2_margin_there']:.3g})")
+        backend = r["backend"] + (" + gemm.mm" if r["counts"]["gemm"] else "")
+        lines.append(f"| {r['model']} | {r['layers']} | {r['device']} | {r['dtype']} | {r['mode']} | {backend} "
+                     f"| {r['max_abs_diff']:.3g} ({r['logit_scale']:.3g}) | {r['within_scale']} | {r['allclose']} "
+                     f"| {r['argmax_agree']:.4f} "
+                     f"| {r['err_vs_fp32_patched']:.3g} / {r['err_vs_fp32_transformers']:.3g} | {tokens} |")
+    (args.out / "hf_check.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
