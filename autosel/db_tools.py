@@ -260,10 +260,7 @@ def export_decisions(rows: Iterable[Decision], out: Path, *, fmt: str, overwrite
     if out.exists() and not overwrite:
         raise DatabaseError(f"{out} already exists; not overwriting it. Choose another output path, "
                             "or overwrite it on purpose (overwrite=True, `--force` on the command line).")
-    unique: dict[DecisionKey, Decision] = {}
-    for decision in rows:
-        unique.setdefault(decision.key, decision)
-    ordered = sorted(unique.values(), key=_sort_key)
+    ordered = _first_per_key(rows)
     tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -291,6 +288,14 @@ def export_decisions(rows: Iterable[Decision], out: Path, *, fmt: str, overwrite
     return len(ordered)
 
 
+def _first_per_key(rows: Iterable[Decision]) -> list[Decision]:
+    """The first row of each key (the caller passes the user layer's rows first), in the written order."""
+    unique: dict[DecisionKey, Decision] = {}
+    for decision in rows:
+        unique.setdefault(decision.key, decision)
+    return sorted(unique.values(), key=_sort_key)
+
+
 PAGE_SIZE = 4096  # fixed, so a reproducible build does not follow the SQLite library's default
 
 
@@ -303,10 +308,7 @@ def build_reproducible(rows: Iterable[Decision], out: Path, *, overwrite: bool =
     if out.exists() and not overwrite:
         raise DatabaseError(f"{out} already exists; not overwriting it. Choose another output path, "
                             "or overwrite it on purpose (overwrite=True).")
-    unique: dict[DecisionKey, Decision] = {}
-    for decision in rows:
-        unique.setdefault(decision.key, decision)
-    ordered = sorted(unique.values(), key=_sort_key)
+    ordered = _first_per_key(rows)
     if not ordered:
         raise DatabaseError(f"no decisions to write to {out}; a shipped DB must hold at least one")
     written_by = max(ordered, key=lambda d: (d.created_at, d.autosel_version)).autosel_version or "unknown"
