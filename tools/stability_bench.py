@@ -267,8 +267,28 @@ def replayed(outcomes: list, policy: Policy = DEFAULT_POLICY) -> list[Stored]:
     return out
 
 
+def bucket_stability(db1: Path, db2: Path) -> str:
+    """The per-bucket decisions (rows beside the op-level ones) of two tunes, compared per mode."""
+    from autosel.db import TuningDB
+
+    rows = [{(d.op, d.mode, d.bucket): d.winner for d, _ in TuningDB.open(db, include_package=False).decisions()
+             if d.bucket != OP_LEVEL_BUCKET} for db in (db1, db2)]
+    both = sorted(set(rows[0]) & set(rows[1]))
+    lines = ["| mode | bucket decisions | identical |", "|---|---|---|"]
+    for mode in sorted({k[1] for k in both}):
+        keys = [k for k in both if k[1] == mode]
+        same = sum(rows[0][k] == rows[1][k] for k in keys)
+        lines.append(f"| {mode} | {len(keys)} | {same} ({same / max(1, len(keys)):.1%}) |")
+    notes = [f"- {op} {mode} {bucket}: {rows[0][(op, mode, bucket)]} vs {rows[1][(op, mode, bucket)]}"
+             for op, mode, bucket in both if rows[0][(op, mode, bucket)] != rows[1][(op, mode, bucket)]]
+    return "\n".join(["Per-bucket decisions:", ""] + lines + [""] + notes) + "\n"
+
+
 def compare(args, first, second) -> None:
     text, counts = stability(first, second)
+    dbs = [args.out / f"tune{i}.db" for i in (1, 2)]
+    if all(db.exists() for db in dbs):
+        text += "\n" + bucket_stability(*dbs)
     plain = [args.out / f"plain{i}.json" for i in (1, 2)]
     if all(p.exists() for p in plain):
         picks = [{tuple(row[:3]): row[3] for row in json.loads(p.read_text())} for p in plain]
