@@ -15,10 +15,14 @@ def bucket_text(key: tuple) -> str:
     return json.dumps(list(key))
 
 
+def is_number(value: object) -> bool:
+    """A numeric bucket component (a bool such as is_neox is a flag, not a number)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
 def key_order(key: tuple) -> tuple:
     """A sort key for bucket keys, whose components mix numbers and other values: numbers by value."""
-    return tuple((0, v, "") if isinstance(v, (int, float)) and not isinstance(v, bool) else (1, 0, str(v))
-                 for v in key)
+    return tuple((0, v, "") if is_number(v) else (1, 0, str(v)) for v in key)
 
 
 def bucket_order(text: str) -> tuple:

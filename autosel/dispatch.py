@@ -17,13 +17,9 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
-from autosel.decisions import key_order
+from autosel.decisions import is_number, key_order
 
 log = logging.getLogger(__name__)
-
-
-def _is_number(value: object) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def log_gaps(a: tuple, b: tuple) -> list[float] | None:
@@ -33,17 +29,11 @@ def log_gaps(a: tuple, b: tuple) -> list[float] | None:
         return None
     gaps = []
     for x, y in zip(a, b):
-        if _is_number(x) and _is_number(y):
+        if is_number(x) and is_number(y):
             gaps.append(abs(math.log2(max(x, 1)) - math.log2(max(y, 1))))
         elif x != y:
             return None
     return gaps
-
-
-def bucket_distance(a: tuple, b: tuple) -> float:
-    """The sum of the log2 gaps of two buckets (log_gaps); infinite when they are not comparable."""
-    gaps = log_gaps(a, b)
-    return math.inf if gaps is None else sum(gaps)
 
 
 # How far a tuned bucket may be from an untuned one and still decide for it: within a factor of two in every
@@ -68,8 +58,8 @@ class BucketTable:
         return all(w == self.default for w in self.winners.values())
 
     def nearest(self, key: tuple) -> tuple | None:
-        """The tuned bucket nearest to `key` (bucket_distance; ties to the smaller bucket) among those within a
-        factor of two in every number (NEAREST_WITHIN), or None."""
+        """The tuned bucket nearest to `key` (the least sum of log_gaps; ties to the smaller bucket) among those
+        within a factor of two in every number (NEAREST_WITHIN), or None."""
         scored = []
         for tuned in self.winners:  # a plain loop: torch.compile(fullgraph=True) traces this on an unseen bucket
             gaps = log_gaps(key, tuned)

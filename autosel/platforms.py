@@ -218,8 +218,8 @@ def capturing_cuda_graph() -> bool:
             cuda = torch.cuda.is_available()
         except Exception:
             cuda = False
-        _capture_check = getattr(torch._C, "_cuda_isCurrentStreamCapturing", None) if cuda else None
-        _capture_check = _capture_check or (torch.cuda.is_current_stream_capturing if cuda else _never)
+        _capture_check = ((getattr(torch._C, "_cuda_isCurrentStreamCapturing", None)
+                           or torch.cuda.is_current_stream_capturing) if cuda else _never)
     try:
         return bool(_capture_check())
     except Exception:

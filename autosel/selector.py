@@ -112,7 +112,7 @@ def _build(op: str, backend: KernelBackend | str | None, mode: str | None) -> Ca
         fn = choice.load()
         mode_name = mode or "eager"
     else:
-        spec, table, eligible = choice
+        _, table, eligible = choice
         mode_name = table.mode
         named = {table.default, *table.winners.values()}
         kernels = {s.backend.value: s.load() for s in eligible if s.backend.value in named}

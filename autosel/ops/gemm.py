@@ -39,5 +39,6 @@ def mm_bucket(a, b) -> tuple:
 
 
 SPECS = standard_specs("gemm.mm", "mm")
-DEFINITIONS = [OpDefinition("gemm.mm", shapes=SHAPES, make_inputs=mm_inputs, shape_of=mm_shape, bucket=mm_bucket, route_key=(0, 1),
+DEFINITIONS = [OpDefinition("gemm.mm", shapes=SHAPES, make_inputs=mm_inputs, shape_of=mm_shape, bucket=mm_bucket,
+                            route_key=(0, 1),
                             signature="(a[M, K], b[N, K]) -> new [M, N] = a @ b.T (nn.Linear layout); " + DTYPES)]
