@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, replace
 from typing import Iterable
 
@@ -90,7 +89,8 @@ class Inventory:
                 used[decision.key] = layer.kind
             out.append(Entry(decision, layer.path, layer.kind, status, detail))
         out = self._near_matches(out) if self.match != "exact" else out
-        return [self._bucket_status(e, out) for e in out]
+        op_level = {(e.layer_path, e.decision.key): e for e in out if e.decision.bucket == OP_LEVEL_BUCKET}
+        return [self._bucket_status(e, op_level) for e in out]
 
     def _near_matches(self, entries: list[Entry]) -> list[Entry]:
         """Mark the rows selection takes as near matches, as TuningDB.lookup_near picks them: per op and mode
@@ -125,16 +125,16 @@ class Inventory:
         return out
 
     @staticmethod
-    def _bucket_status(entry: Entry, entries: list[Entry]) -> Entry:
+    def _bucket_status(entry: Entry, op_level: dict[tuple, Entry]) -> Entry:
         """A bucket row is used only beside the op-level row of its tune (same key but the bucket, same layer)
-        that selection uses: get_kernel reads the bucket rows of the layer its op-level decision came from."""
+        that selection uses: get_kernel reads the bucket rows of the layer its op-level decision came from.
+        op_level: the op-level entries by (layer path, key)."""
         d = entry.decision
         if d.bucket == OP_LEVEL_BUCKET or entry.status != "in use":
             return entry
-        parent = next((e for e in entries if e.decision.bucket == OP_LEVEL_BUCKET and e.layer_path == entry.layer_path
-                       and e.decision.key == dataclasses.replace(d.key, bucket=OP_LEVEL_BUCKET)), None)
+        parent = op_level.get((entry.layer_path, replace(d.key, bucket=OP_LEVEL_BUCKET)))
         if parent is not None and parent.status == "in use":
             return entry
         why = (f"its op-level row in this layer is {parent.status}" if parent else "this layer has no op-level row "
                "for its tune") + "; get_kernel reads bucket rows beside the op-level decision it uses"
-        return dataclasses.replace(entry, status="shadowed", detail=why)
+        return replace(entry, status="shadowed", detail=why)
