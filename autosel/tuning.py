@@ -95,7 +95,7 @@ def stored_table(op: str, eligible: list[KernelSpec], platform: PlatformInfo, mo
     found = _lookup(database(settings), decision_key(op, eligible, platform, mode, versions),
                     {s.backend.value for s in eligible}.__contains__, match=settings.match, versions=versions,
                     say=False)
-    return None if found is None else table_of(*found)
+    return None if found is None else table_of(*found[:2])
 
 
 _near_said: set[tuple] = set()  # near-match rows this process has said it uses
@@ -103,8 +103,8 @@ _near_said: set[tuple] = set()  # near-match rows this process has said it uses
 
 def _lookup(db, key: DecisionKey, usable: Callable[[str], bool], *, match: str = "exact",
             versions: dict[str, str] | None = None, say: bool = True
-            ) -> tuple[Decision, tuple[Decision, ...]] | None:
-    """The stored op-level decision and the bucket rows of its layer, or None. match: AUTOSEL_MATCH; "device" or
+            ) -> tuple[Decision, tuple[Decision, ...], Any] | None:
+    """The stored op-level decision, the bucket rows of its layer and that layer, or None. match: AUTOSEL_MATCH; "device" or
     "arch" take the closest near row when no exact one is stored, and say so once unless `say` is false (versions:
     this machine's, for saying what differs)."""
     hit = db.lookup(key, usable=usable)
@@ -116,7 +116,7 @@ def _lookup(db, key: DecisionKey, usable: Callable[[str], bool], *, match: str =
     buckets = tuple(db.buckets(hit[0], hit[1], usable=usable))
     if near and say:
         _say_near(key, hit[0], hit[1], len(buckets), match, versions or {})
-    return hit[0], buckets
+    return hit[0], buckets, hit[1]
 
 
 def _say_near(key: DecisionKey, decision: Decision, layer, buckets: int, match: str, versions: dict[str, str]) -> None:
@@ -143,7 +143,7 @@ def _decide_here(op: str, eligible: list[KernelSpec], platform: PlatformInfo, mo
     if not retune:
         found = _lookup(db, key, usable, match=settings.match, versions=versions)
         if found is not None:
-            return table_of(*found)
+            return table_of(*found[:2])
     message = multiple_backends_message(op, platform, eligible)
     if settings.tune == "off":
         raise ValueError(message + HINT_TUNING_OFF)
@@ -185,7 +185,7 @@ def tune_and_record(definition: OpDefinition, eligible: list[KernelSpec], *, pla
     with db.lease(platform.key, op, mode, budget_s=budget_s):  # expires, and waiters stop, with the budget
         found = None if force else _lookup(db, key, usable)
         if found is not None:
-            return found
+            return found[:2]
         tuner = Tuner(timer=timer_for(platform.torch_device, mode), device=platform.torch_device,
                       budget_s=budget_s, on_event=on_event, isolate_timeout_s=isolate_timeout_s)
         decision, buckets = tuner.tune_buckets(
@@ -264,16 +264,16 @@ def tune_ops(patterns: list[str] | None = None, *, force: bool = False, budget_s
         usable = {s.backend.value for s in eligible}.__contains__
         for mode in modes or modes_for(platform):
             key = decision_key(op, eligible, platform, mode)
-            hit = None if force else db.lookup(key, usable=usable)
-            if hit is not None:
-                buckets = tuple(db.buckets(hit[0], hit[1], usable=usable))
-                copy = copy_found and hit[1].kind != "user"
+            found = None if force else _lookup(db, key, usable)
+            if found is not None:
+                stored, buckets, layer = found
+                copy = copy_found and layer.kind != "user"
                 if copy:
-                    db.record(hit[0], buckets)
+                    db.record(stored, buckets)
                 status, where = ("copied", "copied from") if copy else ("stored", "stored in")
                 kept = ("; the stored decision was kept and the given shapes were not timed; --force (force=True) "
                         "re-tunes on them") if (shapes or {}).get(op) else ""
-                outcomes.append(TuneOutcome(op, mode, status, hit[0], f"{where} {hit[1].path}{kept}", buckets))
+                outcomes.append(TuneOutcome(op, mode, status, stored, f"{where} {layer.path}{kept}", buckets))
                 continue
             op_shapes = (shapes or {}).get(op) or (definition.shapes_for(platform) if definition else [])
             if definition is None or not op_shapes:
