@@ -54,24 +54,24 @@ def table_for(op: str, mode: str) -> BucketTable:
 
 
 def measure(op: str, mode: str, shapes: list[dict], platform) -> list[dict]:
-    """Every eligible backend's median per shape (None: rejected at that shape), by autosel's tuner."""
+    """Every eligible backend's median per shape (None: rejected at that shape), by autosel's tuner, with each
+    shape's bucket as the tuner computed it (from the bucket rows of this measurement)."""
+    from autosel.decisions import parse_bucket
     from autosel.timing import timer_for
-    from autosel.tuner import Tuner, bucket_of
+    from autosel.tuner import Tuner
 
     definition = registry.definition(op)
     eligible = [s for s in registry.get(op) if s.is_available(platform)]
     tuner = Tuner(timer=timer_for(platform.torch_device, mode), device=platform.torch_device,
                   drop_factor=math.inf, budget_s=1e9)
-    decision, _ = tuner.tune_buckets(definition, eligible, reference=tuning.reference_for(definition, eligible),
-                                     shapes=shapes, mode=mode, platform_key=platform.key, versions={})
-    rows = []
-    for i, shape in enumerate(shapes):
-        args = definition.make_inputs(dict(shape), platform.torch_device)
-        times = {c.backend: (c.shapes[i].timing.median_us if c.ok and c.shapes[i].timing else None)
-                 for c in decision.candidates}
-        rows.append({"shape": shape, "bucket": list(bucket_of(definition, args)), "us": times})
-        del args
-    return rows
+    decision, buckets = tuner.tune_buckets(definition, eligible, reference=tuning.reference_for(definition, eligible),
+                                           shapes=shapes, mode=mode, platform_key=platform.key, versions={})
+    bucket_of_shape = {json.dumps(s.shape, sort_keys=True): list(parse_bucket(row.bucket))
+                       for row in buckets for s in row.candidates[0].shapes}
+    return [{"shape": shape, "bucket": bucket_of_shape[json.dumps(shape, sort_keys=True)],
+             "us": {c.backend: (c.shapes[i].timing.median_us if c.ok and c.shapes[i].timing else None)
+                    for c in decision.candidates}}
+            for i, shape in enumerate(shapes)]
 
 
 def summarize(rows: list[dict], table: BucketTable) -> dict[str, tuple[float, float]]:
