@@ -10,7 +10,8 @@
 # BENCH=heldout instead: one fresh `autosel tune` into $OUT/tune.db, then tools/heldout_bench.py on it (eager
 # and graph; on two GPUs the tests and the graph half on GPU 0, the tune and the eager half on GPU 1), and
 # tools/dispatch_bench.py on this host; the flashinfer modules built on the way come back as fi_aot.tar.gz.
-# HELDOUT_MODES (one GPU; default "eager graph"); a tune.db already in $OUT (carried) is reused, not retuned.
+# HELDOUT_MODES (one GPU; default "eager graph"); HELDOUT_ARGS (e.g. "--shapes set1": the shapes of
+# docs/BENCHMARKS.md section 2; default set2); a tune.db already in $OUT (carried) is reused, not retuned.
 set -uo pipefail
 deadline=$((SECONDS + ${TOTAL_S:-560}))
 . tools/gpu_env.sh || exit 1
@@ -32,7 +33,7 @@ run_tests() {
 }
 heldout() {  # heldout MODE: the held-out benchmark in one mode, on the DB the tune wrote
   AUTOSEL_DB=$OUT/tune.db AUTOSEL_TUNE=off timeout "$(left)" python3 tools/heldout_bench.py --out "$OUT/heldout-$1" \
-    --mode "$1" > "$OUT/heldout-$1.log" 2>&1
+    --mode "$1" ${HELDOUT_ARGS:-} > "$OUT/heldout-$1.log" 2>&1
 }
 if [ "${BENCH:-stability}" = heldout ]; then
   tune() {

@@ -6,6 +6,10 @@ per-shape best; geometric mean and worst, per op and mode. Decisions come from t
 
     autosel tune --budget-s 20 && python tools/heldout_bench.py --out DIR
     python tools/heldout_bench.py --out DIR --op 'layernorm.*' --mode eager
+    python tools/heldout_bench.py --out DIR --shapes set1     # the shapes of docs/BENCHMARKS.md section 2
+
+Shape sets: set2 (the default) was chosen after every rule and representative shape so far; set1 is the set
+those were chosen on (in-sample), kept to reproduce the published table.
 
 Writes DIR/heldout.md (the tables) and DIR/heldout.json (every median).
 """
@@ -25,25 +29,44 @@ from autosel.dispatch import BucketTable
 from autosel.policy import geomean
 from autosel.registry import registry
 
-TOKENS = (1, 3, 24, 100, 300, 1000, 1500, 3000, 6000, 12000)
-
-
 def _rope(tokens, q_heads, kv_heads):
     return {"tokens": tokens, "q_heads": q_heads, "kv_heads": kv_heads, "head_size": 128, "rotary_dim": 128,
             "is_neox": True}
 
 
-# Sizes of models the representative shapes do not name: Qwen2-7B (hidden 3584, intermediate 18944, 28/4
-# heads), Mistral-Small-24B / Llama-3-style 6144-wide layers, Llama-2-7B (intermediate 11008), Qwen2.5-14B (40/8
-# heads, intermediate 13824).
-HELD_OUT = {
-    "layernorm.rmsnorm": [{"tokens": t, "hidden": h} for h in (3584, 6144) for t in TOKENS],
-    "layernorm.fused_add_rmsnorm": [{"tokens": t, "hidden": h} for h in (3584, 6144) for t in TOKENS],
-    "activation.silu_and_mul": [{"tokens": t, "intermediate": i} for i in (11008, 13824) for t in TOKENS[::2]],
-    "activation.gelu_and_mul": [{"tokens": t, "intermediate": i} for i in (11008, 13824) for t in TOKENS[::2]],
-    "embeddings.rope": [_rope(t, q, kv) for q, kv in ((28, 4), (40, 8)) for t in TOKENS[::2]],
+# set1: the shapes of device calls 1 and 2 (docs/BENCHMARKS.md section 2), kept to reproduce that table. The
+# bucket rule and the representative shapes were then chosen on these shapes' figures: they are in-sample.
+# Sizes of Qwen2-7B (hidden 3584, intermediate 18944, 28/4 heads), Mistral-Small-24B / Llama-3-style 6144-wide
+# layers, Llama-2-7B (intermediate 11008), Qwen2.5-14B (40/8 heads, intermediate 13824).
+TOKENS_1 = (1, 3, 24, 100, 300, 1000, 1500, 3000, 6000, 12000)
+SET1 = {
+    "layernorm.rmsnorm": [{"tokens": t, "hidden": h} for h in (3584, 6144) for t in TOKENS_1],
+    "layernorm.fused_add_rmsnorm": [{"tokens": t, "hidden": h} for h in (3584, 6144) for t in TOKENS_1],
+    "activation.silu_and_mul": [{"tokens": t, "intermediate": i} for i in (11008, 13824) for t in TOKENS_1[::2]],
+    "activation.gelu_and_mul": [{"tokens": t, "intermediate": i} for i in (11008, 13824) for t in TOKENS_1[::2]],
+    "embeddings.rope": [_rope(t, q, kv) for q, kv in ((28, 4), (40, 8)) for t in TOKENS_1[::2]],
     "gemm.mm": [{"m": m, "n": n, "k": k} for n, k in ((4608, 3584), (3584, 18944)) for m in (1, 24, 300, 1500, 6000)],
 }
+
+# set2: shapes no rule or representative shape was ever chosen on. Token counts that are none of set1's or the
+# representative shapes' (their buckets: 2, 4, 8, 32, 64, 256, 1024, 2048, 4096, 8192), and widths of other models:
+# hidden 2048 (Qwen3-1.7B), 7168 (DeepSeek-V3), 5120 (Qwen3-32B), 8192 (Llama-3-70B); intermediate 8192
+# (Llama-3.2-3B), 25600 (Qwen3-32B), 17408 (Qwen3-14B), 29568 (Qwen2.5-72B); rope 64/8 heads (Llama-3-70B) and
+# 16/8 (Qwen3-1.7B); GEMMs of Qwen3-32B: qkv (10240, 5120) and down (5120, 25600). As many shapes per op as set1,
+# so the benchmark's device time stays where it was; the two widths of a 5-count op take alternate token counts.
+TOKENS_2 = (2, 5, 7, 30, 48, 200, 700, 2500, 5000, 10000)
+EVEN, ODD = TOKENS_2[::2], TOKENS_2[1::2]  # (2, 7, 48, 700, 5000), (5, 30, 200, 2500, 10000)
+SET2 = {
+    "layernorm.rmsnorm": [{"tokens": t, "hidden": h} for h in (2048, 7168) for t in TOKENS_2],
+    "layernorm.fused_add_rmsnorm": [{"tokens": t, "hidden": h} for h in (5120, 8192) for t in TOKENS_2],
+    "activation.silu_and_mul": [{"tokens": t, "intermediate": i} for i, ts in ((8192, ODD), (25600, EVEN))
+                                for t in ts],
+    "activation.gelu_and_mul": [{"tokens": t, "intermediate": i} for i, ts in ((17408, ODD), (29568, EVEN))
+                                for t in ts],
+    "embeddings.rope": [_rope(t, q, kv) for q, kv, ts in ((16, 8, ODD), (64, 8, EVEN)) for t in ts],
+    "gemm.mm": [{"m": m, "n": n, "k": k} for n, k, ms in ((10240, 5120, ODD), (5120, 25600, EVEN)) for m in ms],
+}
+SETS = {"set1": SET1, "set2": SET2}
 
 
 def table_for(op: str, mode: str) -> BucketTable:
@@ -90,24 +113,27 @@ def summarize(rows: list[dict], table: BucketTable) -> dict[str, tuple[float, fl
     return {name: (geomean(v) if all(math.isfinite(x) for x in v) else math.inf, max(v)) for name, v in picks.items()}
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--op", action="append", help="glob of ops (repeatable); default all")
     parser.add_argument("--mode", action="append", choices=("eager", "graph"), help="default: every mode here")
-    args = parser.parse_args()
+    parser.add_argument("--shapes", choices=sorted(SETS), default="set2",
+                        help="held-out shape set (default set2; set1: the shapes of docs/BENCHMARKS.md section 2)")
+    args = parser.parse_args(argv)
+    held_out = SETS[args.shapes]
     args.out.mkdir(parents=True, exist_ok=True)
     platform = platforms.current_platform()
-    lines = [f"Platform `{platform.key}`, versions {platform.version_map}.", "",
+    lines = [f"Platform `{platform.key}`, versions {platform.version_map}; held-out shapes {args.shapes}.", "",
              "Time over the per-shape best: geometric mean, worst (inf: the pick failed a shape's check).", ""]
     results = []
     for op, _ in tuning.contested_ops(platform, args.op):
-        if op not in HELD_OUT or (args.op and not any(fnmatch.fnmatchcase(op, p) for p in args.op)):
+        if op not in held_out or (args.op and not any(fnmatch.fnmatchcase(op, p) for p in args.op)):
             continue
         for mode in args.mode or tuning.modes_for(platform):
             began = time.perf_counter()
             table = table_for(op, mode)
-            rows = measure(op, mode, HELD_OUT[op], platform)
+            rows = measure(op, mode, held_out[op], platform)
             summary = summarize(rows, table)
             fixed = {k: v for k, v in summary.items() if k != "dispatcher" and not k.startswith("op-level")}
             best_fixed = min(fixed, key=lambda k: fixed[k][0])
@@ -118,10 +144,10 @@ def main() -> int:
                       f"per-shape winners: {', '.join(f'{b} {n}' for b, n in sorted(winners.items()))}; "
                       f"best fixed backend: {best_fixed})", "", "| pick | geomean | worst |", "|---|---|---|"]
             lines += [f"| {name} | {g:.3f} | {w:.2f} |" for name, (g, w) in summary.items()] + [""]
-            results.append({"op": op, "mode": mode, "table": {"default": table.default, "winners": [
-                [list(k), v] for k, v in table.winners.items()]}, "rows": rows,
-                "summary": {k: list(v) for k, v in summary.items()}})
-            print("\n".join(lines[-len(summary) - 4:]), flush=True)
+            results.append({"op": op, "mode": mode, "shapes": args.shapes, "table": {
+                "default": table.default, "winners": [[list(k), v] for k, v in table.winners.items()]},
+                "rows": rows, "summary": {k: list(v) for k, v in summary.items()}})
+            print("\n".join(lines[-len(summary) - 5:]), flush=True)
             (args.out / "heldout.md").write_text("\n".join(lines) + "\n")
             (args.out / "heldout.json").write_text(json.dumps(results, indent=1))
     return 0

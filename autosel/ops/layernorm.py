@@ -9,11 +9,14 @@ EPS = 1e-6
 
 # Hidden sizes of open models: 2048 (Qwen3-1.7B), 4096 (Llama-3-8B), 5120 (Qwen3-32B), 7168 (DeepSeek-V3),
 # 8192 (Llama-3-70B), 16384 (Llama-3.1-405B); token counts from one decode step to a 16k prefill. Each is its
-# own bucket (tokens, hidden); an untuned bucket runs its nearest. On the H200 the eager winner turns from the
-# vendors' to triton between 1500 and 6000 tokens, so 4096 tokens is timed (in place of a second 1-token shape).
+# own bucket (tokens, hidden); an untuned bucket runs its nearest within a factor of two in every number. On the
+# H200 the eager winner turns from the vendors' to triton between 1500 and 6000 tokens, so 4096 tokens is timed
+# (in place of a second 1-token shape). 4 tokens (in place of 64, which 128 covers) leaves no token bucket from 1
+# to 16384 without a tuned one within a factor of two: 4 had none, and in graph mode the vendors replayed 5-15%
+# faster than triton at 3 tokens (docs/BENCHMARKS.md section 4).
 SHAPES = ShapesByDevice(
     gpu=tuple({"tokens": t, "hidden": h} for t, h in [
-        (1, 4096), (16, 5120), (64, 7168), (128, 4096), (512, 8192), (2048, 2048), (2048, 16384),
+        (1, 4096), (4, 7168), (16, 5120), (128, 4096), (512, 8192), (2048, 2048), (2048, 16384),
         (4096, 4096), (8192, 4096), (8192, 7168), (16384, 5120), (16384, 8192),
     ]),
     cpu=tuple({"tokens": t, "hidden": h} for t, h in [(1, 4096), (16, 5120), (128, 4096), (512, 2048)]),

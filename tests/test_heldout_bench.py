@@ -1,0 +1,59 @@
+"""tools/heldout_bench.py: its held-out shape sets (built on the meta device) and one tiny run on this CPU."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+from autosel.registry import registry
+
+TOOL = Path(__file__).resolve().parents[1] / "tools" / "heldout_bench.py"
+
+
+@pytest.fixture(scope="module")
+def bench():
+    spec = importlib.util.spec_from_file_location("heldout_bench", TOOL)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+class GpuPlatform:
+    torch_device = "cuda"
+
+
+def test_set2_is_held_out_and_costs_what_set1_did(bench):
+    assert set(bench.SETS) == {"set1", "set2"}
+    for op, shapes in bench.SET2.items():
+        representative = registry.definition(op).shapes(GpuPlatform())
+        assert not [s for s in shapes if s in representative or s in bench.SET1[op]], op
+        assert len(shapes) == len(bench.SET1[op]), op  # the benchmark's device time stays where it was
+
+
+@pytest.mark.parametrize("op", ["layernorm.rmsnorm", "layernorm.fused_add_rmsnorm", "activation.silu_and_mul",
+                                "activation.gelu_and_mul", "embeddings.rope", "gemm.mm"])
+def test_every_set2_shape_builds_its_inputs_and_bucket(bench, op):
+    # The H200 run must work first time: each shape's inputs and bucket, on the meta device (no memory).
+    from autosel.tuner import bucket_of
+
+    definition = registry.definition(op)
+    for shape in bench.SET2[op]:
+        key = bucket_of(definition, definition.make_inputs(dict(shape), "meta"))
+        assert key[0] == definition.bucket(*definition.make_inputs(dict(shape), "meta"))[0]
+
+
+def test_tiny_run_on_this_cpu(bench, tmp_path, monkeypatch):
+    from autosel.dispatch import BucketTable
+
+    # The decisions a tune would have stored: bucket (4, 64) runs torch_compile, every other the op-level torch.
+    monkeypatch.setattr(bench, "table_for", lambda op, mode: BucketTable(op, mode, "torch", {(4, 64): "torch_compile"}))
+    monkeypatch.setitem(bench.SETS, "set2", {"layernorm.rmsnorm": [{"tokens": 3, "hidden": 64},
+                                                                   {"tokens": 24, "hidden": 96}]})
+    assert bench.main(["--out", str(tmp_path), "--op", "layernorm.rmsnorm", "--mode", "eager"]) == 0
+    (result,) = json.loads((tmp_path / "heldout.json").read_text())
+    assert result["shapes"] == "set2" and [r["bucket"] for r in result["rows"]] == [[4, 64], [32, 96]]
+    assert [r["dispatcher"] for r in result["rows"]] == ["torch_compile", "torch"]
+    assert "held-out shapes set2" in (tmp_path / "heldout.md").read_text()

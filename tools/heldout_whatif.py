@@ -1,0 +1,134 @@
+"""What-if for the nearest-bucket rule: a device call's held-out medians (heldout-*/heldout.json, every backend
+timed per held-out shape) replayed under other rules for an untuned bucket, with the bucket decisions re-judged
+by today's policy from the same call's tune.db. Optionally one representative shape swapped for another with a
+hypothesised winner. The replay is in-sample for the shapes it reads: a rule chosen on them needs a new set.
+
+    python tools/heldout_whatif.py DIR                          # DIR: tune.db, heldout-eager/, heldout-graph/
+    python tools/heldout_whatif.py DIR --swap layernorm.rmsnorm:64,7168:4,7168=flashinfer
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+
+from autosel.db import TuningDB
+from autosel.decisions import OP_LEVEL_BUCKET, is_number, key_order
+from autosel.dispatch import NEAREST_WITHIN, log_gaps
+from autosel.ops.common import token_bucket
+from autosel.policy import DEFAULT_POLICY, geomean
+
+
+def key_of(op: str, s: dict) -> tuple:
+    """The built-in bucket function's key, from a shape dict (no tensors)."""
+    if op.startswith("layernorm"):
+        return (token_bucket(s["tokens"]), s["hidden"])
+    if op.startswith("activation"):
+        return (token_bucket(s["tokens"]), 2 * s["intermediate"])
+    if op == "embeddings.rope":
+        return (token_bucket(s["tokens"]), s["q_heads"] * s["head_size"], bool(s["is_neox"]))
+    return (token_bucket(s["m"]), s["n"], s["k"])
+
+
+def _log_size(key: tuple) -> float:  # log2 of the product of the numbers: elements (rows), m*n*k (mm)
+    return math.log2(max(1, math.prod(x for x in key if is_number(x))))
+
+
+def _nearest(key, tuned, allowed, distance):
+    scored = [(distance(key, t, g), key_order(t), t) for t in tuned
+              if (g := log_gaps(key, t)) is not None and allowed(key, t, g)]
+    return min(scored, key=lambda s: s[:2])[2] if scored else None
+
+
+def _gap_sum(key, tuned, gaps):
+    return sum(gaps)
+
+
+def _size_gap(key, tuned, gaps):
+    return abs(_log_size(key) - _log_size(tuned))
+
+
+# Each rule: (key, tuned keys) -> the tuned key that decides, or None (the op-level winner).
+RULES = {
+    "current": lambda k, ts: _nearest(k, ts, lambda k, t, g: max(g, default=0) <= NEAREST_WITHIN, _gap_sum),
+    "no limit": lambda k, ts: _nearest(k, ts, lambda k, t, g: True, _gap_sum),
+    "size within 2x": lambda k, ts: _nearest(k, ts, lambda k, t, g: _size_gap(k, t, g) <= 1, _size_gap),
+    "size and widths within 2x": lambda k, ts: _nearest(
+        k, ts, lambda k, t, g: _size_gap(k, t, g) <= 1 and max(g[1:], default=0) <= 1, _size_gap),
+    "widths within 2x, tokens any": lambda k, ts: _nearest(k, ts, lambda k, t, g: max(g[1:], default=0) <= 1,
+                                                           _gap_sum),
+    "widths within 2x, tokens 4x": lambda k, ts: _nearest(
+        k, ts, lambda k, t, g: g[0] <= 2 and max(g[1:], default=0) <= 1, _gap_sum),
+    "op-level only": lambda k, ts: None,
+}
+
+
+def tables(db: Path) -> dict[tuple[str, str], tuple[str, dict]]:
+    """(op, mode) -> (op-level winner, {bucket: winner}), judged again from the stored op-level evidence."""
+    out = {}
+    for d, _ in TuningDB.open(db, include_package=False).decisions():
+        if d.bucket != OP_LEVEL_BUCKET:
+            continue
+        ok = [c for c in d.candidates if c.status == "ok"]
+        stats = {c.backend: [s.timing for s in c.shapes] for c in ok}
+        winner = DEFAULT_POLICY.judge(stats).winner
+        groups: dict = {}
+        for i, s in enumerate(ok[0].shapes):
+            groups.setdefault(key_of(d.op, s.shape), []).append(i)
+        by_default = {winner: stats[winner], **stats}
+        verdicts = DEFAULT_POLICY.judge_groups(by_default, groups)
+        out[(d.op, d.mode)] = (winner, {k: v.winner for k, v in verdicts.items()})
+    return out
+
+
+def replay(call: Path, swap: str | None = None) -> list[tuple[str, str, str, dict]]:
+    """Per op and mode: the best fixed backend and (geomean, worst) of each rule's picks over the per-shape best."""
+    tabs = tables(call / "tune.db")
+    results = []
+    for mode in ("eager", "graph"):
+        path = call / f"heldout-{mode}" / "heldout.json"
+        if not path.exists():
+            continue
+        for r in json.loads(path.read_text()):
+            op, rows = r["op"], r["rows"]
+            default, winners = tabs[(op, mode)]
+            winners = dict(winners)
+            if swap and swap.split(":")[0] == op:
+                _, old, new = swap.split(":")
+                new, hypothesis = new.split("=")
+                del winners[tuple(int(x) for x in old.split(","))]
+                winners[tuple(int(x) for x in new.split(","))] = hypothesis
+            ratios: dict[str, list[float]] = {}
+            for row in rows:
+                us, key = row["us"], key_of(op, row["shape"])
+                best = min(t for t in us.values() if t)
+                for b in us:
+                    ratios.setdefault(b, []).append((us[b] or math.inf) / best)
+                for name, rule in RULES.items():
+                    near = None if key in winners else rule(key, list(winners))
+                    pick = winners.get(key) or (winners[near] if near is not None else default)
+                    ratios.setdefault(name, []).append((us.get(pick) or math.inf) / best)
+            summary = {n: (geomean(v) if all(map(math.isfinite, v)) else math.inf, max(v)) for n, v in ratios.items()}
+            fixed = min((b for b in rows[0]["us"]), key=lambda b: summary[b][0])
+            results.append((op, mode, fixed, summary))
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("call", type=Path, help="a device call's results: tune.db, heldout-eager/, heldout-graph/")
+    parser.add_argument("--swap", help="OP:T,W:T,W=BACKEND: that tuned bucket replaced by another, winner hypothesised")
+    args = parser.parse_args(argv)
+    print("| op, mode | best fixed | " + " | ".join(RULES) + " |")
+    print("|---" * (len(RULES) + 2) + "|")
+    for op, mode, fixed, s in sorted(replay(args.call, args.swap)):
+        print(f"| {op}, {mode} | {fixed} {s[fixed][0]:.3f}, {s[fixed][1]:.2f} | "
+              + " | ".join(f"{s[n][0]:.3f}, {s[n][1]:.2f}" for n in RULES) + " |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
