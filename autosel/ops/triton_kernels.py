@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import os
 
 import torch
@@ -360,7 +361,22 @@ _MM_CONFIGS = [
 # Small tiles under the interpreter so tiny test shapes still cross several blocks and K steps.
 _MM_INTERPRET_META = {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16, "GROUP_M": 2}
 
-_mm_tuned = _mm_kernel if _INTERPRET else triton.autotune(configs=_MM_CONFIGS, key=["M", "N", "K"])(_mm_kernel)
+
+
+def _short_autotune(configs: list, key: list[str]):
+    """triton.autotune with shorter benchmarks per config (5 ms warm-up, 20 ms, not 25 and 100) and, where this
+    Triton has it, its choice per key cached on disk: an autosel tune calls the mm at ten new shapes, and the
+    default autotuning took 11 s of a warm whole-library tune on the H200 (docs/H200.md)."""
+    options = inspect.signature(triton.autotune).parameters
+    extra = {}
+    if "do_bench" in options:
+        extra["do_bench"] = lambda fn, quantiles: triton.testing.do_bench(fn, warmup=5, rep=20, quantiles=quantiles)
+    if "cache_results" in options:
+        extra["cache_results"] = True
+    return triton.autotune(configs=configs, key=key, **extra)
+
+
+_mm_tuned = _mm_kernel if _INTERPRET else _short_autotune(_MM_CONFIGS, ["M", "N", "K"])(_mm_kernel)
 
 
 def mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
