@@ -25,10 +25,12 @@ def imported_when_run():
     # Imported at collection, transformers imported torch._dynamo and with it triton, whose @triton.jit library
     # then took compiled mode before tests/test_triton_kernels.py imported its kernels under TRITON_INTERPRET=1.
     global transformers, patch_model, WRITTEN_FOR
-    import transformers as library
-
     from autosel.integrations import transformers as integration
-    transformers, patch_model, WRITTEN_FOR = library, integration.patch_model, integration.WRITTEN_FOR
+    # The transformers module the integration reads (its version, above all): transformers 5.24's first access
+    # to a model class (transformers.LlamaForCausalLM) puts a new module object in sys.modules, so after another
+    # test file had built a model, `import transformers` here gave an object the integration never reads, and
+    # the version test's monkeypatch did not reach patch_model.
+    transformers, patch_model, WRITTEN_FOR = integration.transformers, integration.patch_model, integration.WRITTEN_FOR
 
 FAMILIES = {"llama": ("LlamaConfig", "LlamaForCausalLM"), "qwen3": ("Qwen3Config", "Qwen3ForCausalLM"),
             "mistral": ("MistralConfig", "MistralForCausalLM"), "qwen2": ("Qwen2Config", "Qwen2ForCausalLM")}
