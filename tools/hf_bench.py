@@ -248,8 +248,11 @@ def run_phase(phase: str, models: dict[str, Any], base, plan: Plan, platform) ->
     mode = PHASES[phase]
     rtol = TOLERANCES[plan.dtype][0]
     graph = plan.graph and plan.device.startswith("cuda") and phase == "decode"
+    log.info("%s: patching %s (mode=%r)", phase, ", ".join(plan.variants[1:]), mode)
     patched = {name: patch_variant(name, models[name], mode=mode, projections=plan.projections, platform=platform)
                for name in plan.variants}
+    for name, p in patched.items():
+        log.info("%s: %s %s", phase, name, f"skipped: {p.skipped}" if p.skipped else p.resolved or "unpatched")
     ready = [name for name in plan.variants if not patched[name].skipped]
     out = {"mode": mode, "graph": graph,
            "variants": {name: {"skipped": p.skipped, "resolved": p.resolved,
@@ -284,6 +287,8 @@ def run_size(phase: str, size: int, patched: dict[str, Patched], ready: list[str
     scale = float(expected.abs().max())
     calls, results = {}, {}
     for name in ready:
+        log.info("%s %s: %s, first calls (compiles and JIT builds land here)%s", phase, label, name,
+                 ", then capture" if graph else "")
         if graph:
             calls[name], output = captured(steps[name])
             calls[name]()
@@ -411,7 +416,8 @@ def report(result: dict) -> str:
 
 
 def plot(result: dict, path: Path) -> None:
-    """Per phase, each variant's speedup over unpatched transformers at each size (grouped bars)."""
+    """Per phase, each variant's speedup over unpatched transformers at each size (grouped bars, whiskers from the
+    variant's slowest to its fastest round)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -423,10 +429,14 @@ def plot(result: dict, path: Path) -> None:
         names = [n for n in data["variants"] if not data["variants"][n]["skipped"]]
         width = 0.8 / max(len(names), 1)
         for i, name in enumerate(names):
-            heights = [s["results"][name]["speedup_vs_transformers"] for s in data["sizes"]]
-            errors = [s["results"][name]["spread_pct"] / 200 * h for s, h in zip(data["sizes"], heights)]
+            heights, low, high = [], [], []
+            for s in data["sizes"]:
+                r, reference = s["results"][name], s["results"][UNPATCHED]["median_ms"]
+                heights.append(r["speedup_vs_transformers"])  # the bar; the whisker: its slowest and fastest round
+                low.append(heights[-1] - reference / max(r["rounds_ms"]))
+                high.append(reference / min(r["rounds_ms"]) - heights[-1])
             ax.bar([k + (i - (len(names) - 1) / 2) * width for k in range(len(heights))], heights, width,
-                   yerr=errors, label=name, capsize=2)
+                   yerr=[low, high], label=name, capsize=2)
         ax.axhline(1.0, color="black", linewidth=0.8)
         ax.set_xticks(range(len(data["sizes"])), [s["label"] for s in data["sizes"]])
         ax.set_ylabel("speedup over unpatched transformers")
