@@ -84,3 +84,27 @@ def test_forcing_one_variant_does_not_leak_into_the_next(hf_bench, monkeypatch):
     assert os.environ["AUTOSEL_BACKEND"] == "torch"
     # A backend an op lacks is refused before patching, with the op named (a global force would fall back).
     assert hf_bench.cannot_force("flashinfer", ["gemm.mm"], platform) == "gemm.mm has no flashinfer kernel"
+
+
+def test_a_variant_whose_step_fails_is_a_row_and_the_others_are_still_timed(hf_bench, monkeypatch, tmp_path):
+    # On the H200 one variant's failed capture or kernel must not lose the other variants' figures.
+    store("torch")
+    real = hf_bench.prefill_step
+
+    def failing_when_patched(model, ids):
+        if getattr(model, "_autosel_patch", None) is None:
+            return real(model, ids)
+        return lambda: (_ for _ in ()).throw(RuntimeError("boom"))
+
+    monkeypatch.setattr(hf_bench, "prefill_step", failing_when_patched)
+    plan = hf_bench.Plan(model="tiny-llama", layers=1, device="cpu", dtype="bfloat16", prefill_tokens=(8,),
+                         decode_batches=(2,), kv=8, backends=("torch",), rounds=2, block_ms=1)
+    result = hf_bench.bench(plan)
+    [prefill] = result["phases"]["prefill"]["sizes"]
+    assert prefill["results"]["torch"] == {"failed": "RuntimeError: boom"} == prefill["results"]["autosel"]
+    assert prefill["best_fixed"] is None and prefill["results"]["transformers"]["speedup_vs_transformers"] == 1.0
+    [decode] = result["phases"]["decode"]["sizes"]
+    assert decode["best_fixed"] == "torch" and all(r["matches"] for r in decode["results"].values())
+    hf_bench.write(result, tmp_path)
+    assert "| torch | failed | - | - | - | rmsnorm torch, fused_add_rmsnorm torch, rope torch, silu_and_mul torch; " \
+           "failed at 8 tokens: RuntimeError: boom |" in (tmp_path / "hf_bench.md").read_text()

@@ -289,24 +289,33 @@ def run_size(phase: str, size: int, patched: dict[str, Patched], ready: list[str
     for name in ready:
         log.info("%s %s: %s, first calls (compiles and JIT builds land here)%s", phase, label, name,
                  ", then capture" if graph else "")
-        if graph:
-            calls[name], output = captured(steps[name])
-            calls[name]()
-        else:
-            calls[name] = steps[name]
-            output = steps[name]()
-        diff = float((output.float() - expected).abs().max())
+        try:
+            if graph:
+                replay, output = captured(steps[name])
+                replay()
+            else:
+                replay = steps[name]
+                output = replay()
+            diff = float((output.float() - expected).abs().max())
+        except Exception as exc:  # one variant's failure (a capture, a kernel) is a row, not the end of the run
+            log.exception("%s %s: %s failed", phase, label, name)
+            results[name] = {"failed": f"{type(exc).__name__}: {str(exc)[:300]}"}
+            if plan.device.startswith("cuda"):
+                torch.cuda.synchronize()
+            continue
+        calls[name] = replay
         # bf16 spaces values near the largest logit 2^-8 of it apart: the rule hf_check.py calls within_scale.
         results[name] = {"max_abs_diff": diff, "logit_scale": scale, "matches": diff <= rtol * scale}
     times = time_interleaved(calls, rounds=plan.rounds, block_ms=plan.block_ms, device=plan.device)
     for name, rounds_ms in times.items():
         results[name].update(summary(rounds_ms))
-    fixed = {name: results[name]["median_ms"] for name in ready if name in plan.backends}
+    fixed = {name: results[name]["median_ms"] for name in calls if name in plan.backends}
     best = min(fixed, key=fixed.get) if fixed else None
-    for name in ready:
+    reference = results[UNPATCHED].get("median_ms")
+    for name in calls:
         r = results[name]
         r["ratio_to_best_fixed"] = r["median_ms"] / fixed[best] if best else None
-        r["speedup_vs_transformers"] = results[UNPATCHED]["median_ms"] / r["median_ms"]
+        r["speedup_vs_transformers"] = reference / r["median_ms"] if reference else None
     return {"size": size, "label": label, "best_fixed": best, "results": results}
 
 
@@ -387,21 +396,23 @@ def report(result: dict) -> str:
         lines.append("| " + " | ".join(head) + " | matches | kernels |")
         lines.append("|" + "---|" * (1 + 3 * len(data["sizes"]) + 2))
         for name, variant in data["variants"].items():
-            cells, worst = [], None
+            cells, worst, failures = [], None, []
             for s in data["sizes"]:
                 r = s["results"].get(name)
-                if r is None:
-                    cells += ["-", "-", "-"]
+                if r is None or "failed" in r:
+                    cells += ["failed" if r else "-", "-", "-"]
+                    failures += [f"failed at {s['label']}: {r['failed']}"] if r else []
                     continue
-                ratio = r["ratio_to_best_fixed"]
+                ratio, speedup = r["ratio_to_best_fixed"], r["speedup_vs_transformers"]
                 cells += [f"{r['median_ms']:.4g} ({r['spread_pct']:.1f}%)",
                           "-" if ratio is None else f"{ratio:.3f}" + (" (best)" if s["best_fixed"] == name else ""),
-                          f"{r['speedup_vs_transformers']:.3f}"]
+                          "-" if speedup is None else f"{speedup:.3f}"]
                 rel = r["max_abs_diff"] / max(r["logit_scale"], 1e-30)
                 worst = rel if worst is None else max(worst, rel)
-            ok = all(s["results"][name]["matches"] for s in data["sizes"] if name in s["results"])
+            ok = all(s["results"][name].get("matches") for s in data["sizes"] if name in s["results"])
             match = "-" if worst is None else f"{'yes' if ok else 'NO'} ({worst:.2g})"
-            lines.append(f"| {name} | " + " | ".join(cells) + f" | {match} | {kernels_text(variant)} |")
+            lines.append(f"| {name} | " + " | ".join(cells) + f" | {match} | "
+                         + "; ".join([kernels_text(variant), *failures]) + " |")
         lines.append("")
     lines += ["## autosel's decisions (the measured variant)", "",
               "| op | mode | op-level winner | bucket rows' winners | from | tuned at | by this run |", "|---|---|---|---|---|---|---|"]
@@ -426,7 +437,8 @@ def plot(result: dict, path: Path) -> None:
     phases = result["phases"]
     figure, axes = plt.subplots(1, len(phases), figsize=(6.5 * len(phases), 4.5), squeeze=False)
     for ax, (phase, data) in zip(axes[0], phases.items()):
-        names = [n for n in data["variants"] if not data["variants"][n]["skipped"]]
+        names = [n for n in data["variants"] if all(s["results"].get(n, {}).get("speedup_vs_transformers")
+                                                    for s in data["sizes"])]
         width = 0.8 / max(len(names), 1)
         for i, name in enumerate(names):
             heights, low, high = [], [], []
