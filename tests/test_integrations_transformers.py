@@ -25,10 +25,12 @@ def imported_when_run():
     # Imported at collection, transformers imported torch._dynamo and with it triton, whose @triton.jit library
     # then took compiled mode before tests/test_triton_kernels.py imported its kernels under TRITON_INTERPRET=1.
     global transformers, patch_model, WRITTEN_FOR
-    import transformers as library
-
     from autosel.integrations import transformers as integration
-    transformers, patch_model, WRITTEN_FOR = library, integration.patch_model, integration.WRITTEN_FOR
+    # The transformers module the integration reads (its version, above all): transformers 5.24's first access
+    # to a model class (transformers.LlamaForCausalLM) puts a new module object in sys.modules, so after another
+    # test file had built a model, `import transformers` here gave an object the integration never reads, and
+    # the version test's monkeypatch did not reach patch_model.
+    transformers, patch_model, WRITTEN_FOR = integration.transformers, integration.patch_model, integration.WRITTEN_FOR
 
 FAMILIES = {"llama": ("LlamaConfig", "LlamaForCausalLM"), "qwen3": ("Qwen3Config", "Qwen3ForCausalLM"),
             "mistral": ("MistralConfig", "MistralForCausalLM"), "qwen2": ("Qwen2Config", "Qwen2ForCausalLM")}
@@ -120,10 +122,11 @@ def test_forwards_call_the_kernels_resolved_at_patch_time_in_the_mode_given(monk
 
     monkeypatch.setattr(autosel, "get_kernel", counting)
     model = tiny("qwen3")
-    with patch_model(model, backend="torch", mode="graph", projections=True):
+    with patch_model(model, backend="torch", mode="graph", projections=True) as patched:
         logits(model)
-    assert sorted(asked) == sorted((op, "torch", "graph") for op in (
-        "layernorm.rmsnorm", "layernorm.fused_add_rmsnorm", "embeddings.rope", "activation.silu_and_mul", "gemm.mm"))
+    ops = ("layernorm.rmsnorm", "layernorm.fused_add_rmsnorm", "embeddings.rope", "activation.silu_and_mul", "gemm.mm")
+    assert sorted(asked) == sorted((op, "torch", "graph") for op in ops)
+    assert sorted(patched.kernels) == sorted(ops)  # what tools/hf_bench.py reads the resolved backends from
     assert calls == {"layernorm.rmsnorm": 7, "layernorm.fused_add_rmsnorm": 2, "embeddings.rope": 2,
                      "activation.silu_and_mul": 2, "gemm.mm": 13}
 

@@ -16,34 +16,10 @@ from pathlib import Path
 
 import torch
 import transformers
+from hf_models import MODELS, build  # tools/hf_models.py, beside this file
 
 from autosel.checks import TOLERANCES
 from autosel.integrations.transformers import patch_model
-
-# The published configurations (config.json of meta-llama/Meta-Llama-3-8B, Qwen/Qwen3-8B, Qwen/Qwen3-32B), less layers.
-MODELS = {
-    "llama-3-8b": ("LlamaConfig", "LlamaForCausalLM", dict(
-        vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_attention_heads=32, num_key_value_heads=8,
-        head_dim=128, max_position_embeddings=8192, rms_norm_eps=1e-5,
-        rope_parameters={"rope_type": "default", "rope_theta": 500000.0})),
-    "qwen3-8b": ("Qwen3Config", "Qwen3ForCausalLM", dict(
-        vocab_size=151936, hidden_size=4096, intermediate_size=12288, num_attention_heads=32, num_key_value_heads=8,
-        head_dim=128, max_position_embeddings=40960, rms_norm_eps=1e-6, tie_word_embeddings=False,
-        rope_parameters={"rope_type": "default", "rope_theta": 1000000.0})),
-    "qwen3-32b": ("Qwen3Config", "Qwen3ForCausalLM", dict(
-        vocab_size=151936, hidden_size=5120, intermediate_size=25600, num_attention_heads=64, num_key_value_heads=8,
-        head_dim=128, max_position_embeddings=40960, rms_norm_eps=1e-6, tie_word_embeddings=False,
-        rope_parameters={"rope_type": "default", "rope_theta": 1000000.0})),
-}
-
-
-def build(name: str, layers: int, device: str, dtype: torch.dtype):
-    config_name, model_name, settings = MODELS[name]
-    config = getattr(transformers, config_name)(num_hidden_layers=layers, **settings)
-    torch.manual_seed(0)
-    with torch.device(device):
-        return getattr(transformers, model_name)(config).to(dtype).eval()
-
 
 def first_difference(a: torch.Tensor, b: torch.Tensor) -> int | None:
     """The first generated step where the two greedy sequences differ, else None."""

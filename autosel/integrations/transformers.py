@@ -33,6 +33,8 @@ log = logging.getLogger(__name__)
 WRITTEN_FOR = "5.24.0"  # the transformers release whose decoder layer, attention and MLP code is mirrored here
 FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
 KINDS = ("rmsnorm", "fused_add_rmsnorm", "rope", "silu_and_mul", "gemm")
+OPS = {"rmsnorm": "layernorm.rmsnorm", "fused_add_rmsnorm": "layernorm.fused_add_rmsnorm", "rope": "embeddings.rope",
+       "silu_and_mul": "activation.silu_and_mul", "gemm": "gemm.mm"}  # the autosel op each kind calls
 # The parameters the replaced forwards take, in transformers' order; a release that renames one fails the check.
 LAYER_PARAMS = ("hidden_states", "attention_mask", "position_ids", "cache", "use_cache", "position_embeddings")
 ATTENTION_PARAMS = ("hidden_states", "position_embeddings", "attention_mask", "cache")
@@ -47,13 +49,15 @@ NEEDS = {"layer": ("input_layernorm", "post_attention_layernorm", "self_attn", "
 
 
 class PatchedModel:
-    """What patch_model changed: `counts` per kind, `skipped` (kind -> why it was left to transformers), `undo()`.
+    """What patch_model changed: `counts` per kind, `skipped` (kind -> why it was left to transformers), `kernels`
+    (op -> the callable get_kernel resolved for it, which the forwards call), `undo()`.
 
     Also a context manager: the model is restored when the block ends."""
 
     def __init__(self, model, *, counts: dict[str, int], skipped: dict[str, str], mode: str,
-                 steps: list[Callable[[], None]]) -> None:
+                 steps: list[Callable[[], None]], kernels: dict[str, Callable] | None = None) -> None:
         self.model, self.counts, self.skipped, self.mode = model, counts, skipped, mode
+        self.kernels = kernels or {}
         self._steps = steps
 
     @property
@@ -113,14 +117,17 @@ def patch_model(model, *, backend: str | None = None, mode: str | None = None, f
     if not projections:
         skipped["gemm"] = "projections=False"
 
-    def kernel(op: str) -> Callable:
-        return autosel.get_kernel(op, backend, mode=mode)
+    kernels: dict[str, Callable] = {}
+
+    def kernel(kind: str) -> Callable:
+        kernels[OPS[kind]] = autosel.get_kernel(OPS[kind], backend, mode=mode)
+        return kernels[OPS[kind]]
 
     # Resolve (and on a miss tune) every kernel before the first change, so that a failure leaves the model as it was.
-    rmsnorm, fused = kernel("layernorm.rmsnorm"), kernel("layernorm.fused_add_rmsnorm") if fuse else None
-    rope = kernel("embeddings.rope") if "rope" not in skipped else None
-    silu_and_mul = kernel("activation.silu_and_mul") if "silu_and_mul" not in skipped else None
-    mm = kernel("gemm.mm") if projections else None
+    rmsnorm, fused = kernel("rmsnorm"), kernel("fused_add_rmsnorm") if fuse else None
+    rope = kernel("rope") if "rope" not in skipped else None
+    silu_and_mul = kernel("silu_and_mul") if "silu_and_mul" not in skipped else None
+    mm = kernel("gemm") if projections else None
 
     counts = dict.fromkeys(KINDS, 0)
     steps: list[Callable[[], None]] = []
@@ -151,7 +158,7 @@ def patch_model(model, *, backend: str | None = None, mode: str | None = None, f
     if mm is not None and type(getattr(model, "lm_head", None)) is torch.nn.Linear:
         replace("gemm", model.lm_head, linear_forward(model.lm_head, mm))
 
-    handle = PatchedModel(model, counts=counts, skipped=skipped, mode=resolved, steps=steps)
+    handle = PatchedModel(model, counts=counts, skipped=skipped, mode=resolved, steps=steps, kernels=kernels)
     model._autosel_patch = handle
     steps.insert(0, lambda: delattr(model, "_autosel_patch"))
     for kind, why in skipped.items():

@@ -1,0 +1,133 @@
+"""On a GPU: a Llama patched with mode="graph" runs a decode step (StaticCache) captured in a CUDA graph, autosel's
+bucket dispatchers inside, and each replay gives transformers' own eager logits for the inputs of that replay
+without running any autosel code on the host (issue 18 item 4). Skipped without CUDA or transformers."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+              pytest.mark.skipif(importlib.util.find_spec("transformers") is None,
+                                 reason="transformers is not installed (pip install -e '.[hf]')")]
+
+import autosel  # noqa: E402
+from autosel import selector, tuning  # noqa: E402
+from autosel.decisions import CandidateResult, Decision, bucket_text  # noqa: E402
+from autosel.ops.common import token_bucket  # noqa: E402
+from autosel.platforms import current_platform, version_vector  # noqa: E402
+from autosel.registry import registry  # noqa: E402
+
+HIDDEN, INTERMEDIATE, KV, BATCH = 2048, 8192, 256, 4
+OPS = ("layernorm.rmsnorm", "layernorm.fused_add_rmsnorm", "embeddings.rope", "activation.silu_and_mul")
+AUTOSEL_DIR = str(Path(autosel.__file__).parent)
+
+
+def store_graph_decisions() -> None:
+    """Graph-mode rows as `autosel tune` stores them: triton for every op, but torch for the norms' decode bucket,
+    so that the norms get a real bucket dispatcher and the graph mixes two backends."""
+    platform = current_platform()
+    for op in OPS:
+        eligible = [s for s in registry.get(op) if s.is_available(platform)]
+
+        def row(bucket: str, winner: str) -> Decision:
+            return Decision(op=op, mode="graph", bucket=bucket, winner=winner, platform_key=platform.key,
+                            versions=version_vector(platform, eligible), margin=0.03, method="stored",
+                            candidates=tuple(CandidateResult(s.backend.value, "ok", score=1.0) for s in eligible))
+        buckets = [row(bucket_text((token_bucket(BATCH), HIDDEN)), "torch"),
+                   row(bucket_text((8192, HIDDEN)), "triton")] if op.startswith("layernorm.") else []
+        tuning.database().record(row("*", "triton"), buckets)
+
+
+def llama():
+    import transformers
+
+    config = transformers.LlamaConfig(vocab_size=32000, hidden_size=HIDDEN, intermediate_size=INTERMEDIATE,
+                                      num_hidden_layers=2, num_attention_heads=16, num_key_value_heads=8, head_dim=128,
+                                      max_position_embeddings=4096)
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        return transformers.LlamaForCausalLM(config).to(torch.bfloat16).eval()
+
+
+def within_bf16(got: torch.Tensor, expected: torch.Tensor) -> None:
+    # tools/hf_check.py's rule: bf16 spaces values near the largest logit 2^-8 of it apart.
+    diff, scale = float((got.float() - expected.float()).abs().max()), float(expected.float().abs().max())
+    assert diff <= 2e-2 * scale, f"max abs diff {diff:.4g} > 2e-2 x largest logit {scale:.4g}"
+
+
+@torch.no_grad()
+def test_a_captured_decode_step_replays_transformers_logits_with_no_autosel_work_on_the_host(monkeypatch):
+    import transformers
+
+    from autosel.integrations.transformers import patch_model
+
+    monkeypatch.setenv("AUTOSEL_TUNE", "off")  # only the stored rows answer: a miss raises instead of tuning
+    store_graph_decisions()
+    model = llama()
+    cache = transformers.StaticCache(config=model.config, max_cache_len=KV + 16)
+    prompt = torch.randint(0, 32000, (BATCH, KV), device="cuda")
+    model(input_ids=prompt, cache=cache, use_cache=True, logits_to_keep=1)  # KV tokens per sequence in the cache
+    ids = torch.randint(0, 32000, (BATCH, 1), device="cuda")
+    positions = torch.full((BATCH, 1), KV, dtype=torch.long, device="cuda")
+    inputs = [torch.randint(0, 32000, (BATCH, 1), device="cuda") for _ in range(2)]
+
+    def step():
+        for layer in cache.layers:
+            layer.cumulative_length.fill_(KV)  # each step writes slot KV and attends to the same KV + 1 keys
+        return model(input_ids=ids, position_ids=positions, cache=cache, use_cache=True).logits
+
+    expected = []
+    for new in inputs:  # transformers' own step, eager and unpatched
+        ids.copy_(new)
+        expected.append(step().clone())
+
+    with patch_model(model, mode="graph") as patched:
+        assert patched.mode == "graph" and patched.counts["fused_add_rmsnorm"] == 2 and patched.counts["rope"] == 2
+        dispatchers = {op: fn.table for op, fn in patched.kernels.items() if hasattr(fn, "table")}
+        assert sorted(dispatchers) == ["layernorm.fused_add_rmsnorm", "layernorm.rmsnorm"]
+        assert all(t.mode == "graph" for t in dispatchers.values())
+        ids.copy_(inputs[0])
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for _ in range(3):  # warm-up: Triton compiles, the dispatchers learn the decode bucket
+                step()
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        host_calls = []
+
+        def profile(frame, event, arg):
+            if event == "call" and frame.f_code.co_filename.startswith(AUTOSEL_DIR):
+                host_calls.append(f"{frame.f_code.co_filename}:{frame.f_code.co_name}")
+
+        sys.setprofile(profile)
+        try:
+            with torch.cuda.graph(graph):
+                out = step()
+        finally:
+            sys.setprofile(None)
+        assert any("dispatch.py:" in c for c in host_calls)  # the profile sees the dispatchers run while capturing
+        # From here on autosel must not be asked for anything: a replay is the GPU's work alone.
+        for module, name in ((autosel, "get_kernel"), (selector, "get_kernel"), (selector, "_choose"),
+                             (tuning, "decide"), (tuning, "tune_and_record")):
+            monkeypatch.setattr(module, name, lambda *a, _n=name, **k: pytest.fail(f"{_n} called during replay"))
+        host_calls.clear()
+        got = []
+        sys.setprofile(profile)
+        try:
+            for new in inputs:
+                ids.copy_(new)
+                graph.replay()
+                torch.cuda.synchronize()
+                got.append(out.clone())
+        finally:
+            sys.setprofile(None)
+        assert host_calls == []
+    for g, e in zip(got, expected):
+        within_bf16(g, e)
+    assert not torch.equal(got[0], got[1])  # the replay computed from the new inputs, not a stale output

@@ -1,0 +1,110 @@
+"""tools/hf_bench.py on a tiny Llama on the CPU: a row per variant, every variant's timed step matches
+transformers', forced variants run the forced backend, and forcing does not leak into the measured variant."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+from pathlib import Path
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("transformers") is None,
+                                reason="transformers is not installed (pip install -e '.[hf]')")
+TOOLS = Path(__file__).parent.parent / "tools"
+OPS = ("layernorm.rmsnorm", "layernorm.fused_add_rmsnorm", "embeddings.rope", "activation.silu_and_mul")
+
+
+@pytest.fixture
+def hf_bench(monkeypatch):
+    monkeypatch.syspath_prepend(str(TOOLS))  # the tool imports hf_models from beside itself
+    return importlib.import_module("hf_bench")
+
+
+def store(winner: str) -> None:
+    """An eager op-level decision for each op the patch calls, as `autosel tune` stores one (evidence trimmed)."""
+    from autosel import tuning
+    from autosel.decisions import CandidateResult, Decision
+    from autosel.platforms import current_platform, version_vector
+    from autosel.registry import registry
+
+    platform = current_platform()
+    for op in OPS:
+        eligible = [s for s in registry.get(op) if s.is_available(platform)]
+        tuning.database().record(Decision(
+            op=op, mode="eager", bucket="*", winner=winner, platform_key=platform.key,
+            versions=version_vector(platform, eligible), margin=0.03, method="stored",
+            candidates=tuple(CandidateResult(s.backend.value, "ok", score=1.0) for s in eligible),
+            created_at="2026-01-01T00:00:00+00:00"), [])
+
+
+def test_tiny_run_has_a_row_per_variant_matching_transformers(hf_bench, tmp_path):
+    store("torch")  # the measured variant reads it; nothing is tuned
+    plan = hf_bench.Plan(model="tiny-llama", layers=2, device="cpu", dtype="bfloat16", prefill_tokens=(8,),
+                         decode_batches=(2,), kv=8, backends=("torch", "triton", "flashinfer"), rounds=2, block_ms=1)
+    result = hf_bench.bench(plan)
+    for phase, data in result["phases"].items():
+        assert list(data["variants"]) == ["transformers", "autosel", "torch", "triton", "flashinfer"]
+        for name in ("autosel", "torch"):
+            assert data["variants"][name]["resolved"] == {op: ["torch"] for op in OPS}
+        for name in ("triton", "flashinfer"):
+            assert data["variants"][name]["skipped"].startswith(f"layernorm.rmsnorm's {name} kernel cannot run here: "
+                                                                "needs cuda, device is cpu")
+        [size] = data["sizes"]
+        assert sorted(size["results"]) == ["autosel", "torch", "transformers"]
+        assert all(r["matches"] and len(r["rounds_ms"]) == 2 for r in size["results"].values())
+        assert size["best_fixed"] == "torch" and size["results"]["torch"]["ratio_to_best_fixed"] == 1.0
+    assert [(d["op"], d["layer"], d["winner"], d["tuned_by_this_run"]) for d in result["decisions"]] == [
+        (op, "user", "torch", False) for op in sorted(OPS)]
+    hf_bench.write(result, tmp_path)
+    text = (tmp_path / "hf_bench.md").read_text()
+    assert text.count("| flashinfer | - | - | - | - | skipped: layernorm.rmsnorm's flashinfer kernel") == 2
+    assert "| rmsnorm torch, fused_add_rmsnorm torch, rope torch, silu_and_mul torch |" in text
+    if importlib.util.find_spec("matplotlib") is not None:
+        assert (tmp_path / "hf_bench.png").stat().st_size > 0
+
+
+def test_forcing_one_variant_does_not_leak_into_the_next(hf_bench, monkeypatch):
+    # get_kernel's cache is keyed by its arguments, not by AUTOSEL_BACKEND: without clearing it around each
+    # patch, the variant patched after a forced one got the forced kernels (and the reverse).
+    from autosel.platforms import current_platform
+    from hf_models import build
+
+    store("torch_compile")  # resolved, never called here: nothing compiles
+    monkeypatch.setenv("AUTOSEL_BACKEND", "torch")  # a force set outside the tool: the measured variant ignores it
+    model, platform = build("tiny-llama", 1, "cpu", torch.float32), current_platform()
+    resolved = []
+    for name in ("autosel", "torch", "autosel"):
+        patched = hf_bench.patch_variant(name, model, mode="eager", projections=False, platform=platform)
+        resolved.append(set(b for backends in patched.resolved.values() for b in backends))
+        patched.handle.undo()
+    assert resolved == [{"torch_compile"}, {"torch"}, {"torch_compile"}]
+    import os
+    assert os.environ["AUTOSEL_BACKEND"] == "torch"
+    # A backend an op lacks is refused before patching, with the op named (a global force would fall back).
+    assert hf_bench.cannot_force("flashinfer", ["gemm.mm"], platform) == "gemm.mm has no flashinfer kernel"
+
+
+def test_a_variant_whose_step_fails_is_a_row_and_the_others_are_still_timed(hf_bench, monkeypatch, tmp_path):
+    # On the H200 one variant's failed capture or kernel must not lose the other variants' figures.
+    store("torch")
+    real = hf_bench.prefill_step
+
+    def failing_when_patched(model, ids):
+        if getattr(model, "_autosel_patch", None) is None:
+            return real(model, ids)
+        return lambda: (_ for _ in ()).throw(RuntimeError("boom"))
+
+    monkeypatch.setattr(hf_bench, "prefill_step", failing_when_patched)
+    plan = hf_bench.Plan(model="tiny-llama", layers=1, device="cpu", dtype="bfloat16", prefill_tokens=(8,),
+                         decode_batches=(2,), kv=8, backends=("torch",), rounds=2, block_ms=1)
+    result = hf_bench.bench(plan)
+    [prefill] = result["phases"]["prefill"]["sizes"]
+    assert prefill["results"]["torch"] == {"failed": "RuntimeError: boom"} == prefill["results"]["autosel"]
+    assert prefill["best_fixed"] is None and prefill["results"]["transformers"]["speedup_vs_transformers"] == 1.0
+    [decode] = result["phases"]["decode"]["sizes"]
+    assert decode["best_fixed"] == "torch" and all(r["matches"] for r in decode["results"].values())
+    hf_bench.write(result, tmp_path)
+    assert "| torch | failed | - | - | - | rmsnorm torch, fused_add_rmsnorm torch, rope torch, silu_and_mul torch; " \
+           "failed at 8 tokens: RuntimeError: boom |" in (tmp_path / "hf_bench.md").read_text()

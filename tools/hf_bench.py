@@ -1,0 +1,519 @@
+"""Prefill and decode steps of a Llama-3-8B-sized model (random weights, a few layers) timed per variant:
+transformers unpatched, autosel's measured decisions, and each backend forced (issue 18 item 3).
+
+A prefill step is one eager forward of a prompt (batch 1, the last position's logits, as generate's prefill). A
+decode step is one new token per sequence against a static KV cache (transformers' StaticCache) already holding
+--kv tokens, replayed from a CUDA graph (on a CPU, called eagerly). autosel patches prefill with mode="eager" and
+decode with mode="graph"; a forced variant sets AUTOSEL_BACKEND. The variants take turns round by round (A B C,
+then B C A, ...), as autosel's tuner interleaves its candidates, so what the machine does meanwhile falls on all.
+Writes hf_bench.md, hf_bench.json and (with matplotlib) hf_bench.png under --out.
+
+    python tools/hf_bench.py --out "$OUT"                                  # on the H200
+    python tools/hf_bench.py --device cpu --tiny --out /tmp/hfb            # the tool's logic on a CPU, in seconds
+    python tools/hf_bench.py --plot-from /tmp/hfb/hf_bench.json            # the PNG from a run's json (matplotlib)
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import copy
+import datetime
+import json
+import logging
+import os
+import statistics
+import time
+from collections import Counter
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+import transformers
+from hf_models import MODELS, build  # tools/hf_models.py, beside this file
+
+import autosel
+from autosel import config, platforms, selector, tuning
+from autosel.checks import TOLERANCES
+from autosel.decisions import OP_LEVEL_BUCKET
+from autosel.integrations.transformers import KINDS, OPS, patch_model
+from autosel.inventory import Inventory
+from autosel.registry import registry
+
+log = logging.getLogger("hf_bench")
+
+UNPATCHED, MEASURED = "transformers", "autosel"
+BACKENDS = ("torch", "torch_compile", "triton", "flashinfer", "sgl_kernel")
+PHASES = {"prefill": "eager", "decode": "graph"}  # the mode autosel patches each phase's model with
+
+
+@dataclass(frozen=True)
+class Plan:
+    model: str
+    layers: int
+    device: str
+    dtype: str
+    prefill_tokens: tuple[int, ...]
+    decode_batches: tuple[int, ...]
+    kv: int  # tokens already in the KV cache of each sequence when the decode step runs
+    backends: tuple[str, ...]  # the fixed backends forced, one variant each
+    rounds: int
+    block_ms: float  # about how long one round's block of back-to-back steps of one variant takes
+    projections: bool = False  # also route the linear layers through gemm.mm
+    graph: bool = True  # replay decode steps from a CUDA graph (cuda only)
+
+    @property
+    def variants(self) -> tuple[str, ...]:
+        return (UNPATCHED, MEASURED, *self.backends)
+
+    def sizes(self, phase: str) -> tuple[int, ...]:
+        return self.prefill_tokens if phase == "prefill" else self.decode_batches
+
+
+# --- which kernels a variant runs ------------------------------------------------------------------------------
+
+def patched_ops(projections: bool) -> list[str]:
+    return [OPS[kind] for kind in KINDS if kind != "gemm" or projections]
+
+
+def resolved_backends(op: str, fn: Callable, platform) -> list[str]:
+    """The backends a kernel get_kernel returned runs: a dispatcher's bucket winners, else the spec it is."""
+    table = getattr(fn, "table", None)
+    if table is not None:
+        return sorted({table.default, *table.winners.values()})
+    for spec in registry.get(op):
+        if spec.is_available(platform) and spec.load() is fn:
+            return [spec.backend.value]
+    return ["unknown"]
+
+
+def cannot_force(backend: str, ops: list[str], platform) -> str | None:
+    """Why AUTOSEL_BACKEND=backend cannot run every op the patch calls (a global force falls back to the measured
+    winner for an op without that backend, so the variant would not be that backend alone), else None."""
+    for op in ops:
+        spec = next((s for s in registry.get(op) if s.backend.value == backend), None)
+        if spec is None:
+            return f"{op} has no {backend} kernel"
+        why = spec.unavailable_reason(platform)
+        if why:
+            return f"{op}'s {backend} kernel cannot run here: {why}"
+    return None
+
+
+@contextlib.contextmanager
+def forced(backend: str | None):
+    """AUTOSEL_BACKEND=backend (unset for None) while a model is patched. get_kernel's cache is keyed by its
+    arguments (op, backend, mode), not by AUTOSEL_BACKEND, so it is cleared on both sides: else the next variant
+    would get the kernels the previous one resolved."""
+    before = os.environ.get("AUTOSEL_BACKEND")
+    os.environ.pop("AUTOSEL_BACKEND", None)
+    if backend is not None:
+        os.environ["AUTOSEL_BACKEND"] = backend
+    selector.clear_cache()
+    try:
+        yield
+    finally:
+        os.environ.pop("AUTOSEL_BACKEND", None)
+        if before is not None:
+            os.environ["AUTOSEL_BACKEND"] = before
+        selector.clear_cache()
+
+
+@dataclass
+class Patched:
+    """One variant's model in one phase: its patch (None for transformers and for a skipped variant)."""
+
+    name: str
+    model: Any
+    handle: Any = None
+    resolved: dict[str, list[str]] | None = None  # op -> backends its kernel runs
+    skipped: str = ""  # why the variant did not run
+
+
+def patch_variant(name: str, model, *, mode: str, projections: bool, platform) -> Patched:
+    """`model` patched as variant `name`, with the backends it resolved checked against the forced one."""
+    if name == UNPATCHED:
+        return Patched(name, model)
+    backend = None if name == MEASURED else name
+    ops = patched_ops(projections)
+    why = cannot_force(backend, ops, platform) if backend else None
+    if why:
+        return Patched(name, model, skipped=why)
+    with forced(backend):
+        try:
+            handle = patch_model(model, mode=mode, projections=projections)
+        except Exception as exc:  # patch_model resolves every kernel before changing anything: the model is as it was
+            return Patched(name, model, skipped=f"patch_model raised {type(exc).__name__}: {exc}")
+    resolved = {op: resolved_backends(op, fn, platform) for op, fn in handle.kernels.items()}
+    unpatched = [kind for kind in KINDS if (kind != "gemm" or projections) and not handle.counts[kind]]
+    wrong = {op: got for op, got in resolved.items() if backend and got != [backend]}
+    if unpatched or wrong or sorted(resolved) != sorted(ops):
+        handle.undo()
+        return Patched(name, model, resolved=resolved, skipped=(
+            f"the patch is not the variant: kinds left unpatched {unpatched} ({handle.skipped}); ops resolved to "
+            f"another backend than {backend}: {wrong}"))
+    return Patched(name, model, handle, resolved)
+
+
+# --- the steps ------------------------------------------------------------------------------------------------
+
+class DecodeState:
+    """The inputs of one decode step for `batch` sequences, and a StaticCache they share across variants, filled
+    with `kv` tokens by transformers' own prefill. Each step first sets the cache's length back to `kv`, so every
+    step (and replay) writes slot `kv` and attends to the same `kv + 1` keys."""
+
+    def __init__(self, base, *, batch: int, kv: int, device: str) -> None:
+        self.kv = kv
+        # 16 spare slots keep the mask's length a multiple of 16 for kv = 512 (an aligned bool mask for sdpa).
+        self.cache = transformers.StaticCache(config=base.config, max_cache_len=kv + 16)
+        generator = torch.Generator(device="cpu").manual_seed(2)
+        prompt = torch.randint(0, base.config.vocab_size, (batch, kv + 1), generator=generator).to(device)
+        base(input_ids=prompt[:, :kv], cache=self.cache, use_cache=True, logits_to_keep=1)
+        self.ids = prompt[:, kv:].contiguous()
+        self.positions = torch.full((batch, 1), kv, dtype=torch.long, device=device)
+
+    def step(self, model) -> Callable[[], torch.Tensor]:
+        def run() -> torch.Tensor:
+            for layer in self.cache.layers:
+                layer.cumulative_length.fill_(self.kv)  # a device tensor the update advances in place
+            return model(input_ids=self.ids, position_ids=self.positions, cache=self.cache, use_cache=True).logits
+        return run
+
+
+def prefill_step(model, ids: torch.Tensor) -> Callable[[], torch.Tensor]:
+    return lambda: model(input_ids=ids, logits_to_keep=1).logits
+
+
+def captured(step: Callable[[], torch.Tensor]) -> tuple[Callable[[], None], torch.Tensor]:
+    """`step` captured in a CUDA graph after warm-up calls on a side stream (which also compile torch_compile's
+    kernels and JIT-build flashinfer's for these shapes): (replay, the graph's output tensor)."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(3):
+            step()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = step()
+    torch.cuda.synchronize()
+    return graph.replay, out
+
+
+# --- timing ---------------------------------------------------------------------------------------------------
+
+def time_block(fn: Callable[[], Any], calls: int, device: str) -> float:
+    """Milliseconds per call of `calls` back-to-back calls, from an idle device (CUDA events on cuda)."""
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(calls):
+            fn()
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end) / calls
+    began = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    return (time.perf_counter() - began) * 1e3 / calls
+
+
+def time_interleaved(calls: dict[str, Callable[[], Any]], *, rounds: int, block_ms: float,
+                     device: str) -> dict[str, list[float]]:
+    """Per variant, one time (ms per call) per round: each round times a block of about block_ms of each variant's
+    calls, the variants in turn, the order rotated by one each round."""
+    size = {name: max(1, round(block_ms / max(time_block(fn, 1, device), 1e-3))) for name, fn in calls.items()}
+    names = list(calls)
+    times: dict[str, list[float]] = {name: [] for name in names}
+    for r in range(rounds):
+        shift = r % len(names)
+        for name in names[shift:] + names[:shift]:
+            times[name].append(time_block(calls[name], size[name], device))
+    return times
+
+
+def summary(rounds_ms: list[float]) -> dict:
+    median = statistics.median(rounds_ms)
+    return {"rounds_ms": [round(t, 5) for t in rounds_ms], "median_ms": median,
+            "spread_pct": 100 * (max(rounds_ms) - min(rounds_ms)) / median}
+
+
+# --- one phase ------------------------------------------------------------------------------------------------
+
+def run_phase(phase: str, models: dict[str, Any], base, plan: Plan, platform) -> dict:
+    """Patch every variant's model for `phase`, check each one's step against transformers', time them together
+    at each size, undo the patches."""
+    mode = PHASES[phase]
+    rtol = TOLERANCES[plan.dtype][0]
+    graph = plan.graph and plan.device.startswith("cuda") and phase == "decode"
+    log.info("%s: patching %s (mode=%r)", phase, ", ".join(plan.variants[1:]), mode)
+    patched = {name: patch_variant(name, models[name], mode=mode, projections=plan.projections, platform=platform)
+               for name in plan.variants}
+    for name, p in patched.items():
+        log.info("%s: %s %s", phase, name, f"skipped: {p.skipped}" if p.skipped else p.resolved or "unpatched")
+    ready = [name for name in plan.variants if not patched[name].skipped]
+    out = {"mode": mode, "graph": graph,
+           "variants": {name: {"skipped": p.skipped, "resolved": p.resolved,
+                               "counts": p.handle.counts if p.handle else None,
+                               "patched_mode": p.handle.mode if p.handle else None} for name, p in patched.items()},
+           "sizes": []}
+    try:
+        with torch.no_grad():
+            for size in plan.sizes(phase):
+                out["sizes"].append(run_size(phase, size, patched, ready, base, plan, graph, rtol))
+                log.info("%s %s: %s", phase, size, {n: round(r["median_ms"], 4) for n, r in
+                                                    out["sizes"][-1]["results"].items() if "median_ms" in r})
+    finally:
+        for p in patched.values():
+            if p.handle is not None:
+                p.handle.undo()
+    return out
+
+
+def run_size(phase: str, size: int, patched: dict[str, Patched], ready: list[str], base, plan: Plan, graph: bool,
+             rtol: float) -> dict:
+    if phase == "prefill":
+        generator = torch.Generator(device="cpu").manual_seed(1)
+        ids = torch.randint(0, base.config.vocab_size, (1, size), generator=generator).to(plan.device)
+        steps = {name: prefill_step(patched[name].model, ids) for name in ready}
+        label = f"{size} tokens"
+    else:
+        state = DecodeState(base, batch=size, kv=plan.kv, device=plan.device)
+        steps = {name: state.step(patched[name].model) for name in ready}
+        label = f"batch {size}"
+    expected = steps[UNPATCHED]().float()  # transformers' own step, run eagerly
+    scale = float(expected.abs().max())
+    calls, results = {}, {}
+    for name in ready:
+        log.info("%s %s: %s, first calls (compiles and JIT builds land here)%s", phase, label, name,
+                 ", then capture" if graph else "")
+        try:
+            if graph:
+                replay, output = captured(steps[name])
+                replay()
+            else:
+                replay = steps[name]
+                output = replay()
+            diff = float((output.float() - expected).abs().max())
+        except Exception as exc:  # one variant's failure (a capture, a kernel) is a row, not the end of the run
+            log.exception("%s %s: %s failed", phase, label, name)
+            results[name] = {"failed": f"{type(exc).__name__}: {str(exc)[:300]}"}
+            if plan.device.startswith("cuda"):
+                torch.cuda.synchronize()
+            continue
+        calls[name] = replay
+        # bf16 spaces values near the largest logit 2^-8 of it apart: the rule hf_check.py calls within_scale.
+        results[name] = {"max_abs_diff": diff, "logit_scale": scale, "matches": diff <= rtol * scale}
+    times = time_interleaved(calls, rounds=plan.rounds, block_ms=plan.block_ms, device=plan.device)
+    for name, rounds_ms in times.items():
+        results[name].update(summary(rounds_ms))
+    fixed = {name: results[name]["median_ms"] for name in calls if name in plan.backends}
+    best = min(fixed, key=fixed.get) if fixed else None
+    reference = results[UNPATCHED].get("median_ms")
+    for name in calls:
+        r = results[name]
+        r["ratio_to_best_fixed"] = r["median_ms"] / fixed[best] if best else None
+        r["speedup_vs_transformers"] = reference / r["median_ms"] if reference else None
+    return {"size": size, "label": label, "best_fixed": best, "results": results}
+
+
+# --- where the measured decisions came from ---------------------------------------------------------------------
+
+def provenance(ops: list[str], modes: set[str], platform, since: str) -> list[dict]:
+    """Per (op, mode) that selection decided from the DB: the op-level row in use, its layer, its bucket rows."""
+    settings = config.settings()
+    entries = Inventory(platform, registry, settings.match).entries(tuning.database(settings).decisions())
+    rows = []
+    for e in entries:
+        d = e.decision
+        if e.status != "in use" or d.bucket != OP_LEVEL_BUCKET or d.op not in ops or d.mode not in modes:
+            continue
+        buckets = Counter(x.decision.winner for x in entries if x.status == "in use" and x.layer_path == e.layer_path
+                          and x.decision.bucket != OP_LEVEL_BUCKET and x.decision.key == replace(d.key, bucket=x.decision.bucket))
+        rows.append({"op": d.op, "mode": d.mode, "winner": d.winner, "bucket_winners": dict(buckets),
+                     "layer": e.layer_kind, "path": e.layer_path, "created_at": d.created_at,
+                     "tuned_by_this_run": e.layer_kind == "user" and d.created_at >= since, "near": e.detail if e.near else ""})
+    return sorted(rows, key=lambda r: (r["mode"], r["op"]))
+
+
+def versions() -> dict[str, str | None]:
+    found = {"transformers": transformers.__version__, "torch": torch.__version__, "autosel": autosel.__version__}
+    for name in ("triton", "flashinfer", "sgl_kernel"):
+        found[name] = platforms.installed_version(name)
+    return found
+
+
+def bench(plan: Plan) -> dict:
+    """The whole run as the JSON the report and the plot are made from."""
+    since = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    platform = platforms.current_platform()
+    base = build(plan.model, plan.layers, plan.device, getattr(torch, plan.dtype))
+    # One model per variant (the same weights), so every variant's patch stays in place while the variants take
+    # turns; a captured graph also keeps pointing at its patch's fused gate/up weight.
+    models = {name: base if name == UNPATCHED else copy.deepcopy(base) for name in plan.variants}
+    phases = {phase: run_phase(phase, models, base, plan, platform) for phase in PHASES}
+    modes = {v["patched_mode"] for p in phases.values() for v in p["variants"].values() if v["patched_mode"]}
+    settings = config.settings()
+    return {"plan": asdict(plan), "versions": versions(), "platform": platform.key,
+            "device_name": torch.cuda.get_device_name() if plan.device.startswith("cuda") else platform.key,
+            "db_layers": [{"kind": layer.kind, "path": layer.path, "rows": layer.rows}
+                          for layer in tuning.database(settings).layers],
+            "match": settings.match, "decisions": provenance(patched_ops(plan.projections), modes, platform, since),
+            "phases": phases}
+
+
+# --- report ---------------------------------------------------------------------------------------------------
+
+def kernels_text(variant: dict) -> str:
+    if variant["skipped"]:
+        return f"skipped: {variant['skipped']}"
+    if not variant["resolved"]:
+        return "transformers' own code"
+    return ", ".join(f"{op.split('.')[-1]} {'+'.join(b)}" for op, b in variant["resolved"].items())
+
+
+def report(result: dict) -> str:
+    plan, v = result["plan"], result["versions"]
+    clock = "CUDA events, from an idle GPU" if plan["device"].startswith("cuda") else "time.perf_counter"
+    lines = [f"# hf_bench: {plan['model']}, {plan['layers']} layers, {plan['dtype']}, {result['device_name']}", "",
+             ", ".join(f"{k} {val}" for k, val in v.items() if val), "",
+             f"Platform key `{result['platform']}`; AUTOSEL_MATCH={result['match']}; DB layers: "
+             + "; ".join(f"{layer['kind']} {layer['path']} ({layer['rows']} rows)" for layer in result["db_layers"]), "",
+             f"Timing: {plan['rounds']} rounds; in each, every variant times a block of about {plan['block_ms']:g} ms "
+             f"of back-to-back steps ({clock}), the variants in turn, the order rotated each round. ms: median of the rounds; spread: (slowest round - fastest) / median. x best fixed: the "
+             "variant's median over the fastest forced backend's; x transformers: unpatched transformers' median "
+             "over the variant's (above 1 is faster). matches: the step's logits within "
+             f"{TOLERANCES[plan['dtype']][0]:g} x the largest logit of transformers' eager step (max abs diff / "
+             "largest logit, worst size).", ""]
+    titles = {"prefill": "Prefill: one eager forward, batch 1, the last position's logits (autosel: mode=\"eager\")",
+              "decode": f"Decode: one token per sequence, {plan['kv']} tokens in a StaticCache (autosel: mode=\"graph\")"}
+    for phase, data in result["phases"].items():
+        how = "replayed from a CUDA graph" if data["graph"] else "called eagerly (no CUDA graph)"
+        lines += [f"## {titles[phase]}, {how}", ""]
+        head = ["variant"] + [f"{s['label']}: ms (spread) | x best fixed | x transformers" for s in data["sizes"]]
+        lines.append("| " + " | ".join(head) + " | matches | kernels |")
+        lines.append("|" + "---|" * (1 + 3 * len(data["sizes"]) + 2))
+        for name, variant in data["variants"].items():
+            cells, worst, failures = [], None, []
+            for s in data["sizes"]:
+                r = s["results"].get(name)
+                if r is None or "failed" in r:
+                    cells += ["failed" if r else "-", "-", "-"]
+                    failures += [f"failed at {s['label']}: {r['failed']}"] if r else []
+                    continue
+                ratio, speedup = r["ratio_to_best_fixed"], r["speedup_vs_transformers"]
+                cells += [f"{r['median_ms']:.4g} ({r['spread_pct']:.1f}%)",
+                          "-" if ratio is None else f"{ratio:.3f}" + (" (best)" if s["best_fixed"] == name else ""),
+                          "-" if speedup is None else f"{speedup:.3f}"]
+                rel = r["max_abs_diff"] / max(r["logit_scale"], 1e-30)
+                worst = rel if worst is None else max(worst, rel)
+            ok = all(s["results"][name].get("matches") for s in data["sizes"] if name in s["results"])
+            match = "-" if worst is None else f"{'yes' if ok else 'NO'} ({worst:.2g})"
+            lines.append(f"| {name} | " + " | ".join(cells) + f" | {match} | "
+                         + "; ".join([kernels_text(variant), *failures]) + " |")
+        lines.append("")
+    lines += ["## autosel's decisions (the measured variant)", "",
+              "| op | mode | op-level winner | bucket rows' winners | from | tuned at | by this run |", "|---|---|---|---|---|---|---|"]
+    for d in result["decisions"]:
+        buckets = ", ".join(f"{b} {n}" for b, n in sorted(d["bucket_winners"].items())) or "-"
+        source = f"{d['layer']} {d['path']}" + (f" ({d['near']})" if d["near"] else "")
+        lines.append(f"| {d['op']} | {d['mode']} | {d['winner']} | {buckets} | {source} | {d['created_at']} "
+                     f"| {'yes' if d['tuned_by_this_run'] else 'no'} |")
+    if not result["decisions"]:
+        lines.append("| (none: every op had one eligible backend, or nothing is stored) | | | | | | |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(result: dict, path: Path) -> None:
+    """Per phase, each variant's speedup over unpatched transformers at each size (grouped bars, whiskers from the
+    variant's slowest to its fastest round)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    phases = result["phases"]
+    figure, axes = plt.subplots(1, len(phases), figsize=(6.5 * len(phases), 4.5), squeeze=False)
+    for ax, (phase, data) in zip(axes[0], phases.items()):
+        names = [n for n in data["variants"] if all(s["results"].get(n, {}).get("speedup_vs_transformers")
+                                                    for s in data["sizes"])]
+        width = 0.8 / max(len(names), 1)
+        for i, name in enumerate(names):
+            heights, low, high = [], [], []
+            for s in data["sizes"]:
+                r, reference = s["results"][name], s["results"][UNPATCHED]["median_ms"]
+                heights.append(r["speedup_vs_transformers"])  # the bar; the whisker: its slowest and fastest round
+                low.append(heights[-1] - reference / max(r["rounds_ms"]))
+                high.append(reference / min(r["rounds_ms"]) - heights[-1])
+            ax.bar([k + (i - (len(names) - 1) / 2) * width for k in range(len(heights))], heights, width,
+                   yerr=[low, high], label=name, capsize=2)
+        ax.axhline(1.0, color="black", linewidth=0.8)
+        ax.set_xticks(range(len(data["sizes"])), [s["label"] for s in data["sizes"]])
+        ax.set_ylabel("speedup over unpatched transformers")
+        ax.set_title(f"{phase} ({'CUDA graph' if data['graph'] else 'eager'})")
+        ax.legend(fontsize=7)
+    plan = result["plan"]
+    figure.suptitle(f"{plan['model']}, {plan['layers']} layers, {plan['dtype']}, {result['device_name']}")
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+
+
+def write(result: dict, out: Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "hf_bench.json").write_text(json.dumps(result, indent=1))
+    (out / "hf_bench.md").write_text(report(result))
+    try:
+        plot(result, out / "hf_bench.png")
+    except ImportError:
+        log.warning("matplotlib is not installed here: no hf_bench.png; write it elsewhere with "
+                    "python tools/hf_bench.py --plot-from %s", out / "hf_bench.json")
+
+
+def numbers(text: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in text.split(","))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="llama-3-8b", choices=sorted(MODELS))
+    parser.add_argument("--layers", type=int)
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
+    parser.add_argument("--tiny", action="store_true", help="tiny dimensions and few tokens: the logic in seconds")
+    parser.add_argument("--prefill-tokens", type=numbers, help="default 512,2048,8192 (tiny: 16,64)")
+    parser.add_argument("--decode-batches", type=numbers, help="default 1,8,64 (tiny: 1,4)")
+    parser.add_argument("--kv", type=int, help="tokens already in the KV cache; default 512 (tiny: 32)")
+    parser.add_argument("--backends", default=",".join(BACKENDS), help="the fixed backends to force")
+    parser.add_argument("--rounds", type=int, help="default 10 (tiny: 3)")
+    parser.add_argument("--block-ms", type=float, help="default 25 (tiny: 2)")
+    parser.add_argument("--projections", action="store_true", help="also route the projections through gemm.mm")
+    parser.add_argument("--no-graph", action="store_true", help="call decode steps eagerly on cuda too")
+    parser.add_argument("--out", type=Path)
+    parser.add_argument("--plot-from", type=Path, metavar="JSON", help="only write the PNG beside this hf_bench.json")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    if args.plot_from:
+        plot(json.loads(args.plot_from.read_text()), args.plot_from.with_suffix(".png"))
+        return
+    if args.out is None:
+        parser.error("--out is required (or --plot-from JSON)")
+    tiny = args.tiny
+    plan = Plan(model="tiny-llama" if tiny else args.model, layers=args.layers or (2 if tiny else 4),
+                device=args.device, dtype=args.dtype,
+                prefill_tokens=args.prefill_tokens or ((16, 64) if tiny else (512, 2048, 8192)),
+                decode_batches=args.decode_batches or ((1, 4) if tiny else (1, 8, 64)),
+                kv=args.kv or (32 if tiny else 512), backends=tuple(filter(None, args.backends.split(","))),
+                rounds=args.rounds or (3 if tiny else 10), block_ms=args.block_ms or (2 if tiny else 25),
+                projections=args.projections, graph=not args.no_graph)
+    began = time.perf_counter()
+    result = bench(plan)
+    result["wall_s"] = round(time.perf_counter() - began, 1)
+    write(result, args.out)
+    print(report(result))
+
+
+if __name__ == "__main__":
+    main()
