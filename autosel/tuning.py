@@ -6,7 +6,7 @@ from __future__ import annotations
 import fnmatch
 import logging
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable
 
 from autosel import config, platforms
@@ -302,7 +302,7 @@ def tune_ops(patterns: list[str] | None = None, *, force: bool = False, budget_s
     else:
         done = parallel.run_jobs(jobs, workers, settings=settings, budget_s=budget_s, force=force,
                                  isolate_timeout_s=isolate_timeout_s,
-                                 on_event=on_event and (lambda event, worker: on_event(event)))
+                                 on_event=on_event and (lambda event, worker: on_event(replace(event, device=worker))))
     results = iter(done)
     return [next(results) if isinstance(item, TuneJob) else item for item in planned]
 

@@ -71,7 +71,8 @@ def test_two_workers_tune_every_job_once_into_the_one_db_and_report_a_failing_on
 def test_tune_ops_over_devices_decides_as_the_one_process_tune_does(reg, monkeypatch, tmp_path):
     monkeypatch.setattr(parallel, "gpu_workers", lambda devices: cpu_workers("cpu-a", "cpu-b"))
     spread = tuning.tune_ops(["toy.*"], budget_s=5, devices=[0, 1])
-    alone = tuning.tune_ops(["toy.*"], budget_s=5, settings=config.read_settings({"AUTOSEL_DB": str(tmp_path / "one.db")}))
+    one_db = config.read_settings({"AUTOSEL_DB": str(tmp_path / "one.db")})
+    alone = tuning.tune_ops(["toy.*"], budget_s=5, settings=one_db)
 
     def decided(outcomes):
         return [(o.op, o.mode, o.status, o.platform_key, o.decision and o.decision.winner,
@@ -174,3 +175,20 @@ def test_gpus_of_two_kinds_each_get_every_job_once(reg, monkeypatch):
     assert handed == {"jobs": [("toy.small", A100.key), ("toy.small", H100.key)],
                       "workers": [A100.key, H100.key, A100.key]}
     assert [(o.op, o.platform_key) for o in outcomes] == [("toy.small", A100.key), ("toy.small", H100.key)]
+
+
+def test_the_command_spreads_the_tune_shows_each_worker_and_exits_1_for_a_failed_job(reg, monkeypatch):
+    from click.testing import CliRunner
+
+    from autosel import cli
+
+    monkeypatch.setattr(parallel, "gpu_workers", lambda devices: cpu_workers("cpu-a", "cpu-b"))
+    result = CliRunner().invoke(cli.main, ["tune", "--op", "toy.*", "--devices", "0,1", "--budget-s", "5"])
+    assert result.exit_code == 1
+    assert result.stderr.startswith("  toy.")  # the workers' progress lines, then the failure
+    assert {"toy.small", "toy.large"} == {line.split()[0] for line in result.stderr.splitlines()
+                                          if " on cpu-" in line and line.endswith(")") and "chosen" in line}
+    assert "Error: 1 of 3 op/mode pairs could not be tuned: toy.broken (eager): op 'toy.broken': its make_inputs " \
+           "raised RuntimeError" in result.stderr
+    assert [line.split()[:3] for line in result.stdout.splitlines() if line.strip().startswith("toy.")] == [
+        ["toy.broken", "eager", "failed"], ["toy.large", "eager", "tuned"], ["toy.small", "eager", "tuned"]]
