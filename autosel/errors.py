@@ -26,3 +26,7 @@ class NoCandidateError(TuningError):
 
 class IntegrationError(AutoselError):
     """A model is not what an integration (autosel.integrations) was written for; the model is left unchanged."""
+
+
+class DeviceError(AutoselError, ValueError):
+    """The GPUs asked for (`autosel tune --devices`, tune_ops(devices=...)) are not visible to this process."""

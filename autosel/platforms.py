@@ -115,10 +115,11 @@ class PlatformInfo:
         return dict(self.versions)
 
     @classmethod
-    def detect(cls) -> "PlatformInfo":
-        """Never raises: anything that fails to answer leaves the CPU defaults in place."""
+    def detect(cls, device_index: int = 0) -> "PlatformInfo":
+        """Never raises: anything that fails to answer leaves the CPU defaults in place. device_index: which of
+        the visible GPUs (autosel.parallel asks for each one it spreads tune jobs over)."""
         try:
-            return _detect()
+            return _detect(device_index)
         except Exception as exc:  # detection must not take selection down
             log.warning("platform detection failed (%s: %s); assuming a CPU", type(exc).__name__, exc)
             return _cpu_platform({})
@@ -155,7 +156,7 @@ def _driver_major() -> str | None:
         return None
 
 
-def _detect() -> PlatformInfo:
+def _detect(index: int = 0) -> PlatformInfo:
     versions: dict[str, str] = {}
     for dist in KNOWN_BACKEND_DISTRIBUTIONS + ("triton",):
         version = distribution_version(dist)
@@ -167,7 +168,7 @@ def _detect() -> PlatformInfo:
         return _cpu_platform(versions)
     versions["torch"] = torch.__version__
     if torch.version.hip and torch.cuda.is_available():
-        props = torch.cuda.get_device_properties(0)
+        props = torch.cuda.get_device_properties(index)
         versions["hip"] = str(torch.version.hip)
         return PlatformInfo(
             device_type="hip",
@@ -177,7 +178,7 @@ def _detect() -> PlatformInfo:
             versions=tuple(sorted(versions.items())),
         )
     if torch.cuda.is_available():
-        props = torch.cuda.get_device_properties(0)
+        props = torch.cuda.get_device_properties(index)
         versions["cuda"] = str(torch.version.cuda)
         driver = _driver_major()
         if driver:

@@ -38,6 +38,7 @@ class TuneEvent:
     detail: str = ""
     fraction: float = 0.0  # of the op's work done so far, 0..1
     mode: str = ""  # the execution mode being tuned
+    device: str = ""  # which worker's GPU ("cuda:1") when autosel.parallel spreads the tune; else empty
 
 
 @dataclass

@@ -6,7 +6,7 @@ from __future__ import annotations
 import fnmatch
 import logging
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable
 
 from autosel import config, platforms
@@ -169,11 +169,12 @@ def _decide_here(op: str, eligible: list[KernelSpec], platform: PlatformInfo, mo
 
 def tune_and_record(definition: OpDefinition, eligible: list[KernelSpec], *, platform: PlatformInfo, mode: str,
                     db, budget_s: float, force: bool = False, shapes: list[dict] | None = None,
-                    on_event: Callable | None = None, isolate_timeout_s: float | None = None
-                    ) -> tuple[Decision, tuple[Decision, ...]]:
+                    on_event: Callable | None = None, isolate_timeout_s: float | None = None,
+                    reference: Callable[..., Any] | None = None) -> tuple[Decision, tuple[Decision, ...]]:
     """Tune under the DB's lease for (platform, op, mode), so processes on one device time it once; record the
     op-level decision and its per-bucket decisions together. Whoever takes the lease looks the decision up
-    again first: another process may have written it since this one missed."""
+    again first: another process may have written it since this one missed. reference: what the candidates
+    are checked against, by default reference_for(definition, eligible)."""
     from autosel import __version__
     from autosel.timing import timer_for
     from autosel.tuner import Tuner
@@ -189,7 +190,7 @@ def tune_and_record(definition: OpDefinition, eligible: list[KernelSpec], *, pla
         tuner = Tuner(timer=timer_for(platform.torch_device, mode), device=platform.torch_device,
                       budget_s=budget_s, on_event=on_event, isolate_timeout_s=isolate_timeout_s)
         decision, buckets = tuner.tune_buckets(
-            definition, eligible, reference=reference_for(definition, eligible),
+            definition, eligible, reference=reference_for(definition, eligible) if reference is None else reference,
             shapes=shapes or definition.shapes_for(platform), mode=mode, platform_key=platform.key,
             versions=versions, autosel_version=__version__)
         db.record(decision, buckets)
@@ -201,11 +202,17 @@ def tune_and_record(definition: OpDefinition, eligible: list[KernelSpec], *, pla
 
 def reference_for(definition: OpDefinition, eligible: list[KernelSpec]) -> Callable[..., Any]:
     """The op's declared reference: a callable, a backend of the op, or by default its torch backend."""
+    spec = reference_spec(definition)
+    return definition.reference if spec is None else spec.load()
+
+
+def reference_spec(definition: OpDefinition) -> KernelSpec | None:
+    """The registered backend the op's candidates are checked against; None when the reference is a callable."""
     if callable(definition.reference) and not isinstance(definition.reference, KernelBackend):
-        return definition.reference
+        return None
     backend = definition.reference or KernelBackend.TORCH
     try:
-        return registry.get_backend(definition.op, backend).load()
+        return registry.get_backend(definition.op, backend)
     except KeyError:
         raise TuningError(
             f"op {definition.op!r} has no reference to check candidates against: no '{backend.value}' backend is "
@@ -218,7 +225,8 @@ def reference_for(definition: OpDefinition, eligible: list[KernelSpec]) -> Calla
 @dataclass(frozen=True)
 class TuneOutcome:
     """One (op, mode) of a batch tune: a fresh decision, a stored one reused, or why there is none.
-    buckets: the per-bucket decisions beside it (empty for an op without a bucket function)."""
+    buckets: the per-bucket decisions beside it (empty for an op without a bucket function).
+    platform_key: the platform it was decided for (several with tune_ops(devices=...) on a host whose GPUs differ)."""
 
     op: str
     mode: str
@@ -226,6 +234,21 @@ class TuneOutcome:
     decision: Decision | None = None
     detail: str = ""
     buckets: tuple[Decision, ...] = ()
+    platform_key: str = ""
+
+
+@dataclass(frozen=True)
+class TuneJob:
+    """One (op, mode) that plan_jobs found undecided on `platform_key`: everything a tune of it needs, as values
+    that pickle (module-level callables only), so a worker process (autosel.parallel) can run it."""
+
+    op: str
+    mode: str
+    platform_key: str
+    definition: OpDefinition
+    eligible: tuple[KernelSpec, ...]
+    shapes: tuple[dict, ...]
+    reference: KernelSpec | None  # the backend checked against; None: definition.reference is a callable
 
 
 def contested_ops(platform: PlatformInfo, patterns: list[str] | None = None) -> list[tuple[str, list[KernelSpec]]]:
@@ -249,16 +272,47 @@ def modes_for(platform: PlatformInfo) -> list[str]:
 def tune_ops(patterns: list[str] | None = None, *, force: bool = False, budget_s: float | None = None,
              shapes: dict[str, list[dict]] | None = None, modes: list[str] | None = None,
              on_event: Callable | None = None, settings: config.Settings | None = None,
-             isolate_timeout_s: float | None = None, copy_found: bool = False) -> list[TuneOutcome]:
+             isolate_timeout_s: float | None = None, copy_found: bool = False,
+             devices: str | list[int] | None = None) -> list[TuneOutcome]:
     """Tune every contested op (or those matching `patterns`) in every mode; stored decisions are reused.
 
     isolate_timeout_s: check each candidate first in a child process killed after this many seconds.
     copy_found: a decision found in a shipped layer is copied into the user layer (status "copied"), with its
     bucket rows, so a DB built for an image (`autosel tune --db build.db`) holds every decision.
+    devices: "all" or GPU indices such as [0, 1]: spread the tunes over one worker process per GPU
+    (autosel.parallel); each kind of GPU among them gets its own decisions. None: tune here, on the current device.
     """
     settings = settings or config.settings()
-    platform, db = platforms.current_platform(), database(settings)
-    outcomes = []
+    db, budget_s = database(settings), budget_s or settings.budget_s
+    workers = None
+    if devices is None:
+        targets = [platforms.current_platform()]
+    else:
+        from autosel import parallel
+
+        workers = parallel.gpu_workers(devices)
+        targets = list({w.platform.key: w.platform for w in workers}.values())  # one per kind of GPU
+    planned = [item for platform in targets
+               for item in plan_jobs(platform, db, patterns, force=force, shapes=shapes, modes=modes,
+                                     copy_found=copy_found)]
+    jobs = [item for item in planned if isinstance(item, TuneJob)]
+    if workers is None:
+        done = [run_job(job, platform=targets[0], db=db, budget_s=budget_s, force=force, on_event=on_event,
+                        isolate_timeout_s=isolate_timeout_s) for job in jobs]
+    else:
+        done = parallel.run_jobs(jobs, workers, settings=settings, budget_s=budget_s, force=force,
+                                 isolate_timeout_s=isolate_timeout_s,
+                                 on_event=on_event and (lambda event, worker: on_event(replace(event, device=worker))))
+    results = iter(done)
+    return [next(results) if isinstance(item, TuneJob) else item for item in planned]
+
+
+def plan_jobs(platform: PlatformInfo, db, patterns: list[str] | None = None, *, force: bool = False,
+              shapes: dict[str, list[dict]] | None = None, modes: list[str] | None = None,
+              copy_found: bool = False) -> list[TuneOutcome | TuneJob]:
+    """What tune_ops does for each contested op and mode on `platform`, in registration order: an outcome where
+    nothing needs timing (a stored decision, copied with copy_found; no shapes; no reference), else a job."""
+    planned: list[TuneOutcome | TuneJob] = []
     for op, eligible in contested_ops(platform, patterns):
         definition = registry.definition(op)
         usable = {s.backend.value for s in eligible}.__contains__
@@ -273,20 +327,38 @@ def tune_ops(patterns: list[str] | None = None, *, force: bool = False, budget_s
                 status, where = ("copied", "copied from") if copy else ("stored", "stored in")
                 kept = ("; the stored decision was kept and the given shapes were not timed; --force (force=True) "
                         "re-tunes on them") if (shapes or {}).get(op) else ""
-                outcomes.append(TuneOutcome(op, mode, status, stored, f"{where} {layer.path}{kept}", buckets))
+                planned.append(TuneOutcome(op, mode, status, stored, f"{where} {layer.path}{kept}", buckets,
+                                           platform.key))
                 continue
             op_shapes = (shapes or {}).get(op) or (definition.shapes_for(platform) if definition else [])
             if definition is None or not op_shapes:
-                outcomes.append(TuneOutcome(op, mode, "failed", None,
-                                            "no representative shapes; declare them with autosel.register_op"))
+                planned.append(TuneOutcome(op, mode, "failed", None, "no representative shapes; declare them with "
+                                           "autosel.register_op", platform_key=platform.key))
                 continue
             try:
-                decision, buckets = tune_and_record(definition, eligible, platform=platform, mode=mode, db=db,
-                                                    budget_s=budget_s or settings.budget_s, force=force,
-                                                    shapes=op_shapes, on_event=on_event,
-                                                    isolate_timeout_s=isolate_timeout_s)
+                reference = reference_spec(definition)
             except TuningError as exc:
-                outcomes.append(TuneOutcome(op, mode, "failed", None, str(exc)))
+                planned.append(TuneOutcome(op, mode, "failed", None, str(exc), platform_key=platform.key))
                 continue
-            outcomes.append(TuneOutcome(op, mode, "tuned", decision, "", buckets))
-    return outcomes
+            planned.append(TuneJob(op, mode, platform.key, definition, tuple(eligible), tuple(op_shapes), reference))
+    return planned
+
+
+def run_job(job: TuneJob, *, platform: PlatformInfo, db, budget_s: float, force: bool = False,
+            on_event: Callable | None = None, isolate_timeout_s: float | None = None) -> TuneOutcome:
+    """Tune one planned job on this process's device and record it. A TuningError (every candidate rejected, a
+    shape the op's factory cannot build) is a "failed" outcome, also sent to on_event as a "failed" TuneEvent so
+    that a progress display can close the job."""
+    from autosel.tuner import TuneEvent
+
+    reference = job.definition.reference if job.reference is None else job.reference.load()
+    try:
+        decision, buckets = tune_and_record(job.definition, list(job.eligible), platform=platform, mode=job.mode,
+                                            db=db, budget_s=budget_s, force=force, shapes=list(job.shapes),
+                                            on_event=on_event, isolate_timeout_s=isolate_timeout_s,
+                                            reference=reference)
+    except TuningError as exc:
+        if on_event is not None:
+            on_event(TuneEvent("failed", job.op, detail=str(exc), mode=job.mode))
+        return TuneOutcome(job.op, job.mode, "failed", None, str(exc), platform_key=job.platform_key)
+    return TuneOutcome(job.op, job.mode, "tuned", decision, "", buckets, job.platform_key)

@@ -902,3 +902,13 @@ def test_check_for_another_platform_compares_the_versions_installed_here(reg, mo
 def test_check_rejects_a_platform_that_is_not_a_key(reg):
     result = run("check", "--require", "toy.double", "--platform", "H200")
     assert result.exit_code == 2 and "'H200' is not a platform key device/arch/name/multiprocessors" in result.stderr
+
+
+def test_tune_on_all_gpus_without_a_gpu_says_so(reg, monkeypatch):
+    toy(reg, B.TORCH, B.TRITON)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    result = run("tune", "--devices", "all")
+    assert (result.exit_code, result.stdout) == (1, "")
+    assert result.stderr == ("Error: --devices all: no GPU is visible to torch here (torch.cuda.is_available() is "
+                             "False), so there are no GPUs to spread the tune over; leave out devices (--devices) to "
+                             "tune on this machine's current device\n")

@@ -80,12 +80,13 @@ def read_record(path: Path) -> dict[str, dict[str, list[dict]]]:
 
 
 class _TuneProgress:
-    """A rich progress bar on stderr for the op being tuned; rejections and choices are printed above it."""
+    """A rich progress bar on stderr per op being tuned (several at once with --devices); rejections and choices
+    are printed above them."""
 
     def __init__(self, total: int) -> None:
         from rich.progress import BarColumn, Progress, SpinnerColumn, TaskProgressColumn, TextColumn, TimeElapsedColumn
 
-        self.total, self.started, self.task = total, 0, None
+        self.total, self.started, self.tasks = total, 0, {}
         self.bar = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), TaskProgressColumn(),
                             TimeElapsedColumn(), console=_console(stderr=True), transient=True)
 
@@ -100,20 +101,19 @@ class _TuneProgress:
         self.bar.console.print(text, markup=False, highlight=False)
 
     def on_event(self, event) -> None:
+        job, where = (event.op, event.mode, event.device), f" on {event.device}" if event.device else ""
         if event.kind == "started":
             self.started += 1
-            mode = f"{event.mode} mode"
-            if self.task is not None:
-                self.bar.remove_task(self.task)
-            self.task = self.bar.add_task(f"[{self.started}/{self.total}] {event.op} ({mode})", total=1.0)
-        elif event.kind == "progress" and self.task is not None:
-            self.bar.update(self.task, completed=event.fraction)
+            self.tasks[job] = self.bar.add_task(f"[{self.started}/{self.total}] {event.op} ({event.mode} mode){where}",
+                                                total=1.0)
+        elif event.kind == "progress" and job in self.tasks:
+            self.bar.update(self.tasks[job], completed=event.fraction)
         elif event.kind in ("rejected", "dropped"):
-            self.say(f"  {event.op}: {event.backend} {event.kind}: {event.detail}")
+            self.say(f"  {event.op}{where}: {event.backend} {event.kind}: {event.detail}")
         elif event.kind == "chosen":
-            if self.task is not None:
-                self.bar.update(self.task, completed=1.0)
-            self.say(f"  {event.op}: {event.backend} chosen ({event.detail})")
+            self.say(f"  {event.op}{where}: {event.backend} chosen ({event.detail})")
+        if event.kind in ("chosen", "failed") and job in self.tasks:  # the job is over
+            self.bar.remove_task(self.tasks.pop(job))
 
 
 def _plan(tuning, platform, ops: tuple[str, ...], shapes_by_mode) -> list[tuple[list[str] | None, dict | None,
@@ -194,8 +194,11 @@ def _nothing_to_tune(tuning, platform, ops: tuple[str, ...], named: list[str] | 
               help="Check each candidate first in a child process, so a crash or hang becomes a rejection reason.")
 @click.option("--isolate-timeout-s", type=Seconds(), default=300.0, show_default=True,
               help="With --isolate: kill a candidate's child process after this many seconds.")
+@click.option("--devices", metavar="all|0,1,...",
+              help="Spread the tune over these GPUs, one worker process each, longest job first; GPUs of "
+                   "different models each get their own decisions. Default: this process's current device only.")
 @click.option("--json", "as_json", is_flag=True, help="Write the outcome as JSON on stdout.")
-def tune(ops, shapes_file, record_file, db, force, budget_s, isolate, isolate_timeout_s, as_json):
+def tune(ops, shapes_file, record_file, db, force, budget_s, isolate, isolate_timeout_s, devices, as_json):
     """Time the eligible backends of every op that has several, and store the winners.
 
     Ops already decided for this machine and these versions are reused (status "stored") and not timed again
@@ -207,6 +210,7 @@ def tune(ops, shapes_file, record_file, db, force, budget_s, isolate, isolate_ti
       autosel tune
       autosel tune --op 'activation.*' --budget-s 20 --db build.db
       autosel tune --isolate --isolate-timeout-s 60
+      autosel tune --devices all --db build.db
       AUTOSEL_RECORD=shapes.jsonl python serve.py ...; autosel tune --from-record shapes.jsonl
     """
     if shapes_file and record_file:
@@ -214,10 +218,16 @@ def tune(ops, shapes_file, record_file, db, force, budget_s, isolate, isolate_ti
     if _torch_missing():
         raise click.ClickException(f"tuning runs the kernels, which needs PyTorch, and torch is not installed for "
                                    f"{sys.executable}; pip install torch, then run `autosel tune` again")
-    from autosel import platforms, tuning
+    from autosel import parallel, platforms, tuning
+    from autosel.errors import DeviceError
 
     settings = _settings(db, full=True)
     platform = platforms.current_platform()
+    try:  # every kind of GPU among --devices tunes every job once
+        targets = [platform] if devices is None else list({w.platform.key: w.platform
+                                                            for w in parallel.gpu_workers(devices)}.values())
+    except DeviceError as exc:
+        raise click.ClickException(f"--devices {devices}: {exc}") from None
     if record_file:
         shapes_by_mode: dict = read_record(record_file)
     elif shapes_file:
@@ -225,8 +235,8 @@ def tune(ops, shapes_file, record_file, db, force, budget_s, isolate, isolate_ti
     else:
         shapes_by_mode = {None: None}
     runs = _plan(tuning, platform, ops, shapes_by_mode)
-    total = sum(len(tuning.contested_ops(platform, patterns)) * len(modes or tuning.modes_for(platform))
-                for patterns, _, modes in runs)
+    total = sum(len(tuning.contested_ops(target, patterns)) * len(modes or tuning.modes_for(target))
+                for patterns, _, modes in runs for target in targets)
     if not total:
         if ops or shapes_file or record_file:
             named = list(dict.fromkeys(op for shapes in shapes_by_mode.values() for op in shapes or ())) \
@@ -240,26 +250,29 @@ def tune(ops, shapes_file, record_file, db, force, budget_s, isolate, isolate_ti
             outcomes += tuning.tune_ops(patterns, force=force, budget_s=budget_s, shapes=shapes, modes=modes,
                                           on_event=progress.on_event, settings=settings,
                                           isolate_timeout_s=isolate_timeout_s if isolate else None,
-                                          copy_found=db is not None)
+                                          copy_found=db is not None, devices=devices)
     for o in outcomes:
         if o.status in ("stored", "copied") and (shapes_file or record_file):  # the file's shapes were not timed
             click.echo(f"Warning: {o.op} ({o.mode}): {o.detail}", err=True)
     if as_json:
         _echo_json({"db": str(settings.db), "platform_key": platform.key, "budget_s": budget_s,
                     "median": MEDIAN_NOTE, "outcomes": [
-                        {"op": o.op, "mode": o.mode, "status": o.status, "detail": o.detail,
+                        {"op": o.op, "mode": o.mode, "platform_key": o.platform_key, "status": o.status,
+                         "detail": o.detail,
                          **(_decision_summary(o.decision) if o.decision else {}),
                          "buckets": [{"bucket": b.bucket, "winner": b.winner} for b in o.buckets],
                          "buckets_differ": _differ(o),
                          "decision": o.decision.to_dict() if o.decision else None} for o in outcomes]})
     elif outcomes:
-        table = _table("op", "mode", "status", "winner", "median", "runner-up", "margin", "buckets", "rejected")
+        kinds = len({o.platform_key for o in outcomes}) > 1  # GPUs of several models: say whose row it is
+        table = _table("op", "mode", *["platform"] * kinds, "status", "winner", "median", "runner-up", "margin",
+                       "buckets", "rejected")
         for o in outcomes:
-            d = o.decision
+            d, platform_cell = o.decision, [o.platform_key] * kinds
             if d is None:
-                table.add_row(o.op, o.mode, o.status, "-", "-", "-", "-", "-", o.detail)
+                table.add_row(o.op, o.mode, *platform_cell, o.status, "-", "-", "-", "-", "-", o.detail)
                 continue
-            table.add_row(o.op, o.mode, o.status, d.winner,
+            table.add_row(o.op, o.mode, *platform_cell, o.status, d.winner,
                           format_us(candidate_median_us(d.candidate(d.winner))), _runner_up_text(d), format_lead(d),
                           _buckets_text(o), _rejected_text(d))
         console = _console()
@@ -269,6 +282,7 @@ def tune(ops, shapes_file, record_file, db, force, budget_s, isolate, isolate_ti
                       f"DB: {settings.db}", markup=False)
     failed = [o for o in outcomes if o.status == "failed"]
     if failed:
-        listed = "; ".join(f"{o.op} ({o.mode}): {o.detail}" for o in failed)
+        several = len({o.platform_key for o in outcomes}) > 1
+        listed = "; ".join(f"{o.op} ({o.mode}{f' on {o.platform_key}' * several}): {o.detail}" for o in failed)
         raise click.ClickException(f"{len(failed)} of {len(outcomes)} op/mode pairs could not be tuned: {listed}. "
                                    "Fix the kernels or shapes named above, or leave those ops out with --op")

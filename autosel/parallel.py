@@ -1,0 +1,242 @@
+"""Spreads the jobs of a batch tune over GPUs: one worker process per GPU, longest job first, one tuning DB.
+
+Each worker starts with CUDA_VISIBLE_DEVICES naming its GPU (ROCm's HIP runtime reads it too), so it sees one
+device as device 0 and tunes exactly as a single-process `autosel tune` does there: the same Tuner, seed, policy
+and lease (tuning.run_job). GPUs of different kinds (platform keys) are grouped: every job is done once per
+kind, by a worker of that kind, so each kind gets its own decisions. Every worker writes into the one DB, whose
+WAL mode and per-(platform, op, mode) leases already let processes write at once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import multiprocessing
+import os
+import pickle
+from dataclasses import dataclass
+from multiprocessing.connection import wait
+from typing import Callable, Iterator, Sequence
+
+from autosel import config
+from autosel.decisions import OP_LEVEL_BUCKET
+from autosel.errors import DeviceError
+from autosel.platforms import PlatformInfo
+from autosel.tuning import TuneJob, TuneOutcome, database, run_job
+
+log = logging.getLogger(__name__)
+
+# A job never tuned on this platform is guessed at this many seconds per candidate and shape; the guess only
+# orders such jobs against each other and against the stored tune_s of others.
+GUESS_S_PER_CANDIDATE_SHAPE = 1.0
+
+
+@dataclass(frozen=True)
+class Worker:
+    """One worker process: its name in messages ("cuda:1"), the variables it starts with, and the platform it
+    tunes for (jobs go only to workers of their own platform)."""
+
+    name: str
+    env: dict[str, str]
+    platform: PlatformInfo
+
+
+def parse_devices(devices: str | Sequence[int], count: int) -> list[int]:
+    """The GPU indices that "all", "0,2" or [0, 2] name among `count` visible GPUs, in order, each once."""
+    if isinstance(devices, str):
+        text = devices.strip().lower()
+        if text == "all":
+            return list(range(count))
+        try:
+            devices = [int(part) for part in text.split(",")]
+        except ValueError:
+            raise DeviceError(f"devices must be 'all' or GPU indices separated by commas such as '0,1', "
+                              f"got {devices!r}") from None
+    indices = list(dict.fromkeys(devices))
+    wrong = [i for i in indices if not 0 <= i < count]
+    if wrong:
+        raise DeviceError(f"GPU {', '.join(map(str, wrong))} asked for, but this process sees {count} GPU(s)"
+                          f"{f' (0 to {count - 1})' if count else ''}; pass indices among them, or 'all'")
+    return indices
+
+
+def gpu_workers(devices: str | Sequence[int]) -> list[Worker]:
+    """One worker per GPU named by `devices` ("all", "0,1" or [0, 1]), each with its platform detected here."""
+    import torch
+
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if not count:
+        seen = f" with CUDA_VISIBLE_DEVICES={visible!r}" if visible is not None else ""
+        raise DeviceError(f"no GPU is visible to torch here{seen} (torch.cuda.is_available() is False), so there "
+                          "are no GPUs to spread the tune over; leave out devices (--devices) to tune on this "
+                          "machine's current device")
+    # An index counts among the GPUs this process sees: under CUDA_VISIBLE_DEVICES=2,3, GPU 0 is the one named 2.
+    names = visible.split(",") if visible else [str(i) for i in range(count)]
+    return [Worker(f"cuda:{i}", {"CUDA_VISIBLE_DEVICES": names[i].strip()}, PlatformInfo.detect(device_index=i))
+            for i in parse_devices(devices, count)]
+
+
+def estimate_s(job: TuneJob, db) -> float:
+    """How long the job will take: the tune_s of the newest earlier decision of its op and mode on its platform
+    (any versions), else a guess from its candidates and shapes."""
+    earlier = [d for d, _ in db.decisions() if (d.op, d.mode, d.platform_key, d.bucket)
+               == (job.op, job.mode, job.platform_key, OP_LEVEL_BUCKET) and d.tune_s > 0]
+    if earlier:
+        return max(earlier, key=lambda d: d.created_at).tune_s
+    return GUESS_S_PER_CANDIDATE_SHAPE * len(job.eligible) * len(job.shapes)
+
+
+def longest_first(jobs: Sequence[TuneJob], db) -> list[int]:
+    """The indices of `jobs`, longest estimate first (ties in the given order): the order workers take them, so
+    that a long job does not start last and keep one GPU busy while the others idle."""
+    estimates = [estimate_s(job, db) for job in jobs]
+    return sorted(range(len(jobs)), key=lambda i: -estimates[i])
+
+
+def run_jobs(jobs: Sequence[TuneJob], workers: Sequence[Worker], *, settings: config.Settings, budget_s: float,
+             force: bool = False, isolate_timeout_s: float | None = None,
+             on_event: Callable[[object, str], None] | None = None) -> list[TuneOutcome]:
+    """Tune each job on a worker of its platform; the outcomes, in the order of `jobs`.
+
+    The workers start together and, once all are up, take jobs longest first from their platform's queue when
+    free. Their TuneEvents come back as on_event(event, worker name). A job that fails is a "failed" outcome, as
+    in a single-process tune; so is one whose worker died, and one that no worker of its platform is left for.
+    """
+    outcomes: dict[int, TuneOutcome] = {}
+    payloads: dict[int, bytes] = {}
+    kinds = {w.platform.key for w in workers}
+    for index, job in enumerate(jobs):
+        if job.platform_key not in kinds:
+            outcomes[index] = _failed(job, f"no worker is a {job.platform_key}")
+            continue
+        try:
+            payloads[index] = pickle.dumps(job)
+        except Exception as exc:  # a lambda in the op's definition cannot reach another process
+            outcomes[index] = _failed(job, f"cannot be sent to a worker process ({type(exc).__name__}: {exc}); "
+                                      "declare the op's shapes, make_inputs and bucket as module-level functions, "
+                                      "or tune without devices")
+    if not payloads:
+        return [outcomes[i] for i in range(len(jobs))]
+    order = [i for i in longest_first(jobs, database(settings)) if i in payloads]
+    context = multiprocessing.get_context("spawn")  # a fresh interpreter, started with the worker's variables
+    queues = {key: context.Queue() for key in kinds}
+    processes, pipes = {}, {}
+    try:
+        for w in workers:
+            # A pipe per worker: send() is written before it returns, so what a worker said before it crashed
+            # is still read, and the end of the pipe says it exited.
+            pipes[w.name], child_end = context.Pipe(duplex=False)
+            processes[w.name] = context.Process(target=_work, name=f"autosel-tune-{w.name}", daemon=True, args=(
+                w.name, queues[w.platform.key], child_end, settings, budget_s, force, isolate_timeout_s))
+            with _environment(w.env):
+                processes[w.name].start()
+            child_end.close()
+        _serve(jobs, order, payloads, outcomes, {w.name: w.platform.key for w in workers}, processes, pipes,
+               queues, on_event)
+        for p in processes.values():
+            p.join(timeout=10)
+    finally:
+        for p in processes.values():
+            if p.is_alive():
+                p.terminate()
+    return [outcomes[i] for i in range(len(jobs))]
+
+
+def _serve(jobs, order, payloads, outcomes, kind_of, processes, pipes, queues, on_event) -> None:
+    """The parent's side: hand out the jobs once every worker is up (or gone), pass events on, collect outcomes,
+    and fail a job whose worker died and the jobs no worker of their platform is left for."""
+    ready, gone, current = set(), {}, {}  # gone: worker -> exit code; current: worker -> the job it tunes
+    sent = False
+    while len(outcomes) < len(jobs):
+        if not sent and len(ready) + len(gone) == len(processes):  # every GPU starts on a long job at once
+            for i in order:
+                queues[jobs[i].platform_key].put((i, payloads[i]))
+            for name in processes:
+                queues[kind_of[name]].put(None)  # one stop sign per worker, after the jobs
+            sent = True
+        if sent:
+            left = {kind_of[name] for name in processes if name not in gone}
+            for i in order:
+                if i not in outcomes and jobs[i].platform_key not in left:
+                    outcomes[i] = _failed(jobs[i], f"no worker for {jobs[i].platform_key} is left to tune it "
+                                                   f"({_exits(gone)}); see the workers' errors above")
+        open_pipes = {pipes[name]: name for name in processes if name not in gone}
+        for pipe in wait(list(open_pipes)):
+            name = open_pipes[pipe]
+            try:
+                kind, *rest = pipe.recv()
+            except EOFError:  # the worker exited, and everything it sent has been read
+                processes[name].join()
+                gone[name] = processes[name].exitcode
+                if name in current:
+                    i = current.pop(name)
+                    outcomes[i] = _failed(jobs[i], f"its worker {name} died (exit code {gone[name]}) while tuning "
+                                                   "it; --isolate (isolate_timeout_s=) makes a crashing candidate "
+                                                   "a rejection reason instead")
+                continue
+            if kind == "ready":
+                ready.add(name)
+            elif kind == "took":
+                current[name] = rest[0]
+            elif kind == "event" and on_event is not None:
+                on_event(rest[0], name)
+            elif kind == "done":
+                current.pop(name, None)
+                outcomes[rest[0]] = _failed(jobs[rest[0]], rest[1]) if isinstance(rest[1], str) else rest[1]
+
+
+def _exits(gone: dict) -> str:
+    return ", ".join(f"{name} exited with code {code}" for name, code in gone.items()) or "none started"
+
+
+def _failed(job: TuneJob, detail: str) -> TuneOutcome:
+    return TuneOutcome(job.op, job.mode, "failed", None, detail, platform_key=job.platform_key)
+
+
+@contextlib.contextmanager
+def _environment(env: dict[str, str]) -> Iterator[None]:
+    """os.environ with `env` set while a worker starts: a spawned child starts with the parent's environment,
+    so its CUDA_VISIBLE_DEVICES is in place before anything in it imports torch."""
+    saved = {name: os.environ.get(name) for name in env}
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+def _work(name: str, jobs, parent, settings: config.Settings, budget_s: float, force: bool,
+          isolate_timeout_s: float | None) -> None:
+    """A worker process: take jobs until the parent sends None; tune each as `autosel tune` does on one GPU."""
+    from autosel import platforms
+
+    platform = platforms.current_platform()
+    db = database(settings)
+    parent.send(("ready",))
+    while (item := jobs.get()) is not None:
+        index, payload = item
+        parent.send(("took", index))
+        parent.send(("done", index, _tune_one(name, payload, platform, db, parent, budget_s=budget_s, force=force,
+                                             isolate_timeout_s=isolate_timeout_s)))
+
+
+def _tune_one(name: str, payload: bytes, platform: PlatformInfo, db, parent, **options) -> TuneOutcome | str:
+    """The job's outcome, or why it could not be read here (the parent makes that its failed outcome)."""
+    try:
+        job = pickle.loads(payload)
+    except Exception as exc:  # a module the op's definition names is not importable in the worker
+        log.exception("worker %s: a job could not be read", name)
+        return f"could not be read on {name}: {type(exc).__name__}: {exc}"
+    if job.platform_key != platform.key:  # the worker's own detection disagrees with the parent's: never mix kinds
+        return _failed(job, f"worker {name} is a {platform.key}, not a {job.platform_key}")
+    try:
+        return run_job(job, platform=platform, db=db, on_event=lambda event: parent.send(("event", event)),
+                       **options)
+    except Exception as exc:  # anything else a tune raises fails this job, not the worker's others
+        log.exception("worker %s: tuning %s (%s mode) raised", name, job.op, job.mode)
+        return _failed(job, f"raised {type(exc).__name__} on {name}: {exc}")

@@ -1,0 +1,194 @@
+"""autosel.parallel: tune jobs spread over worker processes. Without a GPU, two workers on this CPU stand in
+for two GPUs of one kind; the toy ops' backends are 64x apart, so each decision is the same wherever it is made.
+Each test that starts workers costs about two seconds (a spawned interpreter importing torch)."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import pytest
+from conftest import use_registry
+
+from autosel import config, parallel, tuning
+from autosel.decisions import Decision
+from autosel.errors import DeviceError
+from autosel.platforms import PlatformInfo
+from autosel.registry import KernelRegistry
+from autosel.spec import KernelBackend as B, KernelSpec, OpDefinition
+from autosel.tuning import TuneJob
+
+HERE = Path(__file__).parent
+HOST = PlatformInfo.detect()  # what a worker on this machine detects: its jobs must be for this platform
+A100 = PlatformInfo("cuda", 8, 0, arch="sm_80", device_name="NVIDIA A100-SXM4-80GB", multiprocessor_count=108)
+H100 = PlatformInfo("cuda", 9, 0, arch="sm_90", device_name="NVIDIA H100 80GB HBM3", multiprocessor_count=132)
+
+
+def cpu_workers(*names: str) -> list[parallel.Worker]:
+    return [parallel.Worker(name, {"AUTOSEL_TEST_WORKER": name}, HOST) for name in names]
+
+
+@pytest.fixture
+def reg(monkeypatch):
+    """toy.small, toy.large (more shapes: the longer job), toy.broken (its input factory raises)."""
+    import toy_kernels
+
+    monkeypatch.syspath_prepend(str(HERE))  # spawned workers start with this sys.path too
+    fresh = KernelRegistry()
+    use_registry(monkeypatch, fresh)
+    shapes = {"toy.small": toy_kernels.SHAPES[1:], "toy.large": toy_kernels.SHAPES * 2, "toy.broken": [{"n": 4}]}
+    for op, op_shapes in shapes.items():
+        fresh.register(KernelSpec(op, B.TORCH, "toy_kernels:slow"))
+        fresh.register(KernelSpec(op, B.TRITON, "toy_kernels:fast"))
+        make_inputs = toy_kernels.broken_inputs if op == "toy.broken" else toy_kernels.inputs
+        fresh.define(OpDefinition(op, shapes=op_shapes, make_inputs=make_inputs))
+    return fresh
+
+
+def plan(db=None) -> list[TuneJob]:
+    return [j for j in tuning.plan_jobs(HOST, db or tuning.database(), ["toy.*"]) if isinstance(j, TuneJob)]
+
+
+def stored(db_file) -> list[tuple]:
+    return sqlite3.connect(db_file).execute("SELECT op, mode, bucket, winner FROM decisions ORDER BY op").fetchall()
+
+
+def test_two_workers_tune_every_job_once_into_the_one_db_and_report_a_failing_one(reg):
+    events = []
+    outcomes = parallel.run_jobs(plan(), cpu_workers("cpu-a", "cpu-b"), settings=config.settings(), budget_s=5,
+                                 on_event=lambda event, worker: events.append((worker, event)))
+    assert [(o.op, o.status, o.decision and o.decision.winner) for o in outcomes] == [
+        ("toy.broken", "failed", None), ("toy.large", "tuned", "triton"), ("toy.small", "tuned", "triton")]
+    assert "input factory failed (simulated)" in outcomes[0].detail
+    assert stored(config.settings().db) == [("toy.large", "eager", "*", "triton"),
+                                           ("toy.small", "eager", "*", "triton")]
+    assert {worker for worker, _ in events} == {"cpu-a", "cpu-b"}
+    started = sorted(event.op for _, event in events if event.kind == "started")
+    assert started == ["toy.broken", "toy.large", "toy.small"]  # each job once
+    assert [event.op for _, event in events if event.kind == "failed"] == ["toy.broken"]
+
+
+def test_tune_ops_over_devices_decides_as_the_one_process_tune_does(reg, monkeypatch, tmp_path):
+    monkeypatch.setattr(parallel, "gpu_workers", lambda devices: cpu_workers("cpu-a", "cpu-b"))
+    spread = tuning.tune_ops(["toy.*"], budget_s=5, devices=[0, 1])
+    one_db = config.read_settings({"AUTOSEL_DB": str(tmp_path / "one.db")})
+    alone = tuning.tune_ops(["toy.*"], budget_s=5, settings=one_db)
+
+    def decided(outcomes):
+        return [(o.op, o.mode, o.status, o.platform_key, o.decision and o.decision.winner,
+                 o.decision and [(c.backend, c.status) for c in o.decision.candidates]) for o in outcomes]
+
+    assert decided(spread) == decided(alone)
+    assert stored(config.settings().db) == stored(tmp_path / "one.db")
+
+
+def test_a_worker_that_dies_fails_its_job_and_the_others_take_the_rest(reg):
+    # A segfaulting kernel ends its worker: its job fails, naming that; the other worker tunes the rest.
+    reg.register(KernelSpec("toy.crash", B.TORCH, "toy_kernels:slow"))
+    reg.register(KernelSpec("toy.crash", B.TRITON, "toy_kernels:segfaults"))
+    import toy_kernels
+
+    reg.define(OpDefinition("toy.crash", shapes=[{"n": 4}] * 9, make_inputs=toy_kernels.inputs))  # the longest
+    outcomes = parallel.run_jobs(plan(), cpu_workers("cpu-a", "cpu-b"), settings=config.settings(), budget_s=5)
+    by_op = {o.op: o for o in outcomes}
+    assert by_op["toy.crash"].status == "failed" and "died (exit code -11)" in by_op["toy.crash"].detail
+    assert (by_op["toy.small"].status, by_op["toy.large"].status) == ("tuned", "tuned")
+
+
+def decision(op: str, tune_s: float, *, platform=HOST, created_at="2026-01-01T00:00:00+00:00",
+             versions=None) -> Decision:
+    return Decision(op=op, mode="eager", bucket="*", winner="triton", platform_key=platform.key,
+                    versions=versions or {},
+                    candidates=(), margin=0.0, tune_s=tune_s, created_at=created_at)
+
+
+def test_jobs_go_out_longest_first_by_earlier_tune_times_else_candidates_times_shapes(reg):
+    db = tuning.database()
+    jobs = plan(db)
+    assert [jobs[i].op for i in parallel.longest_first(jobs, db)] == ["toy.large", "toy.broken", "toy.small"]
+    db.record(decision("toy.broken", 60.0))  # an earlier tune (other versions, say) took a minute
+    db.record(decision("toy.small", 0.5, created_at="2026-02-01T00:00:00+00:00"))  # the newest counts
+    db.record(decision("toy.small", 99.0, versions={"torch": "2.0"}))
+    db.record(decision("toy.large", 500.0, platform=A100))  # another platform's time does not count
+    assert [parallel.estimate_s(j, db) for j in jobs] == [60.0, 8.0, 0.5]
+    assert [jobs[i].op for i in parallel.longest_first(jobs, db)] == ["toy.broken", "toy.large", "toy.small"]
+
+
+@pytest.mark.parametrize("devices, expected", [("all", [0, 1, 2]), ("0,2", [0, 2]), (" 2, 0 ,2", [2, 0]),
+                                               ([1], [1])])
+def test_devices_name_gpus_in_order_once(devices, expected):
+    assert parallel.parse_devices(devices, 3) == expected
+
+
+@pytest.mark.parametrize("devices, count, message", [
+    ("0,x", 2, "devices must be 'all' or GPU indices separated by commas such as '0,1', got '0,x'"),
+    ("3", 2, "GPU 3 asked for, but this process sees 2 GPU(s) (0 to 1); pass indices among them, or 'all'"),
+])
+def test_devices_that_are_not_there_say_which(devices, count, message):
+    with pytest.raises(DeviceError) as info:
+        parallel.parse_devices(devices, count)
+    assert str(info.value) == message
+
+
+def test_devices_without_a_gpu_is_an_error_that_says_so(monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    with pytest.raises(DeviceError, match="^no GPU is visible to torch here"):
+        tuning.tune_ops(devices="all")
+
+
+def fake_gpus(monkeypatch, kinds: list[PlatformInfo], visible: str | None) -> None:
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: len(kinds))
+    monkeypatch.setattr(PlatformInfo, "detect", classmethod(lambda cls, device_index=0: kinds[device_index]))
+    if visible is None:
+        monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    else:
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+
+
+def test_each_worker_sees_its_own_gpu_among_those_this_process_sees(monkeypatch):
+    fake_gpus(monkeypatch, [A100, H100, A100], "5,6,7")
+    workers = parallel.gpu_workers("all")
+    assert [(w.name, w.env, w.platform.key) for w in workers] == [
+        ("cuda:0", {"CUDA_VISIBLE_DEVICES": "5"}, A100.key), ("cuda:1", {"CUDA_VISIBLE_DEVICES": "6"}, H100.key),
+        ("cuda:2", {"CUDA_VISIBLE_DEVICES": "7"}, A100.key)]
+    fake_gpus(monkeypatch, [A100, H100], None)
+    assert [w.env for w in parallel.gpu_workers("1")] == [{"CUDA_VISIBLE_DEVICES": "1"}]
+
+
+def test_gpus_of_two_kinds_each_get_every_job_once(reg, monkeypatch):
+    # Two models on one host: every (op, mode) is planned once per kind and handed only to that kind's workers.
+    fake_gpus(monkeypatch, [A100, H100, A100], None)
+    handed = {}
+
+    def run_jobs(jobs, workers, **options):
+        handed.update(jobs=[(j.op, j.platform_key) for j in jobs], workers=[w.platform.key for w in workers])
+        return [tuning.TuneOutcome(j.op, j.mode, "failed", None, "not run", platform_key=j.platform_key) for j in jobs]
+
+    monkeypatch.setattr(parallel, "run_jobs", run_jobs)
+    outcomes = tuning.tune_ops(["toy.small"], modes=["eager"], devices="all")
+    assert handed == {"jobs": [("toy.small", A100.key), ("toy.small", H100.key)],
+                      "workers": [A100.key, H100.key, A100.key]}
+    assert [(o.op, o.platform_key) for o in outcomes] == [("toy.small", A100.key), ("toy.small", H100.key)]
+
+
+def test_the_command_spreads_the_tune_shows_each_worker_and_exits_1_for_a_failed_job(reg, monkeypatch):
+    from click.testing import CliRunner
+
+    from autosel import cli
+
+    monkeypatch.setattr(parallel, "gpu_workers", lambda devices: cpu_workers("cpu-a", "cpu-b"))
+    result = CliRunner().invoke(cli.main, ["tune", "--op", "toy.*", "--devices", "0,1", "--budget-s", "5"])
+    assert result.exit_code == 1
+    assert result.stderr.startswith("  toy.")  # the workers' progress lines, then the failure
+    assert {"toy.small", "toy.large"} == {line.split()[0] for line in result.stderr.splitlines()
+                                          if " on cpu-" in line and line.endswith(")") and "chosen" in line}
+    assert "Error: 1 of 3 op/mode pairs could not be tuned: toy.broken (eager): op 'toy.broken': its make_inputs " \
+           "raised RuntimeError" in result.stderr
+    assert [line.split()[:3] for line in result.stdout.splitlines() if line.strip().startswith("toy.")] == [
+        ["toy.broken", "eager", "failed"], ["toy.large", "eager", "tuned"], ["toy.small", "eager", "tuned"]]
