@@ -25,22 +25,38 @@ class GpuPlatform:
     torch_device = "cuda"
 
 
-def test_set2_is_held_out_and_costs_what_set1_did(bench):
-    assert set(bench.SETS) == {"set1", "set2"}
-    for op, shapes in bench.SET2.items():
+@pytest.mark.parametrize("name", ["set2", "set3"])
+def test_each_set_is_held_out_from_every_earlier_one_and_costs_what_set1_did(bench, name):
+    # A shape of an earlier set (or a representative one) would put in-sample figures into a new set's table.
+    assert list(bench.SETS) == ["set1", "set2", "set3"]
+    earlier = list(bench.SETS)[:list(bench.SETS).index(name)]
+    for op, shapes in bench.SETS[name].items():
         representative = registry.definition(op).shapes(GpuPlatform())
-        assert not [s for s in shapes if s in representative or s in bench.SET1[op]], op
+        assert not [s for s in shapes if s in representative or any(s in bench.SETS[e][op] for e in earlier)], op
+        assert len({json.dumps(s, sort_keys=True) for s in shapes}) == len(shapes), op
         assert len(shapes) == len(bench.SET1[op]), op  # the benchmark's device time stays where it was
 
 
+def test_set3_has_no_token_count_or_width_of_an_earlier_set(bench):
+    def widths(shapes):
+        return {tuple(v for k, v in s.items() if k not in ("tokens", "m")) for s in shapes}
+
+    tokens = {s.get("tokens", s.get("m")) for name in ("set1", "set2") for op in bench.SET1
+              for s in bench.SETS[name][op]}
+    for op, shapes in bench.SET3.items():
+        assert not tokens & {s.get("tokens", s.get("m")) for s in shapes}, op
+        assert not widths(shapes) & (widths(bench.SET1[op]) | widths(bench.SET2[op])), op
+
+
+@pytest.mark.parametrize("name", ["set2", "set3"])
 @pytest.mark.parametrize("op", ["layernorm.rmsnorm", "layernorm.fused_add_rmsnorm", "activation.silu_and_mul",
                                 "activation.gelu_and_mul", "embeddings.rope", "gemm.mm"])
-def test_every_set2_shape_builds_its_inputs_and_bucket(bench, op):
+def test_every_shape_builds_its_inputs_and_bucket(bench, op, name):
     # The H200 run must work first time: each shape's inputs and bucket, on the meta device (no memory).
     from autosel.tuner import bucket_of
 
     definition = registry.definition(op)
-    for shape in bench.SET2[op]:
+    for shape in bench.SETS[name][op]:
         key = bucket_of(definition, definition.make_inputs(dict(shape), "meta"))
         assert key[0] == definition.bucket(*definition.make_inputs(dict(shape), "meta"))[0]
 

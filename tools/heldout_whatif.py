@@ -51,7 +51,7 @@ def _size_gap(key, tuned, gaps):
     return abs(_log_size(key) - _log_size(tuned))
 
 
-# Each rule: (key, tuned keys) -> the tuned key that decides, or None (the op-level winner).
+# Each rule: (key, tuned keys) -> the tuned key that decides, or None (the op-level winner); or such a rule per mode.
 RULES = {
     "current": lambda k, ts: _nearest(k, ts, lambda k, t, g: max(g, default=0) <= NEAREST_WITHIN, _gap_sum),
     "no limit": lambda k, ts: _nearest(k, ts, lambda k, t, g: True, _gap_sum),
@@ -64,6 +64,10 @@ RULES = {
         k, ts, lambda k, t, g: g[0] <= 2 and max(g[1:], default=0) <= 1, _gap_sum),
     "op-level only": lambda k, ts: None,
 }
+# Rules by mode: eager by size (launch cost against device time, which grows with size), graph as now.
+RULES |= {f"eager: size within {2 ** n}x, graph: current": {
+    "eager": lambda k, ts, n=n: _nearest(k, ts, lambda k, t, g: _size_gap(k, t, g) <= n, _size_gap),
+    "graph": RULES["current"]} for n in (1, 2)}
 
 
 def tables(db: Path) -> dict[tuple[str, str], tuple[str, dict]]:
@@ -108,6 +112,7 @@ def replay(call: Path, swap: str | None = None) -> list[tuple[str, str, str, dic
                 for b in us:
                     ratios.setdefault(b, []).append((us[b] or math.inf) / best)
                 for name, rule in RULES.items():
+                    rule = rule[mode] if isinstance(rule, dict) else rule
                     near = None if key in winners else rule(key, list(winners))
                     pick = winners.get(key) or (winners[near] if near is not None else default)
                     ratios.setdefault(name, []).append((us.get(pick) or math.inf) / best)
