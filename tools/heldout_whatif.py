@@ -1,7 +1,8 @@
 """What-if for the nearest-bucket rule: a device call's held-out medians (heldout-*/heldout.json, every backend
 timed per held-out shape) replayed under other rules for an untuned bucket, with the bucket decisions re-judged
-by today's policy from the same call's tune.db. Optionally one representative shape swapped for another with a
-hypothesised winner. The replay is in-sample for the shapes it reads: a rule chosen on them needs a new set.
+by today's policy from the same call's tune.db; a rule may differ by mode (eager by size, graph per number).
+Optionally one representative shape swapped for another with a hypothesised winner. The replay is in-sample
+for the shapes it reads: a rule chosen on them needs a new set.
 
     python tools/heldout_whatif.py DIR                          # DIR: tune.db, heldout-eager/, heldout-graph/
     python tools/heldout_whatif.py DIR --swap layernorm.rmsnorm:64,7168:4,7168=flashinfer
