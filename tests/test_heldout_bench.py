@@ -73,3 +73,18 @@ def test_tiny_run_on_this_cpu(bench, tmp_path, monkeypatch):
     assert result["shapes"] == "set2" and [r["bucket"] for r in result["rows"]] == [[4, 64], [32, 96]]
     assert [r["dispatcher"] for r in result["rows"]] == ["torch_compile", "torch"]
     assert "held-out shapes set2" in (tmp_path / "heldout.md").read_text()
+
+
+def test_a_backend_the_tune_rejected_is_listed_but_not_the_per_shape_best(bench):
+    from autosel.dispatch import BucketTable
+
+    # sgl_kernel's rope failed the tune's check at a representative shape, yet passes at a held-out one and is
+    # fastest there: the dispatcher can never run it, so the best it is judged against is flashinfer's.
+    rows = [{"bucket": [16, 3072, True], "us": {"flashinfer": 13.0, "triton": 20.0, "sgl_kernel": 8.0}},
+            {"bucket": [2048, 3072, True], "us": {"flashinfer": 31.0, "triton": 28.0, "sgl_kernel": 60.0}}]
+    table = BucketTable("embeddings.rope", "eager", "flashinfer")
+    summary = bench.summarize(rows, table, {"sgl_kernel": "output differs from the reference"})
+    assert [r["best"] for r in rows] == ["flashinfer", "triton"]
+    assert summary["dispatcher"] == pytest.approx(((31 / 28) ** 0.5, 31 / 28))
+    assert summary["sgl_kernel"][1] == pytest.approx(60 / 28)
+    assert bench.summarize(rows, table)["dispatcher"][1] == pytest.approx(13 / 8)  # nothing rejected: sgl_kernel is best

@@ -120,15 +120,24 @@ def measure(op: str, mode: str, shapes: list[dict], platform) -> list[dict]:
             for i, shape in enumerate(shapes)]
 
 
-def summarize(rows: list[dict], table: BucketTable) -> dict[str, tuple[float, float]]:
-    """(geometric mean, worst) over the shapes of each strategy's time over the per-shape best."""
+def rejected_by_tune(op: str, mode: str, platform) -> dict[str, str]:
+    """The backends the stored decision rejected (each failed the check at some representative shape), with the
+    reason: autosel never runs them for this op, however they fare at a held-out shape."""
+    eligible = [s for s in registry.get(op) if s.is_available(platform)]
+    hit = tuning.database().lookup(tuning.decision_key(op, eligible, platform, mode), usable=lambda backend: True)
+    return {} if hit is None else {c.backend: c.reason or "" for c in hit[0].candidates if c.status == "rejected"}
+
+
+def summarize(rows: list[dict], table: BucketTable, rejected=()) -> dict[str, tuple[float, float]]:
+    """(geometric mean, worst) over the shapes of each strategy's time over the per-shape best, the best among
+    the backends the tune did not reject (those in `rejected` are still listed, against that best)."""
     picks: dict[str, list[float]] = {"dispatcher": [], f"op-level ({table.default})": []}
     backends = sorted({b for r in rows for b in r["us"]})
     for row in rows:
         us = row["us"]
-        best = min(t for t in us.values() if t)
+        best = min(t for b, t in us.items() if t and b not in rejected)
         chosen = table.route(tuple(row["bucket"]))
-        row["dispatcher"], row["best"] = chosen, min((b for b in us if us[b]), key=us.get)
+        row["dispatcher"], row["best"] = chosen, min((b for b in us if us[b] and b not in rejected), key=us.get)
         picks["dispatcher"].append((us.get(chosen) or math.inf) / best)
         picks[f"op-level ({table.default})"].append((us.get(table.default) or math.inf) / best)
         for b in backends:
@@ -158,20 +167,26 @@ def main(argv: list[str] | None = None) -> int:
             began = time.perf_counter()
             table = table_for(op, mode)
             rows = measure(op, mode, held_out[op], platform)
-            summary = summarize(rows, table)
-            fixed = {k: v for k, v in summary.items() if k != "dispatcher" and not k.startswith("op-level")}
+            rejected = rejected_by_tune(op, mode, platform)
+            summary = summarize(rows, table, rejected)
+            fixed = {k: v for k, v in summary.items()
+                     if k != "dispatcher" and not k.startswith("op-level") and k not in rejected}
             best_fixed = min(fixed, key=lambda k: fixed[k][0])
             winners: dict[str, int] = {}
             for r in rows:
                 winners[r["best"]] = winners.get(r["best"], 0) + 1
+            start = len(lines)
             lines += [f"### {op}, {mode} ({len(rows)} shapes, {time.perf_counter() - began:.0f} s; "
                       f"per-shape winners: {', '.join(f'{b} {n}' for b, n in sorted(winners.items()))}; "
                       f"best fixed backend: {best_fixed})", "", "| pick | geomean | worst |", "|---|---|---|"]
-            lines += [f"| {name} | {g:.3f} | {w:.2f} |" for name, (g, w) in summary.items()] + [""]
+            lines += [f"| {name}{' (rejected by the tune)' if name in rejected else ''} | {g:.3f} | {w:.2f} |"
+                      for name, (g, w) in summary.items()] + [""]
+            lines += [f"- {b}: rejected by the tune, so left out of the per-shape best: {why}" for b, why in
+                      rejected.items()] + ([""] if rejected else [])
             results.append({"op": op, "mode": mode, "shapes": args.shapes, "table": {
                 "default": table.default, "winners": [[list(k), v] for k, v in table.winners.items()]},
-                "rows": rows, "summary": {k: list(v) for k, v in summary.items()}})
-            print("\n".join(lines[-len(summary) - 5:]), flush=True)
+                "rows": rows, "rejected": rejected, "summary": {k: list(v) for k, v in summary.items()}})
+            print("\n".join(lines[start:]), flush=True)
             (args.out / "heldout.md").write_text("\n".join(lines) + "\n")
             (args.out / "heldout.json").write_text(json.dumps(results, indent=1))
     return 0
