@@ -121,14 +121,6 @@ def block_sampler(fn, *, block_us: float = 1000.0) -> Sampler:
     return lambda: timer.timeit(number=number).mean * 1e6
 
 
-# What host_and_device_us lengthens its sleeps by, learnt from its own attempts (at most SLEEP_SCALE_MAX): the
-# cycles per millisecond are counted once, often while the GPU idles at a low clock (345 MHz on the H200, against
-# up to 1980 under load), so a sleep of that many cycles ends early. Starting from 1 each time, a split needed
-# 3.6 attempts on average in a whole-library tune on the H200 (cProfile, docs/H200.md).
-_sleep_scale = [1.0]
-SLEEP_SCALE_MAX = 64.0
-
-
 def host_and_device_us(fn, *, calls: int = 32) -> tuple[float, float]:
     """An eager call's two costs, per call: the host's (Python, checks, the launch) and the device's.
 
@@ -136,8 +128,7 @@ def host_and_device_us(fn, *, calls: int = 32) -> tuple[float, float]:
     it: the wall time of issuing them is the host's part. CUDA events around the block, which the GPU
     then runs back to back, give the device's part. A call launched eagerly costs about the larger.
     If the sleep was over before the host had issued every call (the GPU may then have waited for the
-    host), the block is timed again behind a sleep twice as long, and later calls start from the length
-    that held (_sleep_scale).
+    host), the block is timed again behind a sleep twice as long.
     """
     import torch
 
@@ -148,8 +139,7 @@ def host_and_device_us(fn, *, calls: int = 32) -> tuple[float, float]:
     guess_ms = (time.perf_counter() - began) / 4 * 1e3
     torch.cuda.synchronize()
     for attempt in range(6):
-        scale = _sleep_scale[0] * 2 ** attempt
-        sleep_ms = (0.2 + 2 * calls * guess_ms) * scale
+        sleep_ms = 0.2 + 2 * calls * guess_ms * 2 ** attempt
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         torch.cuda._sleep(int(sleep_ms * _sleep_cycles_per_ms()))
         start.record()
@@ -161,7 +151,6 @@ def host_and_device_us(fn, *, calls: int = 32) -> tuple[float, float]:
         end.record()
         end.synchronize()
         if asleep:
-            _sleep_scale[0] = min(scale, SLEEP_SCALE_MAX)
             break
     return host_ms / calls * 1e3, start.elapsed_time(end) / calls * 1e3
 
