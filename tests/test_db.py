@@ -599,6 +599,7 @@ def test_stress_tool_small_run(tmp_path):
     hung = figures[3]  # one waiter took the hung holder's lease over within 2 x budget, the others followed it
     assert (hung["writes"], hung["rows"], hung["followed"]) == (1, 1, 2) and hung["takeover_s"] < 1.0 + 2.0
     assert (figures[4]["tunes"], figures[4]["disagree"]) == (5, "0 / 0")
+    assert not list(tmp_path.glob("autosel-stress-*"))  # a clean run leaves no working folder behind
 
 
 def test_merge_reports_conflicts_and_leaves_them_out(tmp_path):

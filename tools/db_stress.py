@@ -35,6 +35,7 @@ import logging
 import os
 import platform
 import random
+import shutil
 import signal
 import sqlite3
 import subprocess
@@ -544,6 +545,10 @@ def main(argv: list[str] | None = None) -> int:
         shown = [a for a in (argv if argv is not None else sys.argv[1:]) if a]
         write_doc(args.write_doc, "python tools/db_stress.py " + " ".join(shown), results)
     ok = all(r["lost"] == 0 and r["errors"] == 0 and r["integrity"] == "ok" for r in results)
+    if ok:  # the DBs and logs of a clean run tell nothing more; a failed run's are kept to look into
+        shutil.rmtree(folder, ignore_errors=True)
+    else:
+        print(f"the phases' DBs and logs are kept in {folder}")
     return 0 if ok else 1
 
 
