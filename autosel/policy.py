@@ -36,7 +36,7 @@ RULES = {"cuda:graph-replay": GRAPH_RULE, "cuda:back-to-back": Rule(0.10),
 DEFAULT_RULE = Rule(0.03)  # any other timer (tests' fake timers)
 # How much slower or faster the host may run than while it was measured. The H200 machine's host ran in two
 # states, the slow one about 1.6x slower (launch-bound calls moved up to 1.9x between processes a minute
-# apart, tools/host_probe.py, and between two tunes: docs/TUNING.md section 4). Slower: 1.6x, from the fast
+# apart, docs/H200.md call P, and between two tunes: docs/TUNING.md section 4). Slower: 1.6x, from the fast
 # state to the slow one. Faster: 1.25x only (1.33x and 1.43x replayed alike); a host 1.6x faster than a tune
 # in the fast state had never been seen, yet that reading kept a pick 1.5x slower at every speed measured
 # (rope, 6 of 13 runs flipped on it).
