@@ -280,8 +280,16 @@ def _peek_user(path: Path) -> list[_Open]:
             folder = next((p for p in path.parents if p.exists()), None)
             return unread("does not exist yet (the first tune creates it)",
                           folder is not None and os.access(folder, os.W_OK))
+        # A read-only connection to a WAL-mode file makes its -wal and -shm and cannot remove them when it closes,
+        # so each read-only command left two files beside the DB. One that could write removes them as the last
+        # to close. It is opened so only where this command would make them (no -wal before it: no other
+        # connection, nothing to recover) and never writes: the layer is not writable.
+        alone = not Path(f"{path}-wal").exists()
         version, written_by, kind = _inspect_file(path, recover=False)
-        conn = connect(ro_uri(path, immutable=False), uri=True)
+        could_write = (version <= db_tools.SCHEMA_VERSION and os.access(path, os.W_OK)
+                       and os.access(path.parent, os.W_OK))
+        conn = connect(path.resolve().as_uri() + "?mode=rw" if could_write and alone
+                       else ro_uri(path, immutable=False), uri=True)
     except (OSError, sqlite3.Error, Corrupt, _Interrupted) as exc:
         if isinstance(exc, _Interrupted) or _needs_recovery(exc):
             problem = "a process was killed while writing it; not read"
@@ -298,8 +306,6 @@ def _peek_user(path: Path) -> list[_Open]:
         conn.close()
         return unread("an SQLite file but not an autosel tuning DB; not read")
     problem = _newer_problem(version, written_by) if version > db_tools.SCHEMA_VERSION else None
-    could_write = (version <= db_tools.SCHEMA_VERSION and os.access(path, os.W_OK)
-                   and os.access(path.parent, os.W_OK))
     return [_Open(str(path), "user", conn, writable=False, schema_version=version or None, problem=problem,
                   could_write=could_write)]
 

@@ -711,3 +711,21 @@ def test_lookup_near_goes_to_another_model_of_the_arch_only_with_arch(tmp_path):
         found, layer = db.lookup_near(here.key, match="arch")
         assert (found.winner, layer.kind) == ("aot", "shipped")
         assert db.lookup_near(here.key, lambda backend: backend != "aot", match="arch") is None  # A100: not sm_90
+
+
+def test_a_read_only_command_leaves_no_wal_files_beside_the_db_and_leaves_a_writer_s_alone(tmp_path):
+    path = tmp_path / "user.db"
+    with open_db(path) as db:  # a tune's DB: WAL mode, closed cleanly, so nothing beside it
+        db.record(decision())
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["user.db"]
+    with TuningDB.open(path, include_package=False, read_only=True) as peek:  # what show, doctor and check open
+        assert peek.lookup(decision().key)[0].winner == "triton"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["user.db"]  # its -wal and -shm went with it
+    with open_db(path) as engine:  # an engine holds the DB open meanwhile: its -wal and -shm are its own
+        engine.record(decision(winner="flashinfer"))
+        with TuningDB.open(path, include_package=False, read_only=True) as peek:
+            assert peek.lookup(decision().key)[0].winner == "flashinfer"
+        assert {"user.db-wal", "user.db-shm"} <= {p.name for p in tmp_path.iterdir()}
+        engine.record(decision(op="norm.other"))  # and the engine still writes
+    with TuningDB.open(path, include_package=False, read_only=True) as peek:
+        assert {d.op for d, _ in peek.decisions()} == {"norm.rms", "norm.other"}
