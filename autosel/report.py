@@ -8,7 +8,7 @@ import math
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
-from autosel.decisions import OP_LEVEL_BUCKET, CandidateResult, Decision, bucket_order
+from autosel.decisions import OP_LEVEL_BUCKET, CandidateResult, Decision, bucket_order, format_lead
 from autosel.inventory import Entry
 from autosel.policy import geomean, rule_for, shape_text
 
@@ -42,17 +42,6 @@ def format_us(value: float | None) -> str:
     if value >= 1e3:
         return f"{value / 1e3:.3g} ms"
     return f"{value:.3g} µs"
-
-
-def format_lead(decision: Decision) -> str:
-    """How much slower the runner-up is than the winner; a runner-up that was faster overall is said in words:
-    it did not beat the default by more than the noise round after round, so the default was kept."""
-    lead = decision.lead_over_runner_up
-    if lead is None:
-        return "-"
-    if lead >= 0:
-        return f"{lead:+.1%}"
-    return f"default kept: runner-up {-lead:.1%} faster, not beyond the noise in every round"
 
 
 def shape_label(shape: dict) -> str:

@@ -11,10 +11,9 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 from autosel import checks
-from autosel.decisions import OP_LEVEL_BUCKET, CandidateResult, Decision, ShapeResult, bucket_text
+from autosel.decisions import OP_LEVEL_BUCKET, CandidateResult, Decision, ShapeResult, bucket_text, format_lead
 from autosel.errors import NoCandidateError, TuningError
 from autosel.policy import DEFAULT_POLICY, Policy, Verdict, relative_scores, shape_text
-from autosel.report import format_lead
 from autosel.spec import KernelSpec, OpDefinition
 from autosel.timing import Timer, measure_together, summarize, synchronize
 

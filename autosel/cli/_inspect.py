@@ -13,10 +13,10 @@ import click
 from autosel import config
 from autosel.cli import (MEDIAN_NOTE, _check_globs, _console, _decision_summary, _echo_json, _matches, _read_db,
                          _refuse_overwrite, _runner_up_text, _settings, _table, main)
-from autosel.decisions import OP_LEVEL_BUCKET, bucket_order
+from autosel.decisions import OP_LEVEL_BUCKET, bucket_order, format_lead
 from autosel.errors import ConfigError
 from autosel.inventory import Entry, Inventory
-from autosel.report import candidate_median_us, first_call_s, format_lead, format_us
+from autosel.report import candidate_median_us, first_call_s, format_us
 
 
 # --- show -------------------------------------------------------------------------------------------------
