@@ -384,16 +384,18 @@ def report(result: dict) -> str:
              f"Timing: {plan['rounds']} rounds; in each, every variant times a block of about {plan['block_ms']:g} ms "
              f"of back-to-back steps ({clock}), the variants in turn, the order rotated each round. ms: median of the rounds; spread: (slowest round - fastest) / median. x best fixed: the "
              "variant's median over the fastest forced backend's; x transformers: unpatched transformers' median "
-             "over the variant's (above 1 is faster). matches: the step's logits within "
-             f"{TOLERANCES[plan['dtype']][0]:g} x the largest logit of transformers' eager step (max abs diff / "
-             "largest logit, worst size).", ""]
+             "over the variant's (above 1 is faster). drift: the step's largest logit difference from transformers' "
+             "eager step, over transformers' largest logit (worst size), marked * beyond "
+             f"{TOLERANCES[plan['dtype']][0]:g}; over several layers bf16 rounding in another order than "
+             "transformers' drifts that far with any backend (compare the torch row: the same math as the "
+             "reference), so accuracy is tools/hf_check.py's figure, against float32.", ""]
     titles = {"prefill": "Prefill: one eager forward, batch 1, the last position's logits (autosel: mode=\"eager\")",
               "decode": f"Decode: one token per sequence, {plan['kv']} tokens in a StaticCache (autosel: mode=\"graph\")"}
     for phase, data in result["phases"].items():
         how = "replayed from a CUDA graph" if data["graph"] else "called eagerly (no CUDA graph)"
         lines += [f"## {titles[phase]}, {how}", ""]
         head = ["variant"] + [f"{s['label']}: ms (spread) | x best fixed | x transformers" for s in data["sizes"]]
-        lines.append("| " + " | ".join(head) + " | matches | kernels |")
+        lines.append("| " + " | ".join(head) + " | drift | kernels |")
         lines.append("|" + "---|" * (1 + 3 * len(data["sizes"]) + 2))
         for name, variant in data["variants"].items():
             cells, worst, failures = [], None, []
@@ -410,7 +412,7 @@ def report(result: dict) -> str:
                 rel = r["max_abs_diff"] / max(r["logit_scale"], 1e-30)
                 worst = rel if worst is None else max(worst, rel)
             ok = all(s["results"][name].get("matches") for s in data["sizes"] if name in s["results"])
-            match = "-" if worst is None else f"{'yes' if ok else 'NO'} ({worst:.2g})"
+            match = "-" if worst is None else f"{worst:.2g}{'' if ok else ' *'}"
             lines.append(f"| {name} | " + " | ".join(cells) + f" | {match} | "
                          + "; ".join([kernels_text(variant), *failures]) + " |")
         lines.append("")
