@@ -10,21 +10,15 @@ import sqlite3
 import threading
 import time
 import uuid
-import warnings
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterator, Sequence
 
-from sqlite_utils import Database
-
-from autosel import db_tools
-from autosel.db_tools import (
-    KEY_COLUMNS, OWN_TABLES, ROW_COLUMNS, SQLITE_MAGIC, Conflict, Corrupt, MergeReport, NotSQLite, connect,
-    decision_row, export_decisions, header_application_id, identify, immediate, inspect, is_corrupt, merge, migrate,
-    parse_row, read_decisions, ro_uri,
-)
 from autosel.config import DEFAULT_BUDGET_S
+from autosel.db_files import Layer, OpenFile, memory_file, open_shipped, open_user, peek_user, warn_once
+from autosel.db_tools import (
+    KEY_COLUMNS, Conflict, MergeReport, decision_row, export_decisions, immediate, merge, parse_row, read_decisions,
+)
 from autosel.decisions import OP_LEVEL_BUCKET, Decision, DecisionKey
 from autosel.errors import DatabaseError
 from autosel.platforms import near_rank
@@ -35,319 +29,6 @@ if TYPE_CHECKING:
 __all__ = ["Conflict", "Layer", "MergeReport", "TuningDB", "export_decisions", "merge", "read_decisions"]
 
 logger = logging.getLogger(__name__)
-
-_warned: set[tuple[str, str]] = set()
-
-
-def warn_once(path: object, condition: str, message: str) -> None:
-    """One RuntimeWarning per (path, condition) per process: degraded but working, remedy in the sentence."""
-    if (str(path), condition) not in _warned:
-        _warned.add((str(path), condition))
-        warnings.warn(message, RuntimeWarning, stacklevel=2)
-
-
-@dataclass(frozen=True)
-class Layer:
-    """The state of one layer, for `autosel doctor` and `show`."""
-
-    path: str  # ":memory:" for the in-memory fallback
-    kind: str  # "user" | "shipped" | "memory"
-    writable: bool
-    schema_version: int | None
-    rows: int
-    problem: str | None
-
-
-class _Open:
-    """One open layer: its connection and what is known about it."""
-
-    def __init__(self, path: str, kind: str, conn: sqlite3.Connection, *, writable: bool,
-                 schema_version: int | None, problem: str | None = None, could_write: bool | None = None):
-        """could_write: opened read-only for a command that only reads, whether selection could write the file."""
-        self.path, self.kind, self.conn, self.writable = path, kind, conn, writable
-        self.schema_version, self.problem, self.broken = schema_version, problem, False
-        self.could_write = could_write
-        self.db = Database(conn, execute_plugins=False) if writable else None
-
-    def layer(self) -> Layer:
-        try:
-            rows = self.conn.execute("SELECT count(*) FROM decisions").fetchone()[0]
-        except sqlite3.Error:
-            rows = 0
-        writable = self.could_write if self.could_write is not None else self.writable and not self.broken
-        return Layer(self.path, self.kind, writable, self.schema_version, rows, self.problem)
-
-    def select(self, where: str = "", params: Sequence = ()) -> list[tuple]:
-        if self.broken:
-            return []
-        try:
-            return self.conn.execute(
-                f"SELECT {', '.join(ROW_COLUMNS)} FROM decisions {where} ORDER BY op, mode, bucket, platform_key",
-                params).fetchall()
-        except sqlite3.Error as exc:
-            self.broken, self.problem = True, f"read failed: {exc}"
-            remedy = ("remove it from AUTOSEL_DB_PATH" if self.kind == "shipped"
-                      else "set AUTOSEL_DB (or --db) to another file")
-            warn_once(self.path, "read", f"reading tuning DB {self.path} failed ({exc}); skipping it for the rest "
-                      f"of this process. Run `autosel doctor` to check it, or {remedy}.")
-            return []
-
-
-def _memory(problem: str | None = None) -> _Open:
-    conn = connect(":memory:")
-    migrate(conn)
-    return _Open(":memory:", "memory", conn, writable=True, schema_version=db_tools.SCHEMA_VERSION, problem=problem)
-
-
-def _inode(path: Path) -> int | None:
-    try:
-        return path.stat().st_ino
-    except OSError:
-        return None
-
-
-def _move_aside(path: Path, inode: int | None) -> Path | None:
-    """Rename a corrupt file (and its -wal/-shm) to <name>.corrupt-<timestamp>; never delete it."""
-    if inode is None or _inode(path) != inode:
-        return None  # another process already moved it (and may have started a fresh one): leave that alone
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    target, n = path.with_name(f"{path.name}.corrupt-{stamp}"), 1
-    while target.exists():
-        target, n = path.with_name(f"{path.name}.corrupt-{stamp}-{n}"), n + 1
-    try:
-        os.rename(path, target)
-    except FileNotFoundError:
-        return None
-    for suffix in ("-wal", "-shm", "-journal"):
-        side = Path(f"{path}{suffix}")
-        if side.exists():
-            os.rename(side, Path(f"{target}{suffix}"))
-    return target
-
-
-class _Interrupted(Exception):
-    """A process was killed in a write transaction: a journal lies next to the file, whose header may be unwritten."""
-
-
-def _inspect_file(path: Path, *, recover: bool = True) -> tuple[int, str, str]:
-    """(user_version, written by, identify()'s kind) of an existing file; NotSQLite or Corrupt if it is not sound.
-
-    recover: a process killed in a write transaction leaves a hot journal (or a WAL to recover) that a read-only
-    connection cannot roll back (SQLITE_READONLY_ROLLBACK / _RECOVERY), and a new file's first page may not be
-    written yet; let SQLite's own crash recovery run through a read-write connection that only reads, as any
-    SQLite client opening the file would. Without it, a DB whose creator was killed stayed read-only (or was
-    taken for a file that is not SQLite) in every later process."""
-    # Check through a read-only connection first: closing a read-write one on a bad file would checkpoint
-    # into it and delete its -wal, and the moved-aside copy must keep the bytes it had.
-    for attempt in range(2):
-        with open(path, "rb") as f:
-            head = f.read(len(SQLITE_MAGIC))
-        if attempt and not head:
-            return 0, "unknown", "empty"  # rolled back to nothing: a new file
-        if head != SQLITE_MAGIC:
-            if not Path(f"{path}-journal").exists():
-                raise NotSQLite("it is not an SQLite file (no SQLite header)")
-            if not recover or attempt:
-                raise _Interrupted("a process was killed while writing it")
-        else:
-            conn = connect(ro_uri(path, immutable=False), uri=True)
-            try:
-                version, written_by, _ = inspect(conn)
-                return version, written_by, identify(conn)
-            except sqlite3.Error as exc:
-                if not (recover and _needs_recovery(exc)) or attempt:
-                    raise
-            finally:
-                conn.close()
-        logger.info("%s: recovering after a process that was killed while writing it", path)
-        writer = connect(str(path))
-        try:
-            writer.execute("SELECT count(*) FROM sqlite_master").fetchone()  # rolls a hot journal back
-        except sqlite3.Error as exc:
-            logger.info("%s: recovery did not help: %s", path, exc)
-        finally:
-            writer.close()
-    raise AssertionError("unreachable")
-
-
-def _needs_recovery(exc: BaseException) -> bool:
-    # Python 3.10 has no sqlite_errorname: the message of SQLITE_READONLY_ROLLBACK / _RECOVERY then tells.
-    name = getattr(exc, "sqlite_errorname", "")
-    return name.startswith("SQLITE_READONLY_") if name else "readonly database" in str(exc)
-
-
-def _damaged_autosel(path: Path) -> bool:
-    """Whether a damaged SQLite file is autosel's (its header's mark, or autosel's tables still listed), and so
-    may be moved aside; a damaged file of anyone else's is left where it is."""
-    if header_application_id(path) == db_tools.APPLICATION_ID:
-        return True
-    try:
-        conn = connect(ro_uri(path, immutable=False), uri=True)
-        try:
-            tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
-        finally:
-            conn.close()
-    except sqlite3.Error:
-        return False
-    return tables == OWN_TABLES
-
-
-def _switch_to_wal(conn: sqlite3.Connection) -> None:
-    """PRAGMA journal_mode = WAL, retried while busy: the switch does not wait through the busy timeout, so a
-    process creating the DB next to another one (or next to one killed mid-creation) got "database is locked"
-    and fell back to memory for good."""
-    deadline = time.monotonic() + db_tools.BUSY_TIMEOUT_S
-    while True:
-        try:
-            conn.execute("PRAGMA journal_mode = WAL")
-            return
-        except sqlite3.OperationalError as exc:
-            if "locked" not in str(exc) or time.monotonic() > deadline:
-                raise
-            time.sleep(0.02)
-
-
-def _open_user(path: Path) -> list[_Open]:
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        return _readonly(path, f"cannot create folder {path.parent} ({exc.strerror or exc})")
-    problem = None
-    for attempt in range(2):
-        inode, conn = _inode(path), None
-        try:
-            if path.is_file() and path.stat().st_size:
-                version, written_by, kind = _inspect_file(path)
-                if version > db_tools.SCHEMA_VERSION:
-                    return _newer(path, version, written_by)
-                if kind == "foreign":
-                    return _readonly(path, "it is an SQLite file but not an autosel tuning DB; left untouched",
-                                     ro=False)
-            if path.exists() and not os.access(path, os.W_OK):
-                return _readonly(path, "the file is read-only")
-            conn = connect(str(path))
-            if identify(conn) == "foreign":  # someone made it something else since we looked
-                conn.close()
-                return _readonly(path, "it is an SQLite file but not an autosel tuning DB; left untouched",
-                                 ro=False)
-            _switch_to_wal(conn)
-            conn.execute("PRAGMA synchronous = NORMAL")  # WAL + NORMAL: a killed process loses nothing committed
-            migrate(conn)
-            return [_Open(str(path), "user", conn, writable=True, schema_version=db_tools.SCHEMA_VERSION,
-                          problem=problem)]
-        except (OSError, sqlite3.Error, Corrupt, _Interrupted) as exc:
-            if conn is not None:
-                conn.close()
-            if isinstance(exc, (NotSQLite, _Interrupted)):
-                return _readonly(path, f"{exc}; left untouched", ro=False)
-            if not is_corrupt(exc) or attempt or not _damaged_autosel(path):
-                return _readonly(path, f"cannot be opened for writing ({exc})", ro=not is_corrupt(exc))
-            moved = _move_aside(path, inode)  # only the file we found corrupt, not one a racer just created
-            where = f"moved aside to {moved}" if moved else "another process moved it aside"
-            warn_once(path, "corrupt", f"tuning DB {path} is corrupt ({exc}); {where} (kept, not deleted) and "
-                      "started a new one. Decisions it held will be tuned again when needed.")
-            problem = f"corrupt; {where}"
-    raise AssertionError("unreachable")
-
-
-def _readonly(path: Path, reason: str, *, ro: bool = True) -> list[_Open]:
-    """The user DB cannot be written: keep this process's decisions in memory, still read the file if possible."""
-    warn_once(path, "readonly", f"tuning DB {path}: {reason}; decisions made by this process are kept in memory "
-              "and lost at exit. Set AUTOSEL_DB to a writable file path.")
-    layers = [_memory(f"{reason}; decisions kept in memory")]
-    try:
-        if ro and path.is_file():
-            conn = connect(ro_uri(path, immutable=False), uri=True)
-            version, _, tables = inspect(conn)
-            if "decisions" in tables and identify(conn) == "autosel":
-                layers.append(_Open(str(path), "user", conn, writable=False, schema_version=version, problem=reason))
-    except (OSError, sqlite3.Error, Corrupt) as exc:
-        logger.info("cannot read %s read-only either: %s", path, exc)
-    return layers
-
-
-def _peek_user(path: Path) -> list[_Open]:
-    """The user layer for a command that only reads: nothing is created, migrated, stamped or moved aside.
-    Its Layer says whether selection could write the file."""
-    def unread(problem: str, could_write: bool = False) -> list[_Open]:
-        conn = connect(":memory:")
-        migrate(conn)  # an empty in-memory stand-in, so the layer lists with no rows
-        return [_Open(str(path), "user", conn, writable=False, schema_version=None, problem=problem,
-                      could_write=could_write)]
-
-    try:
-        if not path.exists():
-            folder = next((p for p in path.parents if p.exists()), None)
-            return unread("does not exist yet (the first tune creates it)",
-                          folder is not None and os.access(folder, os.W_OK))
-        # A read-only connection to a WAL-mode file makes its -wal and -shm and cannot remove them when it closes,
-        # so each read-only command left two files beside the DB. One that could write removes them as the last
-        # to close. It is opened so only where this command would make them (no -wal before it: no other
-        # connection, nothing to recover) and never writes: the layer is not writable.
-        alone = not Path(f"{path}-wal").exists()
-        version, written_by, kind = _inspect_file(path, recover=False)
-        could_write = (version <= db_tools.SCHEMA_VERSION and os.access(path, os.W_OK)
-                       and os.access(path.parent, os.W_OK))
-        conn = connect(path.resolve().as_uri() + "?mode=rw" if could_write and alone
-                       else ro_uri(path, immutable=False), uri=True)
-    except (OSError, sqlite3.Error, Corrupt, _Interrupted) as exc:
-        if isinstance(exc, _Interrupted) or _needs_recovery(exc):
-            problem = "a process was killed while writing it; not read"
-            remedy = "The next `autosel tune` or selection that opens it recovers it (SQLite's crash recovery)."
-        elif is_corrupt(exc) and not isinstance(exc, NotSQLite) and _damaged_autosel(path):
-            problem = f"unreadable ({exc})"
-            remedy = "Selection will move it aside (kept, not deleted) and start a new one."
-        else:
-            problem = f"{exc}; not read" if isinstance(exc, NotSQLite) else f"unreadable ({exc}); not read"
-            remedy = "Left as it is; point AUTOSEL_DB (or --db) at a tuning DB."
-        warn_once(path, "peek", f"tuning DB {path}: {problem}. {remedy}")
-        return unread(problem)
-    if kind == "foreign":
-        conn.close()
-        return unread("an SQLite file but not an autosel tuning DB; not read")
-    problem = _newer_problem(version, written_by) if version > db_tools.SCHEMA_VERSION else None
-    return [_Open(str(path), "user", conn, writable=False, schema_version=version or None, problem=problem,
-                  could_write=could_write)]
-
-
-def _newer_problem(version: int, written_by: str) -> str:
-    return f"schema {version} written by autosel {written_by} is newer than this autosel's {db_tools.SCHEMA_VERSION}"
-
-
-def _newer(path: Path, version: int, written_by: str) -> list[_Open]:
-    problem = _newer_problem(version, written_by)
-    warn_once(path, "newer", f"tuning DB {path} has {problem}; reading it without changing it, and keeping new "
-              f"decisions in memory. Upgrade autosel to {written_by} or later, or set AUTOSEL_DB to another file.")
-    conn = connect(ro_uri(path, immutable=False), uri=True)
-    return [_memory(f"user DB is read-only ({problem}); decisions kept in memory"),
-            _Open(str(path), "user", conn, writable=False, schema_version=version, problem=problem)]
-
-
-def _open_shipped(path: Path) -> _Open | None:
-    try:
-        with open(path, "rb") as f:  # a copy of a live WAL-mode DB keeps rows in a -wal that immutable never reads
-            wal = f.read(20)[18:20] == b"\x02\x02"
-        conn = connect(ro_uri(path, immutable=True), uri=True)  # immutable: no -wal/-shm, no locks, no writes
-        version, written_by, tables = inspect(conn)
-        if "decisions" not in tables:
-            raise Corrupt("WAL-mode file: its tables are in a -wal that is not read" if wal
-                          else "it has no decisions table; it is not an autosel tuning DB")
-        if identify(conn) == "foreign":
-            raise Corrupt("it is an SQLite file but not an autosel tuning DB")
-    except (OSError, sqlite3.Error, Corrupt) as exc:
-        warn_once(path, "shipped", f"shipped tuning DB {path} is unreadable ({exc}); skipped. Replace it with a "
-                  "file from `autosel export --format sqlite`, or remove it from AUTOSEL_DB_PATH.")
-        return None
-    problem = None
-    if version > db_tools.SCHEMA_VERSION:
-        problem = _newer_problem(version, written_by)
-        warn_once(path, "newer", f"shipped tuning DB {path} has {problem}; reading the rows that parse. "
-                  f"Upgrade autosel to {written_by} or later.")
-    if wal or not conn.execute("SELECT count(*) FROM decisions").fetchone()[0]:
-        problem = "WAL-mode file: rows still in a -wal next to it are not read" if wal else "no decisions in it"
-        warn_once(path, "empty", f"shipped tuning DB {path}: {problem}. Ship a file made by "
-                  "`autosel export --format sqlite` (a single file in DELETE journal mode), not a copy of a user DB.")
-    return _Open(str(path), "shipped", conn, writable=False, schema_version=version, problem=problem)
 
 
 def _expanded(path: Path | str, what: str) -> Path:
@@ -420,7 +101,7 @@ def _same_tune_params(decision: Decision) -> tuple:
 class TuningDB:
     """The user layer first, then shipped layers; reads go down the layers, writes go to the user layer only."""
 
-    def __init__(self, opener: Callable[[], list[_Open]]):
+    def __init__(self, opener: Callable[[], list[OpenFile]]):
         self._opener, self._pid, self._layers = opener, os.getpid(), opener()
         self._lock, self._inherited = threading.RLock(), []
 
@@ -432,22 +113,22 @@ class TuningDB:
         user = _expanded(user, "the user tuning DB path") if user is not None else None
         shipped = [_expanded(p, "a shipped tuning DB path") for p in shipped]
 
-        def opener() -> list[_Open]:
+        def opener() -> list[OpenFile]:
             if user is None:
-                layers = [_memory()]
+                layers = [memory_file()]
             else:
-                layers = _peek_user(user) if read_only else _open_user(user)
+                layers = peek_user(user) if read_only else open_user(user)
             seen = {os.path.realpath(layer.path) for layer in layers}
             for path in _shipped_paths(shipped, include_package):
                 if os.path.realpath(path) not in seen:
                     seen.add(os.path.realpath(path))
-                    opened = _open_shipped(path)
+                    opened = open_shipped(path)
                     layers += [opened] if opened else []
             return layers
 
         return cls(opener)
 
-    def _here(self) -> list[_Open]:
+    def _here(self) -> list[OpenFile]:
         # SQLite connections must not cross fork(): a child (DataLoader, forked workers) opens its own.
         # The inherited ones are kept unclosed: closing them in the child could disturb the parent's locks.
         if os.getpid() != self._pid:
@@ -508,11 +189,11 @@ class TuningDB:
             rank, index, decision, layer = min(found, key=lambda item: item[:2])  # min keeps the first: the newest
             return decision, layer.layer()
 
-    def _writable(self) -> _Open:
+    def _writable(self) -> OpenFile:
         for layer in self._here():
             if layer.writable and not layer.broken:
                 return layer
-        self._layers.insert(0, _memory("no writable layer left; decisions kept in memory"))
+        self._layers.insert(0, memory_file("no writable layer left; decisions kept in memory"))
         return self._layers[0]
 
     def record(self, decision: Decision, buckets: Sequence[Decision] | None = None) -> Layer:
@@ -604,13 +285,13 @@ class TuningDB:
                     logger.warning("could not release the tuning lease on %s (%s): %s; it expires after %.0f s",
                                    op, layer.path, exc, ttl_s)
 
-    def _write_failed(self, layer: _Open, exc: sqlite3.Error) -> None:
+    def _write_failed(self, layer: OpenFile, exc: sqlite3.Error) -> None:
         layer.writable, layer.problem = False, f"write failed: {exc}; decisions kept in memory"
         warn_once(layer.path, "write", f"writing to tuning DB {layer.path} failed ({exc}); new decisions are "
                   "kept in memory for this process. Check free space and permissions, or whether another "
                   "process holds a write transaction open.")
 
-    def _acquire(self, layer: _Open, key: tuple[str, str, str], token: str, ttl_s: float, wait_s: float,
+    def _acquire(self, layer: OpenFile, key: tuple[str, str, str], token: str, ttl_s: float, wait_s: float,
                  poll_s: float) -> bool:
         host, start, waited, holder = socket.gethostname(), time.monotonic(), False, None
         while True:
