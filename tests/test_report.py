@@ -6,9 +6,9 @@ import re
 
 import pytest
 
-from autosel.decisions import CandidateResult, Decision, Measurement, ShapeResult, bucket_text
+from autosel.decisions import CandidateResult, Decision, Measurement, ShapeResult, bucket_text, format_lead
 from autosel.inventory import Entry
-from autosel.report import candidate_median_us, format_lead, format_us, render_report, sections, svg_chart
+from autosel.report import candidate_median_us, format_us, render_report, sections, svg_chart
 
 SHAPES = [{"tokens": 1, "hidden": 4096}, {"tokens": 512, "hidden": 4096}]
 
