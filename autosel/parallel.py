@@ -19,7 +19,7 @@ from multiprocessing.connection import wait
 from typing import Callable, Iterator, Sequence
 
 from autosel import config
-from autosel.decisions import OP_LEVEL_BUCKET
+from autosel.decisions import OP_LEVEL_BUCKET, Decision
 from autosel.errors import DeviceError
 from autosel.platforms import PlatformInfo
 from autosel.tuning import TuneJob, TuneOutcome, database, run_job
@@ -77,20 +77,30 @@ def gpu_workers(devices: str | Sequence[int]) -> list[Worker]:
             for i in parse_devices(devices, count)]
 
 
-def estimate_s(job: TuneJob, db) -> float:
-    """How long the job will take: the tune_s of the newest earlier decision of its op and mode on its platform
-    (any versions), else a guess from its candidates and shapes."""
-    earlier = [d for d, _ in db.decisions() if (d.op, d.mode, d.platform_key, d.bucket)
-               == (job.op, job.mode, job.platform_key, OP_LEVEL_BUCKET) and d.tune_s > 0]
-    if earlier:
-        return max(earlier, key=lambda d: d.created_at).tune_s
-    return GUESS_S_PER_CANDIDATE_SHAPE * len(job.eligible) * len(job.shapes)
+def earlier_tune_s(db) -> dict[tuple[str, str, str], float]:
+    """Per (op, mode, platform key), the tune_s of the newest op-level decision that has one (any versions), from
+    one read of the DB."""
+    newest: dict[tuple[str, str, str], Decision] = {}
+    for d, _ in db.decisions():
+        key = (d.op, d.mode, d.platform_key)
+        if d.bucket == OP_LEVEL_BUCKET and d.tune_s > 0 and (key not in newest
+                                                              or d.created_at > newest[key].created_at):
+            newest[key] = d
+    return {key: d.tune_s for key, d in newest.items()}
+
+
+def estimate_s(job: TuneJob, earlier: dict[tuple[str, str, str], float]) -> float:
+    """How long the job will take: its earlier tune_s on its platform (earlier_tune_s), else a guess from its
+    candidates and shapes."""
+    return earlier.get((job.op, job.mode, job.platform_key)) or (
+        GUESS_S_PER_CANDIDATE_SHAPE * len(job.eligible) * len(job.shapes))
 
 
 def longest_first(jobs: Sequence[TuneJob], db) -> list[int]:
     """The indices of `jobs`, longest estimate first (ties in the given order): the order workers take them, so
     that a long job does not start last and keep one GPU busy while the others idle."""
-    estimates = [estimate_s(job, db) for job in jobs]
+    earlier = earlier_tune_s(db)
+    estimates = [estimate_s(job, earlier) for job in jobs]
     return sorted(range(len(jobs)), key=lambda i: -estimates[i])
 
 

@@ -110,7 +110,7 @@ def test_jobs_go_out_longest_first_by_earlier_tune_times_else_candidates_times_s
     db.record(decision("toy.small", 0.5, created_at="2026-02-01T00:00:00+00:00"))  # the newest counts
     db.record(decision("toy.small", 99.0, versions={"torch": "2.0"}))
     db.record(decision("toy.large", 500.0, platform=A100))  # another platform's time does not count
-    assert [parallel.estimate_s(j, db) for j in jobs] == [60.0, 8.0, 0.5]
+    assert [parallel.estimate_s(j, parallel.earlier_tune_s(db)) for j in jobs] == [60.0, 8.0, 0.5]
     assert [jobs[i].op for i in parallel.longest_first(jobs, db)] == ["toy.broken", "toy.large", "toy.small"]
 
 
