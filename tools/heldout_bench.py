@@ -20,7 +20,6 @@ Writes DIR/heldout.md (the tables) and DIR/heldout.json (every median).
 from __future__ import annotations
 
 import argparse
-import fnmatch
 import json
 import math
 import sys
@@ -99,7 +98,7 @@ def table_for(op: str, mode: str) -> BucketTable:
     return table or BucketTable(op, mode, selector.select_kernel(op, mode=mode).backend.value)
 
 
-def measure(op: str, mode: str, shapes: list[dict], platform) -> list[dict]:
+def measure(op: str, mode: str, eligible: list, shapes: list[dict], platform) -> list[dict]:
     """Every eligible backend's median per shape (None: rejected at that shape), by autosel's tuner, with each
     shape's bucket as the tuner computed it (from the bucket rows of this measurement)."""
     from autosel.decisions import parse_bucket
@@ -107,7 +106,6 @@ def measure(op: str, mode: str, shapes: list[dict], platform) -> list[dict]:
     from autosel.tuner import Tuner
 
     definition = registry.definition(op)
-    eligible = [s for s in registry.get(op) if s.is_available(platform)]
     tuner = Tuner(timer=timer_for(platform.torch_device, mode), device=platform.torch_device,
                   drop_factor=math.inf, budget_s=1e9)
     decision, buckets = tuner.tune_buckets(definition, eligible, reference=tuning.reference_for(definition, eligible),
@@ -120,11 +118,10 @@ def measure(op: str, mode: str, shapes: list[dict], platform) -> list[dict]:
             for i, shape in enumerate(shapes)]
 
 
-def rejected_by_tune(op: str, mode: str, platform) -> dict[str, str]:
+def rejected_by_tune(op: str, mode: str, eligible: list, platform) -> dict[str, str]:
     """The backends the stored decision rejected (each failed the check at some representative shape), with the
     reason: autosel never runs them for this op, however they fare at a held-out shape."""
-    eligible = [s for s in registry.get(op) if s.is_available(platform)]
-    hit = tuning.database().lookup(tuning.decision_key(op, eligible, platform, mode), usable=lambda backend: True)
+    hit = tuning.database().lookup(tuning.decision_key(op, eligible, platform, mode))
     return {} if hit is None else {c.backend: c.reason or "" for c in hit[0].candidates if c.status == "rejected"}
 
 
@@ -160,14 +157,14 @@ def main(argv: list[str] | None = None) -> int:
     lines = [f"Platform `{platform.key}`, versions {platform.version_map}; held-out shapes {args.shapes}.", "",
              "Time over the per-shape best: geometric mean, worst (inf: the pick failed a shape's check).", ""]
     results = []
-    for op, _ in tuning.contested_ops(platform, args.op):
-        if op not in held_out or (args.op and not any(fnmatch.fnmatchcase(op, p) for p in args.op)):
+    for op, eligible in tuning.contested_ops(platform, args.op):
+        if op not in held_out:  # contested_ops already kept only the ops matching --op
             continue
         for mode in args.mode or tuning.modes_for(platform):
             began = time.perf_counter()
             table = table_for(op, mode)
-            rows = measure(op, mode, held_out[op], platform)
-            rejected = rejected_by_tune(op, mode, platform)
+            rows = measure(op, mode, eligible, held_out[op], platform)
+            rejected = rejected_by_tune(op, mode, eligible, platform)
             summary = summarize(rows, table, rejected)
             fixed = {k: v for k, v in summary.items()
                      if k != "dispatcher" and not k.startswith("op-level") and k not in rejected}
