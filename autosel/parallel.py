@@ -89,6 +89,12 @@ def earlier_tune_s(db) -> dict[tuple[str, str, str], float]:
     return {key: d.tune_s for key, d in newest.items()}
 
 
+def kinds(workers: Sequence[Worker]) -> list[PlatformInfo]:
+    """One platform per kind of GPU among the workers (their platform keys), in the workers' order: what a tune
+    over them plans its jobs for."""
+    return list({w.platform.key: w.platform for w in workers}.values())
+
+
 def estimate_s(job: TuneJob, earlier: dict[tuple[str, str, str], float]) -> float:
     """How long the job will take: its earlier tune_s on its platform (earlier_tune_s), else a guess from its
     candidates and shapes."""
@@ -115,9 +121,9 @@ def run_jobs(jobs: Sequence[TuneJob], workers: Sequence[Worker], *, settings: co
     """
     outcomes: dict[int, TuneOutcome] = {}
     payloads: dict[int, bytes] = {}
-    kinds = {w.platform.key for w in workers}
+    keys = {w.platform.key for w in workers}
     for index, job in enumerate(jobs):
-        if job.platform_key not in kinds:
+        if job.platform_key not in keys:
             outcomes[index] = _failed(job, f"no worker is a {job.platform_key}")
             continue
         try:
@@ -130,7 +136,7 @@ def run_jobs(jobs: Sequence[TuneJob], workers: Sequence[Worker], *, settings: co
         return [outcomes[i] for i in range(len(jobs))]
     order = [i for i in longest_first(jobs, database(settings)) if i in payloads]
     context = multiprocessing.get_context("spawn")  # a fresh interpreter, started with the worker's variables
-    queues = {key: context.Queue() for key in kinds}
+    queues = {key: context.Queue() for key in keys}
     processes, pipes = {}, {}
     try:
         for w in workers:

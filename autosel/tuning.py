@@ -291,7 +291,7 @@ def tune_ops(patterns: list[str] | None = None, *, force: bool = False, budget_s
         from autosel import parallel
 
         workers = parallel.gpu_workers(devices)
-        targets = list({w.platform.key: w.platform for w in workers}.values())  # one per kind of GPU
+        targets = parallel.kinds(workers)
     planned = [item for platform in targets
                for item in plan_jobs(platform, db, patterns, force=force, shapes=shapes, modes=modes,
                                      copy_found=copy_found)]

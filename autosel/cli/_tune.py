@@ -225,8 +225,7 @@ def tune(ops, shapes_file, record_file, db, force, budget_s, isolate, isolate_ti
     settings = _settings(db, full=True)
     platform = platforms.current_platform()
     try:  # every kind of GPU among --devices tunes every job once
-        targets = [platform] if devices is None else list({w.platform.key: w.platform
-                                                            for w in parallel.gpu_workers(devices)}.values())
+        targets = [platform] if devices is None else parallel.kinds(parallel.gpu_workers(devices))
     except DeviceError as exc:
         raise click.ClickException(f"--devices {devices}: {exc}") from None
     if record_file:
