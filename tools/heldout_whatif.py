@@ -19,19 +19,16 @@ from pathlib import Path
 from autosel.db import TuningDB
 from autosel.decisions import OP_LEVEL_BUCKET, is_number, key_order
 from autosel.dispatch import NEAREST_WITHIN, log_gaps
-from autosel.ops.common import token_bucket
 from autosel.policy import DEFAULT_POLICY, geomean
+from autosel.registry import load_plugins, registry
+from autosel.tuner import bucket_of
 
 
-def key_of(op: str, s: dict) -> tuple:
-    """The built-in bucket function's key, from a shape dict (no tensors)."""
-    if op.startswith("layernorm"):
-        return (token_bucket(s["tokens"]), s["hidden"])
-    if op.startswith("activation"):
-        return (token_bucket(s["tokens"]), 2 * s["intermediate"])
-    if op == "embeddings.rope":
-        return (token_bucket(s["tokens"]), s["q_heads"] * s["head_size"], bool(s["is_neox"]))
-    return (token_bucket(s["m"]), s["n"], s["k"])
+def key_of(op: str, shape: dict) -> tuple:
+    """The op's own bucket function on the shape's inputs built on the meta device (no memory, no kernels)."""
+    load_plugins()
+    definition = registry.definition(op)
+    return bucket_of(definition, definition.make_inputs(dict(shape), "meta"))
 
 
 def _log_size(key: tuple) -> float:  # log2 of the product of the numbers: elements (rows), m*n*k (mm)
@@ -108,7 +105,7 @@ def replay(call: Path, swap: str | None = None) -> list[tuple[str, str, str, dic
                 winners[tuple(int(x) for x in new.split(","))] = hypothesis
             ratios: dict[str, list[float]] = {}
             for row in rows:
-                us, key = row["us"], key_of(op, row["shape"])
+                us, key = row["us"], tuple(row["bucket"])
                 best = min(t for t in us.values() if t)
                 for b in us:
                     ratios.setdefault(b, []).append((us[b] or math.inf) / best)
