@@ -83,8 +83,11 @@ def at_host_speed(m: Measurement, factor: float) -> float:
 
 def readings_of(m: Measurement, rounds: int, host_speeds: Sequence[float]) -> list[float]:
     """The times a challenger must win in: the median of each of the first `rounds` rounds (the overall
-    median if none), then the median at each host speed."""
+    median if none), then the median at each host speed. A measurement of fewer rounds (a candidate the
+    tuner stopped timing at a shape where it was far behind after the first) reads its last round's median
+    in the rounds it sat out."""
     by_round = list(m.round_medians_us[:rounds]) or [m.median_us]
+    by_round += by_round[-1:] * (rounds - len(by_round))
     return by_round + [at_host_speed(m, f) for f in host_speeds]
 
 
@@ -159,7 +162,7 @@ class Policy:
         everything = [m for ms in stats.values() for m in ms]
         rule = self.rule_for(everything[0].method)
         floor = rule.floor if self.margin_floor is None else self.margin_floor
-        rounds = min(len(m.round_medians_us) for m in everything)
+        rounds = max(len(m.round_medians_us) for m in everything)
         speeds = self.host_speeds if all(m.host_us and m.device_us for m in everything) else ()
         per_shape = {b: [readings_of(m, rounds, speeds) for m in ms] for b, ms in stats.items()}
         n_readings = len(per_shape[order[0]][0])

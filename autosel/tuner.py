@@ -22,6 +22,10 @@ log = logging.getLogger(__name__)
 # After the first round, a candidate this many times slower than the best (geometric mean over the shapes) is
 # dropped, unless it was the fastest at some shape.
 DROP_FACTOR = 3.0
+# After the first round, a candidate this many times slower than the best at one shape is not timed there again:
+# no later round can make it that shape's fastest, and it reads its first round's median in every round
+# (policy.readings_of). On the H200 about a quarter of the timed pairs (docs/H200.md, "Tuning time").
+SETTLED_FACTOR = 1.5
 ROUNDS = 3
 
 
@@ -119,14 +123,16 @@ class Tuner:
     """Tunes one op on one device in one execution mode. The timer is injected (tests pass a fake)."""
 
     def __init__(self, *, timer: Timer, device: str, rounds: int = ROUNDS, policy: Policy = DEFAULT_POLICY,
-                 drop_factor: float = DROP_FACTOR, budget_s: float = 30.0, seed: int = 0,
-                 on_event: Callable[[TuneEvent], None] | None = None, isolate_timeout_s: float | None = None) -> None:
+                 drop_factor: float = DROP_FACTOR, settled_factor: float = SETTLED_FACTOR, budget_s: float = 30.0,
+                 seed: int = 0, on_event: Callable[[TuneEvent], None] | None = None,
+                 isolate_timeout_s: float | None = None) -> None:
         """policy: the decision rule (autosel.policy).
+        settled_factor: after the first round, a candidate this far behind a shape's best is not timed there again.
         isolate_timeout_s: check each candidate first in a child process that is killed after this long."""
         self.timer, self.device, self.rounds, self.policy = timer, device, rounds, policy
         self.isolate_timeout_s = isolate_timeout_s
         self._mode = ""  # of the tune in progress, for events
-        self.drop_factor, self.budget_s, self.seed = drop_factor, budget_s, seed
+        self.drop_factor, self.settled_factor, self.budget_s, self.seed = drop_factor, settled_factor, budget_s, seed
         self.on_event = on_event or (lambda event: None)
 
     def tune(self, definition: OpDefinition, specs: Sequence[KernelSpec], *, reference: Callable[..., Any],
@@ -195,7 +201,8 @@ class Tuner:
 
     def _time(self, definition: OpDefinition, alive: list[_Candidate], shapes, timing_began: float) -> list:
         """Interleaved rounds: in each, every shape's candidates are timed together, block by block in turn
-        (timing.measure_together), and the order rotates each round so no one always goes first. Returns each
+        (timing.measure_together), and the order rotates each round so no one always goes first. After the first
+        round, a candidate far behind at a shape (settled_factor) sits out that shape's later rounds. Returns each
         shape's bucket (definition.bucket of the inputs built for it; None without a bucket function).
 
         One shape's inputs exist at a time (rebuilt from the same seed each round), each candidate on its own
@@ -210,6 +217,7 @@ class Tuner:
         self._emit("timing", op, detail=f"{len(alive)} candidates, up to {self.rounds} rounds")
         rotate_bytes = getattr(self.timer, "rotate_bytes", 0)
         split = getattr(self.timer, "host_and_device_us", None)
+        settled: set[tuple[str, int]] = set()  # (backend, shape index) pairs no later round times
         for round_index in range(self.rounds):
             shift = round_index % len(alive)
             order = alive[shift:] + alive[:shift]
@@ -218,12 +226,12 @@ class Tuner:
                 base = definition.make_inputs(dict(shape), self.device)
                 if round_index == 0 and definition.bucket is not None:
                     buckets[index] = bucket_of(definition, base)
-                calls = {c.backend: checks.rotating_call(c.fn, base, rotate_bytes) for c in order
-                         if c.status == "ok"}
+                timed = [c for c in order if c.status == "ok" and (c.backend, index) not in settled]
+                if round_index > 0 and len(timed) < 2:  # the shape's winner is settled
+                    continue
+                calls = {c.backend: checks.rotating_call(c.fn, base, rotate_bytes) for c in timed}
                 times, failed = measure_together(self.timer, calls, shape=shape)
-                for candidate in order:
-                    if candidate.status != "ok":
-                        continue
+                for candidate in timed:
                     error = failed.get(candidate.backend)
                     if error is None and split is not None:
                         try:
@@ -244,6 +252,7 @@ class Tuner:
             if len(alive) > 1 and round_index == 0:
                 self._drop_far_behind(op, alive, len(shapes))
                 alive = [c for c in alive if c.status == "ok"]
+                settled = self._settled(alive, len(shapes))
             if not alive:
                 break
             if time.perf_counter() - timing_began > self.budget_s and round_index + 1 < self.rounds:
@@ -251,6 +260,15 @@ class Tuner:
                          round_index + 1, self.rounds)
                 break
         return buckets
+
+    def _settled(self, alive: list[_Candidate], n_shapes: int) -> set[tuple[str, int]]:
+        """(backend, shape index) pairs where the first round left the candidate more than settled_factor times
+        the shape's fastest: no later round would make it that shape's winner."""
+        pairs = set()
+        for i in range(n_shapes):
+            best = min(statistics.median(c.samples[i]) for c in alive)
+            pairs |= {(c.backend, i) for c in alive if statistics.median(c.samples[i]) > self.settled_factor * best}
+        return pairs
 
     def _drop_far_behind(self, op: str, alive: list[_Candidate], n_shapes: int) -> None:
         """Drop candidates far behind over all shapes, except one that was the fastest at some shape: it may

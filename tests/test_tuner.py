@@ -386,6 +386,16 @@ def test_a_win_must_hold_in_every_round():
     assert judge(stats, margin_floor=0.05).shape_winners == ["b"]
 
 
+def test_a_measurement_of_fewer_rounds_reads_its_last_round_in_the_rounds_it_sat_out():
+    # b sat out rounds two and three at the second shape (settled: 2x behind a after the first round).
+    stats = {"a": [_m(100.0, (100.0, 100.0, 90.0)), _m(50.0, (50.0, 50.0, 50.0))],
+             "b": [_m(88.0, (88.0, 87.0, 89.0)), _m(100.0, (100.0,))]}
+    verdict = judge(stats, margin_floor=0.05)
+    assert verdict.shape_winners == ["a", "a"]  # at the first shape b is level with a in the third round
+    stats["a"][0] = _m(100.0, (100.0, 100.0, 100.0))
+    assert judge(stats, margin_floor=0.05).shape_winners == ["b", "a"]
+
+
 def test_a_win_that_depends_on_the_host_speed_does_not_count():
     from autosel.policy import HOST_SLOWER, at_host_speed
 
@@ -502,6 +512,30 @@ def test_the_leader_is_never_dropped_even_when_every_score_is_far_from_one(toy):
     assert decision.candidate("torch").status == "ok"
 
 
+def test_a_candidate_far_behind_at_a_shape_after_the_first_round_is_not_timed_there_again(toy):
+    definition, kernels = toy
+    n1, n2 = kernels.SHAPES[0]["n"], kernels.SHAPES[1]["n"]
+    # triton is 2x behind at n1 (past the 1.5x settled factor) and 20% ahead elsewhere.
+    timer = FakeTimer({"torch": 100.0, "triton": 80.0}, noise=0.001, shape_factor={("triton", n1): 2.5})
+    decision = run(definition, kernels, specs(torch="fast", triton="fast"), timer)
+    assert timer.calls.count(("triton", n1)) == 1 and timer.calls.count(("triton", n2)) == 3
+    # Alone at n1 after the first round, torch is not timed there again either: nothing is left to compare.
+    assert timer.calls.count(("torch", n1)) == 1 and timer.calls.count(("torch", n2)) == 3
+    assert len(decision.candidate("triton").shapes[0].timing.round_medians_us) == 1
+    assert dict(decision.per_shape_winners)[_shape_json(kernels.SHAPES[0])] == "torch"
+    assert dict(decision.per_shape_winners)[_shape_json(kernels.SHAPES[1])] == "triton"
+    # Within the factor, every pair is timed in every round.
+    close = FakeTimer({"torch": 100.0, "triton": 80.0}, noise=0.001, shape_factor={("triton", n1): 1.4})
+    run(definition, kernels, specs(torch="fast", triton="fast"), close)
+    assert close.calls.count(("triton", n1)) == 3
+
+
+def _shape_json(shape: dict) -> str:
+    import json
+
+    return json.dumps(shape, sort_keys=True)
+
+
 class DriftingTimer(FakeTimer):
     """triton is 10% faster, except in the second round, when the machine slows it by 1.67x."""
 
@@ -585,7 +619,8 @@ def test_each_bucket_gets_its_own_decision_from_the_same_measurements(toy):
     decision, buckets = tuner.tune_buckets(bucketed(kernels), specs(torch="fast", triton="fast"),
                                            reference=kernels.fast, shapes=kernels.SHAPES, mode="eager",
                                            platform_key="cpu/test", versions={"torch": "x"})
-    assert len(timer.calls) == 3 * 2 * 2  # no timing beyond the op-level tune's
+    # No timing beyond the op-level tune's: one round, after which each shape's loser, 2-3x behind, is settled.
+    assert len(timer.calls) == 2 * 2
     assert decision.bucket == "*" and decision.winner == "triton"  # geomean: triton sqrt(2 x 1) < torch sqrt(1 x 3)
     assert [(b.bucket, b.winner) for b in buckets] == [(f"[{n1}]", "torch"), (f"[{n2}]", "triton")]
     first = buckets[0]
