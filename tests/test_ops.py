@@ -146,7 +146,9 @@ def test_every_norm_token_bucket_has_a_tuned_one_within_a_factor_of_two():
     gpu = PlatformInfo("cuda", arch="sm_90", device_name="test gpu", multiprocessor_count=132)
     tuned = {token_bucket(s["tokens"]) for s in DEFINITIONS["layernorm.rmsnorm"].shapes_for(gpu)}
     assert DEFINITIONS["layernorm.fused_add_rmsnorm"].shapes_for(gpu) == DEFINITIONS["layernorm.rmsnorm"].shapes_for(gpu)
-    assert len(DEFINITIONS["layernorm.rmsnorm"].shapes_for(gpu)) == 12  # swapped, not added: tune time stays
+    # 64 x 7168 was swapped for 4 x 7168, and 8192 x 4096 for 8192 x 5120; 4096 x 7168 was added (the eager
+    # crossover): a tuned shape more costs the two norms about 1.9 s of an H200 tune (docs/H200.md).
+    assert len(DEFINITIONS["layernorm.rmsnorm"].shapes_for(gpu)) == 13
     assert [1 << b for b in range(15) if not any(t in (1 << b, 2 << b, 1 << max(b - 1, 0)) for t in tuned)] == []
 
 
