@@ -81,14 +81,29 @@ def at_host_speed(m: Measurement, factor: float) -> float:
     return m.median_us * max(factor * m.host_us, m.device_us) / max(m.host_us, m.device_us)
 
 
-def readings_of(m: Measurement, rounds: int, host_speeds: Sequence[float]) -> list[float]:
+def readings_of(m: Measurement, rounds: int, host_speeds: Sequence[float],
+                pace: Sequence[float] = ()) -> list[float]:
     """The times a challenger must win in: the median of each of the first `rounds` rounds (the overall
-    median if none), then the median at each host speed. A measurement of fewer rounds (a candidate the
-    tuner stopped timing at a shape where it was far behind after the first) reads its last round's median
-    in the rounds it sat out."""
+    median if none), then the median at each host speed.
+
+    A measurement of fewer rounds (a candidate the tuner stopped timing at a shape where it was far behind
+    after the first) is carried into the rounds it sat out at its last ratio to the candidates still timed:
+    `pace` is the shape's fastest fully timed candidate's round medians (pace_of). Without that scaling a
+    round in which the machine slowed every call it timed (launch-bound calls at 1.6x on the H200) compared
+    them with a reading from before the slowdown, and a candidate 1.7x behind kept four gelu_and_mul shapes.
+    """
     by_round = list(m.round_medians_us[:rounds]) or [m.median_us]
-    by_round += by_round[-1:] * (rounds - len(by_round))
+    last = len(by_round) - 1
+    paced = len(pace) == rounds > last and pace[last] > 0
+    by_round += [by_round[last] * (pace[k] / pace[last] if paced else 1.0) for k in range(last + 1, rounds)]
     return by_round + [at_host_speed(m, f) for f in host_speeds]
+
+
+def pace_of(measurements: Sequence[Measurement], rounds: int) -> tuple[float, ...]:
+    """One shape's round medians of its fastest candidate timed in all `rounds` rounds (empty if none was): how
+    the machine's speed moved from round to round there, for readings_of."""
+    full = [m for m in measurements if len(m.round_medians_us) >= rounds]
+    return tuple(min(full, key=lambda m: m.median_us).round_medians_us[:rounds]) if full else ()
 
 
 def relative_standard_error(m: Measurement) -> float:
@@ -164,7 +179,10 @@ class Policy:
         floor = rule.floor if self.margin_floor is None else self.margin_floor
         rounds = max(len(m.round_medians_us) for m in everything)
         speeds = self.host_speeds if all(m.host_us and m.device_us for m in everything) else ()
-        per_shape = {b: [readings_of(m, rounds, speeds) for m in ms] for b, ms in stats.items()}
+        n_shapes = len(stats[order[0]])
+        paces = [pace_of([stats[b][i] for b in order], rounds) for i in range(n_shapes)]
+        per_shape = {b: [readings_of(m, rounds, speeds, paces[i]) for i, m in enumerate(ms)]
+                     for b, ms in stats.items()}
         n_readings = len(per_shape[order[0]][0])
         # Over several shapes: each reading's relative score (geometric mean against the best per shape).
         op_readings = {b: [] for b in order}

@@ -386,7 +386,7 @@ def test_a_win_must_hold_in_every_round():
     assert judge(stats, margin_floor=0.05).shape_winners == ["b"]
 
 
-def test_a_measurement_of_fewer_rounds_reads_its_last_round_in_the_rounds_it_sat_out():
+def test_a_measurement_of_fewer_rounds_keeps_its_ratio_to_the_shape_s_fastest_in_the_rounds_it_sat_out():
     # b sat out rounds two and three at the second shape (settled: 2x behind a after the first round).
     stats = {"a": [_m(100.0, (100.0, 100.0, 90.0)), _m(50.0, (50.0, 50.0, 50.0))],
              "b": [_m(88.0, (88.0, 87.0, 89.0)), _m(100.0, (100.0,))]}
@@ -394,6 +394,12 @@ def test_a_measurement_of_fewer_rounds_reads_its_last_round_in_the_rounds_it_sat
     assert verdict.shape_winners == ["a", "a"]  # at the first shape b is level with a in the third round
     stats["a"][0] = _m(100.0, (100.0, 100.0, 100.0))
     assert judge(stats, margin_floor=0.05).shape_winners == ["b", "a"]
+    # H200, gelu_and_mul eager at 1 x 28672 (call 14-1): triton, settled after 20.3 us against flashinfer's 12.0,
+    # then a round in which the host slowed every launch-bound call 1.7x. Read as 20.3 us there, triton was not
+    # beaten in that round and, registered first, kept the shape; carried at its ratio it is.
+    stats = {"triton": [_m(20.3, (20.3,), method="cuda:back-to-back")],
+             "flashinfer": [_m(12.9, (12.0, 20.6, 12.9), method="cuda:back-to-back")]}
+    assert judge(stats).shape_winners == ["flashinfer"]
 
 
 def test_a_win_that_depends_on_the_host_speed_does_not_count():
@@ -515,7 +521,7 @@ def test_the_leader_is_never_dropped_even_when_every_score_is_far_from_one(toy):
 def test_a_candidate_far_behind_at_a_shape_after_the_first_round_is_not_timed_there_again(toy):
     definition, kernels = toy
     n1, n2 = kernels.SHAPES[0]["n"], kernels.SHAPES[1]["n"]
-    # triton is 2x behind at n1 (past the 1.5x settled factor) and 20% ahead elsewhere.
+    # triton is 2x behind at n1 (past the 1.3x settled factor) and 20% ahead elsewhere.
     timer = FakeTimer({"torch": 100.0, "triton": 80.0}, noise=0.001, shape_factor={("triton", n1): 2.5})
     decision = run(definition, kernels, specs(torch="fast", triton="fast"), timer)
     assert timer.calls.count(("triton", n1)) == 1 and timer.calls.count(("triton", n2)) == 3
@@ -525,7 +531,7 @@ def test_a_candidate_far_behind_at_a_shape_after_the_first_round_is_not_timed_th
     assert dict(decision.per_shape_winners)[_shape_json(kernels.SHAPES[0])] == "torch"
     assert dict(decision.per_shape_winners)[_shape_json(kernels.SHAPES[1])] == "triton"
     # Within the factor, every pair is timed in every round.
-    close = FakeTimer({"torch": 100.0, "triton": 80.0}, noise=0.001, shape_factor={("triton", n1): 1.4})
+    close = FakeTimer({"torch": 100.0, "triton": 80.0}, noise=0.001, shape_factor={("triton", n1): 1.6})
     run(definition, kernels, specs(torch="fast", triton="fast"), close)
     assert close.calls.count(("triton", n1)) == 3
 

@@ -9,6 +9,11 @@ have been under other host-speed readings or another number of rounds a win may 
     python tools/stability_whatif.py DIR [DIR ...] --host-speeds            # no host-speed readings
     python tools/stability_whatif.py DIR [DIR ...] --may-lose 1            # on every timing method
     python tools/stability_whatif.py DIR [DIR ...] --floor cuda:graph-replay=0.05   # one method's floor
+    python tools/stability_whatif.py DIR [DIR ...] --settled 1.5   # each tune*.db as if pairs had been settled
+
+--settled replays each stored tune (its op-level, per-shape and bucket decisions) as if every candidate more
+than FACTOR behind a shape's fastest after the first round had sat out that shape's later rounds, as the tuner
+now does (tuner.SETTLED_FACTOR), and counts the decisions that differ from the same evidence judged whole.
 """
 
 from __future__ import annotations
@@ -22,7 +27,8 @@ from pathlib import Path
 
 import stability_bench as sb
 
-from autosel.policy import DEFAULT_POLICY
+from autosel.decisions import OP_LEVEL_BUCKET
+from autosel.policy import DEFAULT_POLICY, Policy
 
 
 def drift(outcomes1, outcomes2) -> None:
@@ -49,6 +55,47 @@ def drift(outcomes1, outcomes2) -> None:
               f"max {q[1.0]:.1%}")
 
 
+def settled(stats: dict, factor: float) -> dict:
+    """The measurements as the tuner would have left them: a candidate more than `factor` times a shape's fastest
+    after round one keeps that round only, and so does every candidate of a shape with fewer than two left."""
+    out = {b: list(ms) for b, ms in stats.items()}
+    for i in range(len(next(iter(stats.values())))):
+        first = {b: ms[i].round_medians_us[0] for b, ms in stats.items() if ms[i].round_medians_us}
+        behind = {b for b, t in first.items() if t > factor * min(first.values(), default=0)}
+        for b in first if len(first) - len(behind) < 2 else behind:
+            out[b][i] = dataclasses.replace(stats[b][i], round_medians_us=stats[b][i].round_medians_us[:1])
+    return out
+
+
+def settled_replay(db: Path, factor: float, policy: Policy) -> tuple[int, int, list[str]]:
+    """(identical, decisions, differences) between db's evidence judged whole and judged settled at `factor`."""
+    from heldout_whatif import key_of
+
+    from autosel.db import TuningDB
+
+    same = total = 0
+    notes = []
+    for d, _ in TuningDB.open(db, include_package=False).decisions():
+        if d.bucket != OP_LEVEL_BUCKET:
+            continue
+        ok = [c for c in d.candidates if c.status == "ok"]
+        groups: dict = {}
+        for i, s in enumerate(ok[0].shapes):
+            groups.setdefault(key_of(d.op, s.shape), []).append(i)
+
+        def decisions(stats):
+            verdict = policy.judge(stats)
+            buckets = policy.judge_groups({verdict.winner: stats[verdict.winner], **stats}, groups)
+            return [verdict.winner, *verdict.shape_winners, *(v.winner for v in buckets.values())]
+
+        stats = {c.backend: [s.timing for s in c.shapes] for c in ok}
+        whole, pruned = decisions(stats), decisions(settled(stats, factor))
+        same += sum(a == b for a, b in zip(whole, pruned))
+        total += len(whole)
+        notes += [f"{d.op} {d.mode}: {a} judged whole, {b} settled" for a, b in zip(whole, pruned) if a != b]
+    return same, total, notes
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("dirs", type=Path, nargs="+")
@@ -58,6 +105,8 @@ def main() -> int:
     parser.add_argument("--may-lose", type=int)
     parser.add_argument("--floor", action="append", default=[], metavar="METHOD=FLOOR",
                         help="replay with this floor for one timing method (repeatable)")
+    parser.add_argument("--settled", type=float, metavar="FACTOR",
+                        help="replay each tune*.db as if pairs FACTOR behind after round one had sat out the rest")
     args = parser.parse_args()
     policy = DEFAULT_POLICY
     if args.host_speed_range:
@@ -73,6 +122,11 @@ def main() -> int:
         except ValueError as exc:
             parser.error(f"--floor {setting}: {exc}; give METHOD=FLOOR, such as cuda:graph-replay=0.05")
     for d in args.dirs:
+        if args.settled:
+            for db in sorted(d.glob("tune*.db")):
+                same, total, notes = settled_replay(db, args.settled, policy)
+                print(f"{db}: {same} of {total} decisions identical", *(f"  - {n}" for n in notes), sep="\n")
+            continue
         runs = [sb.stored_outcomes(d / f"tune{i}.db") for i in (1, 2)]
         print(d)
         if args.drift:
