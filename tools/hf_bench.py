@@ -62,6 +62,7 @@ class Plan:
     block_ms: float  # about how long one round's block of back-to-back steps of one variant takes
     projections: bool = False  # also route the linear layers through gemm.mm
     graph: bool = True  # replay decode steps from a CUDA graph (cuda only)
+    prefill_mode: str = "eager"  # the decisions autosel's prefill runs on (graph: device time alone)
 
     @property
     def variants(self) -> tuple[str, ...]:
@@ -245,7 +246,7 @@ def summary(rounds_ms: list[float]) -> dict:
 def run_phase(phase: str, models: dict[str, Any], base, plan: Plan, platform) -> dict:
     """Patch every variant's model for `phase`, check each one's step against transformers', time them together
     at each size, undo the patches."""
-    mode = PHASES[phase]
+    mode = plan.prefill_mode if phase == "prefill" else PHASES[phase]
     rtol = TOLERANCES[plan.dtype][0]
     graph = plan.graph and plan.device.startswith("cuda") and phase == "decode"
     log.info("%s: patching %s (mode=%r)", phase, ", ".join(plan.variants[1:]), mode)
@@ -315,6 +316,9 @@ def run_size(phase: str, size: int, patched: dict[str, Patched], ready: list[str
     for name in calls:
         r = results[name]
         r["ratio_to_best_fixed"] = r["median_ms"] / fixed[best] if best else None
+        # Round k of two variants was timed close in time: the per-round ratios show whether a gap is noise.
+        paired = sorted(a / b for a, b in zip(times[name], times[best])) if best else []
+        r["paired_ratio"] = (statistics.median(paired), paired[0], paired[-1]) if paired else None
         r["speedup_vs_transformers"] = reference / r["median_ms"] if reference else None
     return {"size": size, "label": label, "best_fixed": best, "results": results}
 
@@ -384,12 +388,14 @@ def report(result: dict) -> str:
              f"Timing: {plan['rounds']} rounds; in each, every variant times a block of about {plan['block_ms']:g} ms "
              f"of back-to-back steps ({clock}), the variants in turn, the order rotated each round. ms: median of the rounds; spread: (slowest round - fastest) / median. x best fixed: the "
              "variant's median over the fastest forced backend's; x transformers: unpatched transformers' median "
-             "over the variant's (above 1 is faster). drift: the step's largest logit difference from transformers' "
+             "over the variant's (above 1 is faster); in brackets the range of the per-round ratios to it (round k "
+             "of every variant is timed close in time), which says whether a gap is noise. drift: the step's largest logit difference from transformers' "
              "eager step, over transformers' largest logit (worst size), marked * beyond "
              f"{TOLERANCES[plan['dtype']][0]:g}; over several layers bf16 rounding in another order than "
              "transformers' drifts that far with any backend (compare the torch row: the same math as the "
              "reference), so accuracy is tools/hf_check.py's figure, against float32.", ""]
-    titles = {"prefill": "Prefill: one eager forward, batch 1, the last position's logits (autosel: mode=\"eager\")",
+    titles = {"prefill": "Prefill: one eager forward, batch 1, the last position's logits "
+                         f"(autosel: mode=\"{plan.get('prefill_mode', 'eager')}\")",
               "decode": f"Decode: one token per sequence, {plan['kv']} tokens in a StaticCache (autosel: mode=\"graph\")"}
     for phase, data in result["phases"].items():
         how = "replayed from a CUDA graph" if data["graph"] else "called eagerly (no CUDA graph)"
@@ -406,8 +412,10 @@ def report(result: dict) -> str:
                     failures += [f"failed at {s['label']}: {r['failed']}"] if r else []
                     continue
                 ratio, speedup = r["ratio_to_best_fixed"], r["speedup_vs_transformers"]
+                paired = r.get("paired_ratio")
+                rounds = "" if not paired or s["best_fixed"] == name else f" (rounds {paired[1]:.3f}-{paired[2]:.3f})"
                 cells += [f"{r['median_ms']:.4g} ({r['spread_pct']:.1f}%)",
-                          "-" if ratio is None else f"{ratio:.3f}" + (" (best)" if s["best_fixed"] == name else ""),
+                          "-" if ratio is None else f"{ratio:.3f}" + (" (best)" if s["best_fixed"] == name else rounds),
                           "-" if speedup is None else f"{speedup:.3f}"]
                 rel = r["max_abs_diff"] / max(r["logit_scale"], 1e-30)
                 worst = rel if worst is None else max(worst, rel)
@@ -493,6 +501,9 @@ def main() -> None:
     parser.add_argument("--block-ms", type=float, help="default 25 (tiny: 2)")
     parser.add_argument("--projections", action="store_true", help="also route the projections through gemm.mm")
     parser.add_argument("--no-graph", action="store_true", help="call decode steps eagerly on cuda too")
+    parser.add_argument("--prefill-mode", choices=("eager", "graph"), default="eager",
+                        help="the decisions autosel's prefill runs on: eager (back-to-back calls, launch time "
+                             "counts) or graph (device time alone, as when big GEMMs keep the GPU behind the host)")
     parser.add_argument("--out", type=Path)
     parser.add_argument("--plot-from", type=Path, metavar="JSON", help="only write the PNG beside this hf_bench.json")
     args = parser.parse_args()
@@ -509,7 +520,7 @@ def main() -> None:
                 decode_batches=args.decode_batches or ((1, 4) if tiny else (1, 8, 64)),
                 kv=args.kv or (32 if tiny else 512), backends=tuple(filter(None, args.backends.split(","))),
                 rounds=args.rounds or (3 if tiny else 10), block_ms=args.block_ms or (2 if tiny else 25),
-                projections=args.projections, graph=not args.no_graph)
+                projections=args.projections, graph=not args.no_graph, prefill_mode=args.prefill_mode)
     began = time.perf_counter()
     result = bench(plan)
     result["wall_s"] = round(time.perf_counter() - began, 1)
