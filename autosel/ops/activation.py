@@ -8,7 +8,8 @@ from autosel.spec import OpDefinition
 # Intermediate sizes I: 3584 (Llama-3-70B at TP8), 14336 (Llama-3-8B), 18944 (Qwen2.5-7B),
 # 28672 (Llama-3-70B at TP1); the input is [tokens, 2*I]. (512, 28672): in eager mode flashinfer's gelu falls
 # behind triton at a few hundred to a thousand tokens of the widest rows (1.07x at 700 x 29568, 1.28x at 400 x
-# 36864), where the nearest tuned buckets all chose flashinfer; chosen on held-out sets 2 and 3, judged on set 4.
+# 36864), where the nearest tuned buckets all chose flashinfer; chosen on held-out sets 2 and 3, judged on set 4
+# (docs/BENCHMARKS.md section 2c).
 SHAPES = ShapesByDevice(
     gpu=tuple({"tokens": t, "intermediate": i} for t, i in [
         (1, 14336), (1, 28672), (16, 18944), (128, 14336), (512, 3584), (512, 28672), (2048, 14336),

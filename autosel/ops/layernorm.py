@@ -17,7 +17,7 @@ EPS = 1e-6
 # about 4096 tokens at widths of 5120 and up (1.2-1.5x), but not at 4096 and below, where the three stay level:
 # (4096, 7168) and (8192, 5120), in place of (8192, 4096), put a tuned bucket there, so 5000 x 7168 and
 # 7000 x 5120 no longer run the vendors' pick of (4096, 4096) or (8192, 4096). Chosen on held-out sets 2 and 3
-# (in-sample for them), judged on set 4 (docs/BENCHMARKS.md section 2b).
+# (in-sample for them), judged on set 4 (docs/BENCHMARKS.md section 2c).
 SHAPES = ShapesByDevice(
     gpu=tuple({"tokens": t, "hidden": h} for t, h in [
         (1, 4096), (4, 7168), (16, 5120), (128, 4096), (512, 8192), (2048, 2048), (2048, 16384),
