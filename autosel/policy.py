@@ -196,9 +196,14 @@ class Policy:
                          for i in range(len(stats[order[0]]))]
         return Verdict(scores, choose(order, op_readings, margin, rule.may_lose), margin, shape_winners)
 
-    def judge_groups(self, stats: dict[str, list[Measurement]], groups: Mapping[object, Sequence[int]]
-                     ) -> dict[object, Verdict]:
-        """One verdict per group of shape indices (a shape bucket), by the same rule on that group's shapes."""
+    def judge_groups(self, stats: dict[str, list[Measurement]], groups: Mapping[object, Sequence[int]],
+                     default: str) -> dict[object, Verdict]:
+        """One verdict per group of shape indices (a shape bucket), by the same rule on that group's shapes, with
+        `default` (the op-level winner) as each group's default: it is kept unless beaten by more than the margin
+        in every reading at that group's shapes. With registration order instead, a near-tie at one shape handed
+        the bucket to an earlier-registered backend (triton before the vendors) that lost by 1.8x on the
+        held-out shapes routed to it (H200, eager rmsnorm; docs/BENCHMARKS.md)."""
+        stats = {default: stats[default], **stats}
         return {g: self.judge({b: [ms[i] for i in idx] for b, ms in stats.items()}) for g, idx in groups.items()}
 
 

@@ -303,13 +303,8 @@ class Tuner:
         for i, key in enumerate(buckets):
             if key is not None:
                 groups.setdefault(key, []).append(i)
-        # A bucket's default is the op-level winner: it is kept unless beaten by more than the margin in every
-        # reading at that bucket's shapes. With registration order instead, a near-tie at one shape handed the
-        # bucket to an earlier-registered backend (triton before the vendors) that lost by 1.8x on the held-out
-        # shapes routed to it (H200, eager rmsnorm; docs/BENCHMARKS.md).
-        by_default = {decision.winner: stats[decision.winner], **stats}
         per_bucket = [_decision(op, bucket_text(key), v, candidates, timings, shapes, groups[key], common)
-                      for key, v in self.policy.judge_groups(by_default, groups).items()]
+                      for key, v in self.policy.judge_groups(stats, groups, default=decision.winner).items()]
         lead = "" if not decision.runner_up else (
             f"lead over {decision.runner_up} {format_lead(decision)}, " if decision.lead_over_runner_up >= 0
             else f"over {decision.runner_up}: {format_lead(decision)}; ")  # in words: the default kept

@@ -80,8 +80,7 @@ def tables(db: Path) -> dict[tuple[str, str], tuple[str, dict]]:
         groups: dict = {}
         for i, s in enumerate(ok[0].shapes):
             groups.setdefault(key_of(d.op, s.shape), []).append(i)
-        by_default = {winner: stats[winner], **stats}
-        verdicts = DEFAULT_POLICY.judge_groups(by_default, groups)
+        verdicts = DEFAULT_POLICY.judge_groups(stats, groups, default=winner)
         out[(d.op, d.mode)] = (winner, {k: v.winner for k, v in verdicts.items()})
     return out
 

@@ -85,7 +85,7 @@ def settled_replay(db: Path, factor: float, policy: Policy) -> tuple[int, int, l
 
         def decisions(stats):
             verdict = policy.judge(stats)
-            buckets = policy.judge_groups({verdict.winner: stats[verdict.winner], **stats}, groups)
+            buckets = policy.judge_groups(stats, groups, default=verdict.winner)
             return [verdict.winner, *verdict.shape_winners, *(v.winner for v in buckets.values())]
 
         stats = {c.backend: [s.timing for s in c.shapes] for c in ok}
