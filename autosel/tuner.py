@@ -263,13 +263,9 @@ class Tuner:
         return buckets
 
     def _settled(self, alive: list[_Candidate], n_shapes: int) -> set[tuple[str, int]]:
-        """(backend, shape index) pairs where the first round left the candidate more than settled_factor times
-        the shape's fastest: no later round would make it that shape's winner."""
-        pairs = set()
-        for i in range(n_shapes):
-            best = min(statistics.median(c.samples[i]) for c in alive)
-            pairs |= {(c.backend, i) for c in alive if statistics.median(c.samples[i]) > self.settled_factor * best}
-        return pairs
+        """settled_pairs of the first round's per-shape medians."""
+        return settled_pairs({c.backend: [statistics.median(c.samples[i]) for i in range(n_shapes)] for c in alive},
+                             self.settled_factor)
 
     def _drop_far_behind(self, op: str, alive: list[_Candidate], n_shapes: int) -> None:
         """Drop candidates far behind over all shapes, except one that was the fastest at some shape: it may
@@ -312,6 +308,14 @@ class Tuner:
         buckets_text = f", {len(per_bucket)} buckets ({differ} with another winner)" if per_bucket else ""
         self._emit("chosen", op, decision.winner, f"{lead}noise margin {decision.margin:.1%}{buckets_text}", 1.0)
         return decision, per_bucket
+
+
+def settled_pairs(first_round: dict[str, list[float]], factor: float) -> set[tuple[str, int]]:
+    """(backend, shape index) pairs where the first round (each backend's median per shape) left the backend more
+    than `factor` times the shape's fastest: no later round would make it that shape's winner."""
+    n_shapes = len(next(iter(first_round.values()), []))
+    best = [min(times[i] for times in first_round.values()) for i in range(n_shapes)]
+    return {(b, i) for b, times in first_round.items() for i in range(n_shapes) if times[i] > factor * best[i]}
 
 
 def bucket_of(definition: OpDefinition, args: tuple) -> tuple:

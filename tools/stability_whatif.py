@@ -29,6 +29,7 @@ import stability_bench as sb
 
 from autosel.decisions import OP_LEVEL_BUCKET
 from autosel.policy import DEFAULT_POLICY, Policy
+from autosel.tuner import settled_pairs
 
 
 def drift(outcomes1, outcomes2) -> None:
@@ -57,12 +58,14 @@ def drift(outcomes1, outcomes2) -> None:
 
 def settled(stats: dict, factor: float) -> dict:
     """The measurements as the tuner would have left them: a candidate more than `factor` times a shape's fastest
-    after round one keeps that round only, and so does every candidate of a shape with fewer than two left."""
+    after round one (tuner.settled_pairs) keeps that round only, and so does every candidate of a shape with fewer
+    than two left."""
+    first = {b: [m.round_medians_us[0] if m.round_medians_us else m.median_us for m in ms] for b, ms in stats.items()}
+    pairs = settled_pairs(first, factor)
     out = {b: list(ms) for b, ms in stats.items()}
     for i in range(len(next(iter(stats.values())))):
-        first = {b: ms[i].round_medians_us[0] for b, ms in stats.items() if ms[i].round_medians_us}
-        behind = {b for b, t in first.items() if t > factor * min(first.values(), default=0)}
-        for b in first if len(first) - len(behind) < 2 else behind:
+        behind = {b for b in stats if (b, i) in pairs}
+        for b in stats if len(stats) - len(behind) < 2 else behind:
             out[b][i] = dataclasses.replace(stats[b][i], round_medians_us=stats[b][i].round_medians_us[:1])
     return out
 
