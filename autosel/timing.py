@@ -232,7 +232,7 @@ class CudaEagerTimer(SamplingTimer):
         return host_and_device_us(fn)
 
 
-def graph_sampler(fn, *, replay_ms: float = 5.0) -> Sampler:
+def graph_sampler(fn, *, replay_ms: float = 2.5) -> Sampler:
     """Replays of one CUDA graph of back-to-back calls, timed with events: triton.testing.do_bench_cudagraph's
     method (warm-up, 5 eager calls to size the graph to about `replay_ms`, capture on a side stream), with the
     graph kept so that replays can take turns with other candidates' (do_bench_cudagraph replays only its
@@ -270,10 +270,10 @@ class CudaGraphTimer(SamplingTimer):
     method = "cuda:graph-replay"
     blocks = 10
 
-    def __init__(self, replay_ms: float = 5) -> None:
-        """replay_ms: each sample replays about this long. 5 ms, not do_bench_cudagraph's 10: waiting on
-        replays was 39 s of a 179 s whole-library tune on the H200 (cProfile); whether decisions still repeat
-        at 5 ms: docs/H200.md, "Tuning time"."""
+    def __init__(self, replay_ms: float = 2.5) -> None:
+        """replay_ms: each sample replays about this long. 2.5 ms, not do_bench_cudagraph's 10: waiting on
+        replays was 39 s of a 179 s whole-library tune on the H200 at 10 ms (cProfile), 16 s of a 67 s one
+        at 5 ms (py-spy); whether decisions still repeat at 2.5 ms: docs/H200.md, "Tuning time in stop 15"."""
         self.replay_ms = replay_ms
 
     def sampler(self, fn) -> Sampler:
