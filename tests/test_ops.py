@@ -166,3 +166,29 @@ def test_every_built_in_op_buckets_its_own_inputs(op):
     buckets = [bucket_of(definition, definition.make_inputs(shape, "cpu")) for shape in definition.shapes_for(CPU)]
     assert len(buckets) == len(definition.shapes_for(CPU))
     assert all(isinstance(b[0], int) and b[0] & (b[0] - 1) == 0 for b in buckets)  # tokens: powers of two
+
+
+def test_flashinfer_backends_are_called_with_pdl_off(monkeypatch):
+    # CI has no flashinfer: a stand-in records the calls; the adapters under test are autosel's own.
+    import importlib
+    import types
+
+    calls = []
+
+    def record(name):
+        return lambda *args, **kwargs: calls.append((name, args, kwargs)) or name
+
+    fake = types.ModuleType("flashinfer")
+    fake.norm = types.SimpleNamespace(rmsnorm=record("rmsnorm"), fused_add_rmsnorm=record("fused_add_rmsnorm"))
+    fake.activation = types.SimpleNamespace(silu_and_mul=record("silu_and_mul"), gelu_and_mul=record("gelu_and_mul"))
+    monkeypatch.setitem(sys.modules, "flashinfer", fake)
+    monkeypatch.delitem(sys.modules, "autosel.ops.vendor_flashinfer", raising=False)
+    adapters = importlib.import_module("autosel.ops.vendor_flashinfer")
+    x, r, w = torch.ones(2, 4), torch.ones(2, 4), torch.ones(4)
+    assert adapters.rmsnorm(x, w, 1e-6) == "rmsnorm" and adapters.silu_and_mul(x) == "silu_and_mul"
+    assert adapters.fused_add_rmsnorm(x, r, w, 1e-6) is None and adapters.gelu_and_mul(x) == "gelu_and_mul"
+    assert [(name, len(args), kwargs) for name, args, kwargs in calls] == [
+        ("rmsnorm", 3, {"enable_pdl": False}), ("silu_and_mul", 1, {"enable_pdl": False}),
+        ("fused_add_rmsnorm", 4, {"enable_pdl": False}), ("gelu_and_mul", 1, {"enable_pdl": False})]
+    flashinfer_targets = {s.op: s.target for s in SPECS if s.backend == B.FLASHINFER and s.op != "embeddings.rope"}
+    assert all(t.startswith("autosel.ops.vendor_flashinfer:") for t in flashinfer_targets.values()), flashinfer_targets

@@ -31,10 +31,10 @@ def gated_shape(x, *rest) -> dict:
 
 
 SPECS = [
-    *standard_specs("activation.silu_and_mul", "silu_and_mul", flashinfer="flashinfer.activation:silu_and_mul",
-                    sgl_kernel="sgl_kernel:silu_and_mul"),
-    *standard_specs("activation.gelu_and_mul", "gelu_and_mul", flashinfer="flashinfer.activation:gelu_and_mul",
-                    sgl_kernel="sgl_kernel:gelu_and_mul"),
+    *standard_specs("activation.silu_and_mul", "silu_and_mul",
+                    flashinfer="autosel.ops.vendor_flashinfer:silu_and_mul", sgl_kernel="sgl_kernel:silu_and_mul"),
+    *standard_specs("activation.gelu_and_mul", "gelu_and_mul",
+                    flashinfer="autosel.ops.vendor_flashinfer:gelu_and_mul", sgl_kernel="sgl_kernel:gelu_and_mul"),
 ]
 # Bucket: (token_bucket(tokens), the input's width 2 x intermediate).
 DEFINITIONS = [

@@ -48,10 +48,10 @@ def rmsnorm_shape(x, *rest) -> dict:
 
 
 SPECS = [
-    *standard_specs("layernorm.rmsnorm", "rmsnorm", flashinfer="flashinfer.norm:rmsnorm",
+    *standard_specs("layernorm.rmsnorm", "rmsnorm", flashinfer="autosel.ops.vendor_flashinfer:rmsnorm",
                     sgl_kernel="autosel.ops.vendor:sgl_rmsnorm"),
     *standard_specs("layernorm.fused_add_rmsnorm", "fused_add_rmsnorm",
-                    flashinfer="flashinfer.norm:fused_add_rmsnorm",
+                    flashinfer="autosel.ops.vendor_flashinfer:fused_add_rmsnorm",
                     sgl_kernel="autosel.ops.vendor:sgl_fused_add_rmsnorm"),
 ]
 DEFINITIONS = [

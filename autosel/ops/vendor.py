@@ -1,6 +1,6 @@
 """Adapters for vendor kernels whose call does not match autosel's canonical signature (sgl-kernel 0.4).
 
-Loaded only when one of these backends is loaded; flashinfer's functions match and are targeted directly.
+Loaded only when one of these backends is loaded; flashinfer's calls are in vendor_flashinfer.
 """
 
 from __future__ import annotations
@@ -12,12 +12,12 @@ import torch
 def sgl_rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     # sgl_kernel.rmsnorm hands the call to flashinfer whenever flashinfer imports; the op is sgl's own kernel.
     out = torch.empty_like(x)
-    torch.ops.sgl_kernel.rmsnorm.default(out, x, weight, eps, True)
+    torch.ops.sgl_kernel.rmsnorm.default(out, x, weight, eps, False)  # PDL off: vendor_flashinfer says why
     return out
 
 
 def sgl_fused_add_rmsnorm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float) -> None:
-    torch.ops.sgl_kernel.fused_add_rmsnorm.default(x, residual, weight, eps, True)
+    torch.ops.sgl_kernel.fused_add_rmsnorm.default(x, residual, weight, eps, False)  # PDL off
 
 
 _cache_in_dtype: dict[tuple, torch.Tensor] = {}
