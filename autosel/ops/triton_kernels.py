@@ -30,7 +30,7 @@ def _cdiv(a: int, b: int) -> int:
 
 
 def _num_warps(tile_elems: int, max_warps: int = 16, per_thread: int = 8) -> int:
-    # About 8 elements per thread keeps 16-bit loads at 128 bits without spilling registers.
+    # per_thread elements per thread: 8 keeps 16-bit loads at 128 bits without spilling registers.
     return max(1, min(max_warps, tile_elems // (32 * per_thread)))
 
 
