@@ -1,4 +1,5 @@
-"""The HTML report: self-contained, log-scale inline SVG, the winner marked, reasons escaped."""
+"""The HTML report (autosel/report.py) and its plot (autosel/chart.py): self-contained, log-scale inline SVG, the
+winner marked, reasons escaped."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ import pytest
 
 from autosel.decisions import CandidateResult, Decision, Measurement, ShapeResult, bucket_text, format_lead
 from autosel.inventory import Entry
-from autosel.report import candidate_median_us, format_us, render_report, sections, svg_chart
+from autosel.chart import format_us, svg_chart
+from autosel.report import candidate_median_us, render_report, sections
 
 SHAPES = [{"tokens": 1, "hidden": 4096}, {"tokens": 512, "hidden": 4096}]
 

@@ -20,7 +20,8 @@ import click
 
 from autosel import config
 from autosel.errors import AutoselError
-from autosel.report import candidate_median_us, format_us
+from autosel.chart import format_us
+from autosel.report import candidate_median_us
 
 # Heavy modules (torch, rich, the DB) are imported inside the commands: `autosel show` must not pay for torch.
 

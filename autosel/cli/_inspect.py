@@ -16,7 +16,8 @@ from autosel.cli import (MEDIAN_NOTE, _check_globs, _console, _decision_summary,
 from autosel.decisions import OP_LEVEL_BUCKET, bucket_order, format_lead
 from autosel.errors import ConfigError
 from autosel.inventory import Entry, Inventory
-from autosel.report import candidate_median_us, first_call_s, format_us
+from autosel.chart import format_us
+from autosel.report import candidate_median_us, first_call_s
 
 
 # --- show -------------------------------------------------------------------------------------------------

@@ -14,7 +14,8 @@ import click
 from autosel.cli import (MARGIN_NOTE, MEDIAN_NOTE, RECORD_EXAMPLE, Seconds, _console, _decision_summary, _echo_json,
                          _matches, _rejected_text, _runner_up_text, _settings, _table, main)
 from autosel.decisions import format_lead
-from autosel.report import candidate_median_us, format_us
+from autosel.chart import format_us
+from autosel.report import candidate_median_us
 
 
 # --- tune -------------------------------------------------------------------------------------------------
