@@ -38,6 +38,21 @@ def _rope(tokens, q_heads, kv_heads):
             "is_neox": True}
 
 
+def _held_out(tokens: tuple[int, ...], *, rmsnorm, fused, silu, gelu, rope, mm) -> dict[str, list[dict]]:
+    """A set from ten token counts and two widths per op: the norms at both widths and every count; the other
+    ops' first width at the odd-placed counts and their second at the even-placed ones, so each op has as many
+    shapes as in set1 and a run costs the same device time."""
+    halves = (tokens[1::2], tokens[::2])
+    return {
+        "layernorm.rmsnorm": [{"tokens": t, "hidden": h} for h in rmsnorm for t in tokens],
+        "layernorm.fused_add_rmsnorm": [{"tokens": t, "hidden": h} for h in fused for t in tokens],
+        "activation.silu_and_mul": [{"tokens": t, "intermediate": i} for i, ts in zip(silu, halves) for t in ts],
+        "activation.gelu_and_mul": [{"tokens": t, "intermediate": i} for i, ts in zip(gelu, halves) for t in ts],
+        "embeddings.rope": [_rope(t, q, kv) for (q, kv), ts in zip(rope, halves) for t in ts],
+        "gemm.mm": [{"m": m, "n": n, "k": k} for (n, k), ms in zip(mm, halves) for m in ms],
+    }
+
+
 # set1: the shapes of device calls 1 and 2 (docs/BENCHMARKS.md section 2), kept to reproduce that table. The
 # bucket rule and the representative shapes were then chosen on these shapes' figures: they are in-sample.
 # Sizes of Qwen2-7B (hidden 3584, intermediate 18944, 28/4 heads), Mistral-Small-24B / Llama-3-style 6144-wide
@@ -59,17 +74,8 @@ SET1 = {
 # 16/8 (Qwen3-1.7B); GEMMs of Qwen3-32B: qkv (10240, 5120) and down (5120, 25600). As many shapes per op as set1,
 # so the benchmark's device time stays where it was; the two widths of a 5-count op take alternate token counts.
 TOKENS_2 = (2, 5, 7, 30, 48, 200, 700, 2500, 5000, 10000)
-EVEN, ODD = TOKENS_2[::2], TOKENS_2[1::2]  # (2, 7, 48, 700, 5000), (5, 30, 200, 2500, 10000)
-SET2 = {
-    "layernorm.rmsnorm": [{"tokens": t, "hidden": h} for h in (2048, 7168) for t in TOKENS_2],
-    "layernorm.fused_add_rmsnorm": [{"tokens": t, "hidden": h} for h in (5120, 8192) for t in TOKENS_2],
-    "activation.silu_and_mul": [{"tokens": t, "intermediate": i} for i, ts in ((8192, ODD), (25600, EVEN))
-                                for t in ts],
-    "activation.gelu_and_mul": [{"tokens": t, "intermediate": i} for i, ts in ((17408, ODD), (29568, EVEN))
-                                for t in ts],
-    "embeddings.rope": [_rope(t, q, kv) for q, kv, ts in ((16, 8, ODD), (64, 8, EVEN)) for t in ts],
-    "gemm.mm": [{"m": m, "n": n, "k": k} for n, k, ms in ((10240, 5120, ODD), (5120, 25600, EVEN)) for m in ms],
-}
+SET2 = _held_out(TOKENS_2, rmsnorm=(2048, 7168), fused=(5120, 8192), silu=(8192, 25600), gelu=(17408, 29568),
+                 rope=((16, 8), (64, 8)), mm=((10240, 5120), (5120, 25600)))
 
 # set3: shapes of no earlier set and no representative shape, made after set2's run: token counts none of set1's
 # or set2's (buckets 8, 16, 32, 128, 512, 1024, 2048, 4096, 8192, 16384; five of them from 1024 up, where eager
@@ -79,17 +85,8 @@ SET2 = {
 # (Llama-3.2-3B) and 96/8 (Mistral-Large-2); GEMMs of Llama-3.2-3B qkv (5120, 3072) and Yi-34B down (7168, 20480).
 # The same count per op as set1 and set2, and the largest shapes about set2's size, so the run costs the same.
 TOKENS_3 = (6, 11, 40, 90, 400, 1200, 1800, 3500, 7000, 14000)
-EVEN_3, ODD_3 = TOKENS_3[::2], TOKENS_3[1::2]  # (6, 40, 400, 1800, 7000), (11, 90, 1200, 3500, 14000)
-SET3 = {
-    "layernorm.rmsnorm": [{"tokens": t, "hidden": h} for h in (3072, 5120) for t in TOKENS_3],
-    "layernorm.fused_add_rmsnorm": [{"tokens": t, "hidden": h} for h in (2560, 4608) for t in TOKENS_3],
-    "activation.silu_and_mul": [{"tokens": t, "intermediate": i} for i, ts in ((9728, ODD_3), (20480, EVEN_3))
-                                for t in ts],
-    "activation.gelu_and_mul": [{"tokens": t, "intermediate": i} for i, ts in ((9216, ODD_3), (36864, EVEN_3))
-                                for t in ts],
-    "embeddings.rope": [_rope(t, q, kv) for q, kv, ts in ((24, 8, ODD_3), (96, 8, EVEN_3)) for t in ts],
-    "gemm.mm": [{"m": m, "n": n, "k": k} for n, k, ms in ((5120, 3072, ODD_3), (7168, 20480, EVEN_3)) for m in ms],
-}
+SET3 = _held_out(TOKENS_3, rmsnorm=(3072, 5120), fused=(2560, 4608), silu=(9728, 20480), gelu=(9216, 36864),
+                 rope=((24, 8), (96, 8)), mm=((5120, 3072), (7168, 20480)))
 # set4: shapes of no earlier set and no representative shape, made after set3's run, when the representative
 # shapes at the eager crossovers (rmsnorm 4096 x 7168 and 8192 x 5120, gelu 512 x 28672) were chosen on sets 2
 # and 3: set4 is what judges them. Token counts none of sets 1-3's (buckets 8, 16, 128, 512, 1024, 2048, 4096,
@@ -98,17 +95,8 @@ SET3 = {
 # (Qwen2.5-32B) for silu, 15360 (Gemma-3-12B) and 21504 (Gemma-3-27B) for gelu; rope 32/4 heads (Qwen3-30B-A3B)
 # and 64/4 (Qwen3-235B-A22B); GEMMs of Mistral-NeMo-12B qkv (6144, 5120) and Qwen3-4B gate_up (19456, 2560).
 TOKENS_4 = (9, 20, 150, 600, 1100, 2200, 2900, 4500, 9000, 13000)
-EVEN_4, ODD_4 = TOKENS_4[::2], TOKENS_4[1::2]  # (9, 150, 1100, 2900, 9000), (20, 600, 2200, 4500, 13000)
-SET4 = {
-    "layernorm.rmsnorm": [{"tokens": t, "hidden": h} for h in (2304, 5376) for t in TOKENS_4],
-    "layernorm.fused_add_rmsnorm": [{"tokens": t, "hidden": h} for h in (3840, 12288) for t in TOKENS_4],
-    "activation.silu_and_mul": [{"tokens": t, "intermediate": i} for i, ts in ((12288, ODD_4), (27648, EVEN_4))
-                                for t in ts],
-    "activation.gelu_and_mul": [{"tokens": t, "intermediate": i} for i, ts in ((15360, ODD_4), (21504, EVEN_4))
-                                for t in ts],
-    "embeddings.rope": [_rope(t, q, kv) for q, kv, ts in ((32, 4, ODD_4), (64, 4, EVEN_4)) for t in ts],
-    "gemm.mm": [{"m": m, "n": n, "k": k} for n, k, ms in ((6144, 5120, ODD_4), (19456, 2560, EVEN_4)) for m in ms],
-}
+SET4 = _held_out(TOKENS_4, rmsnorm=(2304, 5376), fused=(3840, 12288), silu=(12288, 27648), gelu=(15360, 21504),
+                 rope=((32, 4), (64, 4)), mm=((6144, 5120), (19456, 2560)))
 # set5: shapes of no earlier set and no representative shape, made in stop 15 before any run of it, when autosel's
 # Triton rmsnorm stopped padding a row to the next power of two (triton_kernels._row_tiles, chosen on set4's 2304
 # and 5376): set5 judges it and the 2.5 ms graph replays. Token counts none of sets 1-4's (buckets 4, 16, 64, 256,
@@ -117,17 +105,8 @@ SET4 = {
 # (DeepSeek-V3's dense layers) for silu, 6912 (Gemma-3-1B) and 10240 (Gemma-3-4B) for gelu; rope 12/2 heads
 # (Qwen2.5-1.5B) and 32/32 (Llama-2-7B); GEMMs of Qwen2.5-1.5B gate_up (17920, 1536) and Llama-2-13B down (5120, 13824).
 TOKENS_5 = (4, 13, 56, 250, 850, 1400, 2000, 3300, 5500, 11000)
-EVEN_5, ODD_5 = TOKENS_5[::2], TOKENS_5[1::2]  # (4, 56, 850, 2000, 5500), (13, 250, 1400, 3300, 11000)
-SET5 = {
-    "layernorm.rmsnorm": [{"tokens": t, "hidden": h} for h in (2880, 1536) for t in TOKENS_5],
-    "layernorm.fused_add_rmsnorm": [{"tokens": t, "hidden": h} for h in (6656, 1152) for t in TOKENS_5],
-    "activation.silu_and_mul": [{"tokens": t, "intermediate": i} for i, ts in ((8960, ODD_5), (18432, EVEN_5))
-                                for t in ts],
-    "activation.gelu_and_mul": [{"tokens": t, "intermediate": i} for i, ts in ((6912, ODD_5), (10240, EVEN_5))
-                                for t in ts],
-    "embeddings.rope": [_rope(t, q, kv) for q, kv, ts in ((12, 2, ODD_5), (32, 32, EVEN_5)) for t in ts],
-    "gemm.mm": [{"m": m, "n": n, "k": k} for n, k, ms in ((17920, 1536, ODD_5), (5120, 13824, EVEN_5)) for m in ms],
-}
+SET5 = _held_out(TOKENS_5, rmsnorm=(2880, 1536), fused=(6656, 1152), silu=(8960, 18432), gelu=(6912, 10240),
+                 rope=((12, 2), (32, 32)), mm=((17920, 1536), (5120, 13824)))
 SETS = {"set1": SET1, "set2": SET2, "set3": SET3, "set4": SET4, "set5": SET5}
 
 
