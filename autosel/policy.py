@@ -193,7 +193,7 @@ class Policy:
         margin = typical_margin(everything, floor)
         shape_winners = [choose(order, {b: per_shape[b][i] for b in order},
                                 typical_margin([stats[b][i] for b in order], floor), rule.may_lose)
-                         for i in range(len(stats[order[0]]))]
+                         for i in range(n_shapes)]
         return Verdict(scores, choose(order, op_readings, margin, rule.may_lose), margin, shape_winners)
 
     def judge_groups(self, stats: dict[str, list[Measurement]], groups: Mapping[object, Sequence[int]],
