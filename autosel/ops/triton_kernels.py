@@ -10,6 +10,7 @@ import triton
 import triton.language as tl
 
 from autosel.ops.common import next_power_of_2
+from autosel.ops.triton_launch import FastLaunch
 
 # Autotuning benchmarks on a GPU driver, which Triton's CPU interpreter does not have; under the
 # interpreter the matmul launches with one fixed config instead.
@@ -115,6 +116,9 @@ def _rmsnorm_kernel(
             tl.store(out_rows + c[None, :], y.to(out_ptr.dtype.element_ty), mask=mask)
 
 
+_launch_rmsnorm_kernel = FastLaunch(_rmsnorm_kernel)
+
+
 def _launch_rmsnorm(x2, res2, weight, out2, eps: float) -> None:
     n_rows, n_cols = x2.shape
     if weight.shape != (n_cols,):
@@ -132,11 +136,12 @@ def _launch_rmsnorm(x2, res2, weight, out2, eps: float) -> None:
     # it ran 1.1-1.4x behind 8 warps on the H200 from 600 tokens up at hidden 2304 to 4096, and at most 5% ahead
     # at 1-64 tokens; at hidden 5376 and 8192 both rules give 16 (docs/H200.md, "The Triton rmsnorm's warps").
     per_thread = 16 if one_pass and block_m == 1 else 8
-    _rmsnorm_kernel[(_cdiv(n_rows, block_m),)](
-        x2, res2 if res2 is not None else x2, weight, out2,
-        n_rows, n_cols, x2.stride(0), res2.stride(0) if res2 is not None else 0, out2.stride(0), eps,
-        BLOCK_M=block_m, BLOCK_N=block_n, ONE_PASS=one_pass, ADD_RESIDUAL=res2 is not None,
-        num_warps=_num_warps(block_m * block_n, per_thread=per_thread),
+    _launch_rmsnorm_kernel(
+        (_cdiv(n_rows, block_m),),
+        (x2, res2 if res2 is not None else x2, weight, out2,
+         n_rows, n_cols, x2.stride(0), res2.stride(0) if res2 is not None else 0, out2.stride(0), eps),
+        (block_m, block_n, one_pass, res2 is not None),  # BLOCK_M, BLOCK_N, ONE_PASS, ADD_RESIDUAL
+        _num_warps(block_m * block_n, per_thread=per_thread),
     )
 
 
@@ -175,6 +180,9 @@ def _act_and_mul_kernel(x_ptr, out_ptr, d, x_stride, out_stride, BLOCK: tl.const
     tl.store(out_ptr + row * out_stride + cols, (act * b).to(out_ptr.dtype.element_ty), mask=mask)
 
 
+_launch_act_and_mul = FastLaunch(_act_and_mul_kernel)
+
+
 def _act_and_mul(x: torch.Tensor, *, gelu: bool) -> torch.Tensor:
     width = x.shape[-1]
     if width % 2:
@@ -187,9 +195,8 @@ def _act_and_mul(x: torch.Tensor, *, gelu: bool) -> torch.Tensor:
         return out
     # Rows go on grid axis 0 (2^31 limit); column blocks on axis 1 give small batches enough programs.
     block = min(next_power_of_2(d), 1024)
-    _act_and_mul_kernel[(n_rows, _cdiv(d, block))](
-        x2, out, d, x2.stride(0), d, BLOCK=block, GELU=gelu, num_warps=_num_warps(block, max_warps=8),
-    )
+    _launch_act_and_mul((n_rows, _cdiv(d, block)), (x2, out, d, x2.stride(0), d), (block, gelu),  # BLOCK, GELU
+                        _num_warps(block, max_warps=8))
     return out
 
 
@@ -263,6 +270,9 @@ def _rope_kernel(
     _rope_rotate(k_ptr + token * k_stride, cos, sin, heads, n_k_heads, r, HEAD_SIZE, HALF, IS_NEOX, BLOCK_R)
 
 
+_launch_rope = FastLaunch(_rope_kernel)
+
+
 def rope(
     positions: torch.Tensor,
     query: torch.Tensor,
@@ -288,11 +298,12 @@ def rope(
     half = rotary_dim // 2
     block_r = next_power_of_2(half)
     block_h = min(next_power_of_2(max(n_q_heads, n_k_heads)), max(1, 1024 // block_r))
-    _rope_kernel[(n_tokens, _cdiv(max(n_q_heads, n_k_heads), block_h))](
-        positions.contiguous(), q2, k2, cos_sin_cache,
-        n_q_heads, n_k_heads, q2.stride(0), k2.stride(0), cos_sin_cache.stride(0),
-        HEAD_SIZE=head_size, HALF=half, IS_NEOX=bool(is_neox), BLOCK_H=block_h, BLOCK_R=block_r,
-        num_warps=_num_warps(block_h * block_r, max_warps=8),
+    _launch_rope(
+        (n_tokens, _cdiv(max(n_q_heads, n_k_heads), block_h)),
+        (positions.contiguous(), q2, k2, cos_sin_cache,
+         n_q_heads, n_k_heads, q2.stride(0), k2.stride(0), cos_sin_cache.stride(0)),
+        (head_size, half, bool(is_neox), block_h, block_r),  # HEAD_SIZE, HALF, IS_NEOX, BLOCK_H, BLOCK_R
+        _num_warps(block_h * block_r, max_warps=8),
     )
 
 
