@@ -6,7 +6,7 @@ and looks the compiled kernel up. Triton's own issues put that at about 12 us of
 arguments, against about 3 us for calling the compiled kernel (triton-lang/triton#6064, and the identity fast
 path of facebookexperimental/triton#1231). In eager mode a launch-bound norm or activation costs the larger of its
 host and device time, and on the H200's host autosel's Triton calls spent 30-50 us of host time against the
-vendors' 11-22. Launched directly they spend 6-9 us less (docs/H200.md, "Triton's launch, directly", which also
+vendors' 11-22. Launched directly they spend 3-9 us less (docs/H200.md, "Triton's launch, directly", which also
 splits what is left).
 
 FastLaunch keeps the compiled kernel Triton returns for a specialization, under a key this module computes from
