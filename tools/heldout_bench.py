@@ -11,7 +11,8 @@ per-shape best; geometric mean and worst, per op and mode. Decisions come from t
 Shape sets: set1 is the set the nearest-bucket rule and the representative shapes were chosen on (in-sample),
 kept to reproduce the published table; set2 (the default) was chosen after them and first run in device call
 A; set3 was made after that run; set4 after the representative shapes at the eager crossovers were chosen on sets
-2 and 3 (docs/BENCHMARKS.md section 2b); set5 after the Triton rmsnorm's row tiles were chosen on set4's figures,
+2 and 3 (docs/BENCHMARKS.md section 2b); set5 after the Triton rmsnorm's row tiles were chosen on set4's figures
+(a kernel since reverted; set5 then judged its warps rule, the vendors' PDL off and the direct Triton launches),
 and is in no rule's, shape's or kernel change's sample yet:
 
     python tools/heldout_bench.py --out DIR --shapes set5
@@ -98,8 +99,9 @@ TOKENS_4 = (9, 20, 150, 600, 1100, 2200, 2900, 4500, 9000, 13000)
 SET4 = _held_out(TOKENS_4, rmsnorm=(2304, 5376), fused=(3840, 12288), silu=(12288, 27648), gelu=(15360, 21504),
                  rope=((32, 4), (64, 4)), mm=((6144, 5120), (19456, 2560)))
 # set5: shapes of no earlier set and no representative shape, made in stop 15 before any run of it, when autosel's
-# Triton rmsnorm stopped padding a row to the next power of two (triton_kernels._row_tiles, chosen on set4's 2304
-# and 5376): set5 judges it and the 2.5 ms graph replays. Token counts none of sets 1-4's (buckets 4, 16, 64, 256,
+# Triton rmsnorm was made to stop padding a row to the next power of two (row tiles, chosen on set4's 2304 and 5376;
+# set5's first run rejected it and it was reverted): set5 judges what came after, none of it chosen on set5 (the
+# warps rule, 2.5 ms graph replays, the vendors' PDL off, direct Triton launches; docs/BENCHMARKS.md 2d, 2e). Token counts none of sets 1-4's (buckets 4, 16, 64, 256,
 # 1024, 2048, 4096, 8192, 16384), and widths of other models: hidden 2880 (gpt-oss) and 1536 (Qwen2.5-1.5B) for rmsnorm,
 # 6656 (LLaMA-33B) and 1152 (Gemma-3-1B) for fused_add_rmsnorm; intermediate 8960 (Qwen2.5-1.5B) and 18432
 # (DeepSeek-V3's dense layers) for silu, 6912 (Gemma-3-1B) and 10240 (Gemma-3-4B) for gelu; rope 12/2 heads

@@ -377,7 +377,6 @@ _MM_CONFIGS = [
 _MM_INTERPRET_META = {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16, "GROUP_M": 2}
 
 
-
 def _short_autotune(configs: list, key: list[str]):
     """triton.autotune with shorter benchmarks per config (5 ms warm-up, 20 ms, not 25 and 100) and, where this
     Triton has it, its choice per key cached on disk: an autosel tune calls the mm at ten new shapes, and the
