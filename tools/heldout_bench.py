@@ -100,12 +100,13 @@ SET4 = _held_out(TOKENS_4, rmsnorm=(2304, 5376), fused=(3840, 12288), silu=(1228
                  rope=((32, 4), (64, 4)), mm=((6144, 5120), (19456, 2560)))
 # set5: shapes of no earlier set and no representative shape, made in stop 15 before any run of it, when autosel's
 # Triton rmsnorm was made to stop padding a row to the next power of two (row tiles, chosen on set4's 2304 and 5376;
-# set5's first run rejected it and it was reverted): set5 judges what came after, none of it chosen on set5 (the
-# warps rule, 2.5 ms graph replays, the vendors' PDL off, direct Triton launches; docs/BENCHMARKS.md 2d, 2e). Token counts none of sets 1-4's (buckets 4, 16, 64, 256,
-# 1024, 2048, 4096, 8192, 16384), and widths of other models: hidden 2880 (gpt-oss) and 1536 (Qwen2.5-1.5B) for rmsnorm,
-# 6656 (LLaMA-33B) and 1152 (Gemma-3-1B) for fused_add_rmsnorm; intermediate 8960 (Qwen2.5-1.5B) and 18432
-# (DeepSeek-V3's dense layers) for silu, 6912 (Gemma-3-1B) and 10240 (Gemma-3-4B) for gelu; rope 12/2 heads
-# (Qwen2.5-1.5B) and 32/32 (Llama-2-7B); GEMMs of Qwen2.5-1.5B gate_up (17920, 1536) and Llama-2-13B down (5120, 13824).
+# set5's first run rejected it and it was reverted): set5 judges what came after, none of it chosen on set5 (the warps
+# rule, 2.5 ms graph replays, the vendors' PDL off, direct Triton launches; docs/BENCHMARKS.md 2d, 2e). Token counts
+# none of sets 1-4's (buckets 4, 16, 64, 256, 1024, 2048, 4096, 8192, 16384), and widths of other models: hidden 2880
+# (gpt-oss) and 1536 (Qwen2.5-1.5B) for rmsnorm, 6656 (LLaMA-33B) and 1152 (Gemma-3-1B) for fused_add_rmsnorm;
+# intermediate 8960 (Qwen2.5-1.5B) and 18432 (DeepSeek-V3's dense layers) for silu, 6912 (Gemma-3-1B) and 10240
+# (Gemma-3-4B) for gelu; rope 12/2 heads (Qwen2.5-1.5B) and 32/32 (Llama-2-7B); GEMMs of Qwen2.5-1.5B gate_up (17920,
+# 1536) and Llama-2-13B down (5120, 13824).
 TOKENS_5 = (4, 13, 56, 250, 850, 1400, 2000, 3300, 5500, 11000)
 SET5 = _held_out(TOKENS_5, rmsnorm=(2880, 1536), fused=(6656, 1152), silu=(8960, 18432), gelu=(6912, 10240),
                  rope=((12, 2), (32, 32)), mm=((17920, 1536), (5120, 13824)))
