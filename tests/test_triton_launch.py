@@ -9,7 +9,7 @@ import itertools
 import pytest
 import torch
 
-from autosel.ops.triton_launch import FastLaunch, arg_key
+from autosel.ops.triton_launch import FastLaunch, arg_key, args_key
 
 triton_libs = pytest.importorskip("triton._C.libtriton")
 
@@ -27,7 +27,7 @@ def _triton_specialization(arg):
 def _sample_args():
     buffer = torch.zeros(64, dtype=torch.bfloat16)
     tensors = [buffer, buffer[1:], buffer[8:], torch.zeros(8, dtype=torch.float32), torch.zeros(8)[1:],
-               torch.zeros(8, dtype=torch.float16)]
+               torch.zeros(8, dtype=torch.float16), torch.nn.Parameter(torch.zeros(8)), torch.nn.Parameter(buffer[1:])]
     ints = [0, 1, 2, 15, 16, 17, 32, 4096, 4100, -16, -3, (1 << 31) - 16, 1 << 31, (1 << 31) + 1, 1 << 40, 1 << 63]
     return tensors + ints + [1e-6, 0.5, True, False, None]
 
@@ -35,10 +35,15 @@ def _sample_args():
 def test_equal_keys_exactly_where_triton_specializes_alike():
     args = _sample_args()
     for a, b in itertools.combinations(args, 2):
-        same_key = type(a) is type(b) and arg_key(a) == arg_key(b)  # 1 and True compare equal in Python
+        same_key = args_key((a,)) == args_key((b,))  # what FastLaunch computes
         same_triton = _triton_specialization(a) == _triton_specialization(b)
         assert same_key == same_triton, (a if not isinstance(a, torch.Tensor) else a.data_ptr() % 16,
                                          b if not isinstance(b, torch.Tensor) else b.data_ptr() % 16)
+
+
+def test_inline_keys_are_arg_key():
+    args = _sample_args()
+    assert args_key(tuple(args)) == tuple(arg_key(a) for a in args)
 
 
 def test_key_separates_alignment_and_divisibility():

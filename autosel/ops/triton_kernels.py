@@ -119,7 +119,8 @@ def _rmsnorm_kernel(
 _launch_rmsnorm_kernel = FastLaunch(_rmsnorm_kernel)
 
 
-def _launch_rmsnorm(x2, res2, weight, out2, eps: float) -> None:
+def _launch_rmsnorm(x2, res2, weight, out, out_stride: int, eps: float) -> None:
+    """out: any tensor whose rows start out_stride elements apart (a view of it would cost host time per call)."""
     n_rows, n_cols = x2.shape
     if weight.shape != (n_cols,):
         raise ValueError(f"weight has shape {tuple(weight.shape)}, expected ({n_cols},) to match x")
@@ -138,8 +139,8 @@ def _launch_rmsnorm(x2, res2, weight, out2, eps: float) -> None:
     per_thread = 16 if one_pass and block_m == 1 else 8
     _launch_rmsnorm_kernel(
         (_cdiv(n_rows, block_m),),
-        (x2, res2 if res2 is not None else x2, weight, out2,
-         n_rows, n_cols, x2.stride(0), res2.stride(0) if res2 is not None else 0, out2.stride(0), eps),
+        (x2, res2 if res2 is not None else x2, weight, out,
+         n_rows, n_cols, x2.stride(0), res2.stride(0) if res2 is not None else 0, out_stride, eps),
         (block_m, block_n, one_pass, res2 is not None),  # BLOCK_M, BLOCK_N, ONE_PASS, ADD_RESIDUAL
         _num_warps(block_m * block_n, per_thread=per_thread),
     )
@@ -147,9 +148,10 @@ def _launch_rmsnorm(x2, res2, weight, out2, eps: float) -> None:
 
 def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """x / sqrt(mean(x^2) + eps) * weight over the last dim, in fp32, returned in x.dtype."""
-    x2 = _as_rows(x, weight.shape[-1], name="x", in_place=False)
+    width = weight.shape[-1]
+    x2 = _as_rows(x, width, name="x", in_place=False)
     out = torch.empty_like(x, memory_format=torch.contiguous_format)  # half the host time of torch.empty(shape, ...)
-    _launch_rmsnorm(x2, None, weight, out.view(-1, x.shape[-1]), eps)
+    _launch_rmsnorm(x2, None, weight, out, width, eps)  # out is contiguous: its rows are a width apart
     return out
 
 
@@ -159,7 +161,7 @@ def fused_add_rmsnorm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Ten
         raise ValueError(f"x has shape {tuple(x.shape)} but residual has {tuple(residual.shape)}")
     width = weight.shape[-1]
     x2 = _as_rows(x, width, name="x", in_place=True)
-    _launch_rmsnorm(x2, _as_rows(residual, width, name="residual", in_place=True), weight, x2, eps)
+    _launch_rmsnorm(x2, _as_rows(residual, width, name="residual", in_place=True), weight, x2, x2.stride(0), eps)
 
 
 # --------------------------------------------------------------------------------------------------

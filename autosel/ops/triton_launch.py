@@ -45,12 +45,21 @@ def arg_key(arg: Any) -> Any:
                     "bools or None")
 
 
+def args_key(args: tuple) -> tuple:
+    """arg_key of each argument, with plain tensors and ints keyed inline. This runs on every launch: through
+    arg_key, ten arguments took 6.3 us of host time on the H200's host (call 16-3), inline a third less on
+    this project's CPU."""
+    return tuple([(a.dtype, not a.data_ptr() & 15) if type(a) is torch.Tensor
+                  else (a == 1, not a & 15, -_I32 <= a < _I32, a >= _U64) if type(a) is int
+                  else arg_key(a) for a in args])
+
+
 class FastLaunch:
     """`launch(grid, args, constexprs, num_warps)` runs `fn[grid](*args, *constexprs, num_warps=num_warps)`.
 
     `args` are the kernel's runtime arguments and `constexprs` the values of its constexpr parameters, which
     must come after the runtime ones in its signature. The compiled kernel for each (device, num_warps,
-    constexprs, arg_key of every runtime argument) is kept after its first launch; from then on the call takes
+    constexprs, args_key of the runtime arguments) is kept after its first launch; from then on the call takes
     the current device's current stream (so a CUDA graph capture records it) and launches it directly.
     """
 
@@ -65,7 +74,7 @@ class FastLaunch:
             self.fn[grid](*args, *constexprs, num_warps=num_warps)
             return
         device = torch.cuda.current_device()
-        key = (device, num_warps, constexprs, *map(arg_key, args))
+        key = (device, num_warps, constexprs, args_key(args))
         kernel = self.compiled.get(key)
         if kernel is None:
             kernel = self.fn[grid](*args, *constexprs, num_warps=num_warps)
