@@ -131,6 +131,50 @@ def test_forwards_call_the_kernels_resolved_at_patch_time_in_the_mode_given(monk
                      "activation.silu_and_mul": 2, "gemm.mm": 13}
 
 
+def test_graph_from_tokens_runs_the_graph_decisions_on_long_calls_and_the_eager_ones_on_short(monkeypatch):
+    real, calls = autosel.get_kernel, {}
+
+    def per_mode(op, backend=None, *, mode=None):
+        kernel = real(op, backend)
+
+        def run(*args):
+            calls[op, mode] = calls.get((op, mode), 0) + 1
+            return kernel(*args)
+        return run
+
+    monkeypatch.setattr(autosel, "get_kernel", per_mode)
+    model = tiny("llama")
+    expected = logits(model)  # 2 x 12 = 24 tokens
+    with patch_model(model, backend="torch", mode="eager", graph_from_tokens=24) as patched:
+        assert patched.kernels["layernorm.rmsnorm"].parts[2] == 24
+        torch.testing.assert_close(logits(model), expected, rtol=TOLERANCE[torch.float32], atol=1e-4)
+        assert {mode for _, mode in calls} == {"graph"}
+        calls.clear()
+        with torch.no_grad():
+            model(input_ids=batch()[0][:1, :11])  # 11 tokens
+        assert {mode for _, mode in calls} == {"eager"}
+        assert calls["activation.silu_and_mul", "eager"] == 2  # one per layer
+
+
+def test_graph_from_tokens_is_the_kernel_itself_where_both_modes_resolve_alike():
+    from autosel.integrations.transformers import by_tokens
+
+    def eager(x):
+        return "eager"
+
+    def graph(x):
+        return "graph"
+    assert by_tokens(eager, eager, 8) is eager
+    kernel = by_tokens(eager, graph, 8)
+    assert [kernel(torch.empty(n, 2)) for n in (1, 7, 8, 4096)] == ["eager", "eager", "graph", "graph"]
+    model = tiny("llama")
+    with patch_model(model, backend="torch", graph_from_tokens=8) as patched:  # a forced backend: one kernel
+        assert not hasattr(patched.kernels["layernorm.rmsnorm"], "parts")
+    for mode, tokens in (("graph", 8), ("eager", 0), ("eager", 2.5)):
+        with pytest.raises(ValueError, match="only in eager mode"):
+            patch_model(model, mode=mode, graph_from_tokens=tokens)
+
+
 def test_undo_restores_the_exact_original_model():
     model = tiny("qwen3", torch.bfloat16)
     before = logits(model)

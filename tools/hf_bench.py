@@ -63,6 +63,7 @@ class Plan:
     projections: bool = False  # also route the linear layers through gemm.mm
     graph: bool = True  # replay decode steps from a CUDA graph (cuda only)
     prefill_mode: str = "eager"  # the decisions autosel's prefill runs on (graph: device time alone)
+    graph_from_tokens: int | None = None  # eager prefill: from this many tokens on, the graph decisions (patch_model)
 
     @property
     def variants(self) -> tuple[str, ...]:
@@ -80,6 +81,9 @@ def patched_ops(projections: bool) -> list[str]:
 
 def resolved_backends(op: str, fn: Callable, platform) -> list[str]:
     """The backends a kernel get_kernel returned runs: a dispatcher's bucket winners, else the spec it is."""
+    parts = getattr(fn, "parts", None)  # patch_model's graph_from_tokens: (eager kernel, graph kernel, threshold)
+    if parts is not None:
+        return sorted({b for kernel in parts[:2] for b in resolved_backends(op, kernel, platform)})
     table = getattr(fn, "table", None)
     if table is not None:
         return sorted({table.default, *table.winners.values()})
@@ -132,7 +136,8 @@ class Patched:
     skipped: str = ""  # why the variant did not run
 
 
-def patch_variant(name: str, model, *, mode: str, projections: bool, platform) -> Patched:
+def patch_variant(name: str, model, *, mode: str, projections: bool, platform,
+                  graph_from_tokens: int | None = None) -> Patched:
     """`model` patched as variant `name`, with the backends it resolved checked against the forced one."""
     if name == UNPATCHED:
         return Patched(name, model)
@@ -143,7 +148,8 @@ def patch_variant(name: str, model, *, mode: str, projections: bool, platform) -
         return Patched(name, model, skipped=why)
     with forced(backend):
         try:
-            handle = patch_model(model, mode=mode, projections=projections)
+            handle = patch_model(model, mode=mode, projections=projections,
+                                 graph_from_tokens=graph_from_tokens if name == MEASURED else None)
         except Exception as exc:  # patch_model resolves every kernel before changing anything: the model is as it was
             return Patched(name, model, skipped=f"patch_model raised {type(exc).__name__}: {exc}")
     resolved = {op: resolved_backends(op, fn, platform) for op, fn in handle.kernels.items()}
@@ -250,8 +256,9 @@ def run_phase(phase: str, models: dict[str, Any], base, plan: Plan, platform) ->
     rtol = TOLERANCES[plan.dtype][0]
     graph = plan.graph and plan.device.startswith("cuda") and phase == "decode"
     log.info("%s: patching %s (mode=%r)", phase, ", ".join(plan.variants[1:]), mode)
-    patched = {name: patch_variant(name, models[name], mode=mode, projections=plan.projections, platform=platform)
-               for name in plan.variants}
+    from_tokens = plan.graph_from_tokens if phase == "prefill" and mode == "eager" else None
+    patched = {name: patch_variant(name, models[name], mode=mode, projections=plan.projections, platform=platform,
+                                   graph_from_tokens=from_tokens) for name in plan.variants}
     for name, p in patched.items():
         log.info("%s: %s %s", phase, name, f"skipped: {p.skipped}" if p.skipped else p.resolved or "unpatched")
     ready = [name for name in plan.variants if not patched[name].skipped]
@@ -395,7 +402,9 @@ def report(result: dict) -> str:
              "transformers' drifts that far with any backend (compare the torch row: the same math as the "
              "reference), so accuracy is tools/hf_check.py's figure, against float32.", ""]
     titles = {"prefill": "Prefill: one eager forward, batch 1, the last position's logits "
-                         f"(autosel: mode=\"{plan.get('prefill_mode', 'eager')}\")",
+                         f"(autosel: mode=\"{plan.get('prefill_mode', 'eager')}\""
+                         + (f", graph decisions from {plan['graph_from_tokens']} tokens"
+                            if plan.get("graph_from_tokens") else "") + ")",
               "decode": f"Decode: one token per sequence, {plan['kv']} tokens in a StaticCache (autosel: mode=\"graph\")"}
     for phase, data in result["phases"].items():
         how = "replayed from a CUDA graph" if data["graph"] else "called eagerly (no CUDA graph)"
@@ -504,6 +513,9 @@ def main() -> None:
     parser.add_argument("--prefill-mode", choices=("eager", "graph"), default="eager",
                         help="the decisions autosel's prefill runs on: eager (back-to-back calls, launch time "
                              "counts) or graph (device time alone, as when big GEMMs keep the GPU behind the host)")
+    parser.add_argument("--graph-from-tokens", type=int, metavar="N",
+                        help="eager prefill: calls of N tokens or more run the graph decisions (patch_model's "
+                             "graph_from_tokens)")
     parser.add_argument("--out", type=Path)
     parser.add_argument("--plot-from", type=Path, metavar="JSON", help="only write the PNG beside this hf_bench.json")
     args = parser.parse_args()
@@ -520,7 +532,8 @@ def main() -> None:
                 decode_batches=args.decode_batches or ((1, 4) if tiny else (1, 8, 64)),
                 kv=args.kv or (32 if tiny else 512), backends=tuple(filter(None, args.backends.split(","))),
                 rounds=args.rounds or (3 if tiny else 10), block_ms=args.block_ms or (2 if tiny else 25),
-                projections=args.projections, graph=not args.no_graph, prefill_mode=args.prefill_mode)
+                projections=args.projections, graph=not args.no_graph, prefill_mode=args.prefill_mode,
+                graph_from_tokens=args.graph_from_tokens)
     began = time.perf_counter()
     result = bench(plan)
     result["wall_s"] = round(time.perf_counter() - began, 1)

@@ -83,14 +83,24 @@ class PatchedModel:
 
 
 def patch_model(model, *, backend: str | None = None, mode: str | None = None, fuse: bool = True,
-                projections: bool = False) -> PatchedModel:
+                projections: bool = False, graph_from_tokens: int | None = None) -> PatchedModel:
     """Route `model`'s RMSNorms, residual add + RMSNorm (fuse), rotary embedding, SiLU gated MLP and, with
     projections=True, its linear layers (gemm.mm) through autosel.get_kernel(op, backend, mode=mode).
+
+    graph_from_tokens (eager mode only): calls of at least this many tokens run the graph-mode decisions, which
+    are chosen on the device's time alone. In a long eager prefill the GPU, busy with the projections and the
+    attention, is what the step waits for, and the host's launch time is hidden; in a short one it is not. On the
+    H200 with Llama-3-8B's sizes the crossover lay between 512 and 2048 tokens (docs/BENCHMARKS.md section 4f).
 
     Patch the model for inference, after it is on its device and in its dtype, and undo() before moving, training
     or saving it: the rope cache and the fused gate/up weight are built here on the model's device.
     """
     resolved = selector.resolve_mode(mode, platforms.current_platform())  # checks mode; what kernels are chosen for
+    if graph_from_tokens is not None and ("graph" in (mode, resolved) or not isinstance(graph_from_tokens, int)
+                                          or graph_from_tokens < 1):
+        raise ValueError(f"graph_from_tokens={graph_from_tokens!r} with mode {mode or resolved!r}: it takes a token "
+                         "count of at least 1, and only in eager mode (in graph mode every call runs the graph "
+                         "decisions)")
     if getattr(model, "_autosel_patch", None) is not None:
         raise IntegrationError(f"{type(model).__name__} is already patched by autosel; call undo() on its handle "
                                "(model._autosel_patch) before patching it again")
@@ -120,8 +130,11 @@ def patch_model(model, *, backend: str | None = None, mode: str | None = None, f
     kernels: dict[str, Callable] = {}
 
     def kernel(kind: str) -> Callable:
-        kernels[OPS[kind]] = autosel.get_kernel(OPS[kind], backend, mode=mode)
-        return kernels[OPS[kind]]
+        op = OPS[kind]
+        kernels[op] = autosel.get_kernel(op, backend, mode=mode)
+        if graph_from_tokens is not None:
+            kernels[op] = by_tokens(kernels[op], autosel.get_kernel(op, backend, mode="graph"), graph_from_tokens)
+        return kernels[op]
 
     # Resolve (and on a miss tune) every kernel before the first change, so that a failure leaves the model as it was.
     rmsnorm, fused = kernel("rmsnorm"), kernel("fused_add_rmsnorm") if fuse else None
@@ -233,6 +246,19 @@ def fuse_gate_up(mlp, steps: list) -> tuple[torch.Tensor, torch.Tensor | None]:
     steps.append(lambda: (setattr(gate, "data", gate.data.clone()), setattr(up, "data", up.data.clone())))
     bias = None if mlp.gate_proj.bias is None else torch.cat((mlp.gate_proj.bias, mlp.up_proj.bias))
     return weight, bias
+
+
+def by_tokens(eager: Callable, graph: Callable, threshold: int) -> Callable:
+    """A kernel that runs `graph` on calls of at least `threshold` tokens and `eager` on shorter ones (`eager` itself
+    when the two are one kernel). Every op the patch routes takes the tokens as its first argument's first dimension
+    (rope: the positions). Its `parts` are (eager, graph, threshold)."""
+    if graph is eager:
+        return eager
+
+    def kernel(*args):
+        return (graph if args[0].shape[0] >= threshold else eager)(*args)
+    kernel.parts = (eager, graph, threshold)
+    return kernel
 
 
 # --- the replacement forwards: each reads its module's attributes per call and calls kernels resolved above ------

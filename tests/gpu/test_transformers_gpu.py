@@ -27,17 +27,20 @@ OPS = ("layernorm.rmsnorm", "layernorm.fused_add_rmsnorm", "embeddings.rope", "a
 AUTOSEL_DIR = str(Path(autosel.__file__).parent)
 
 
-def store_graph_decisions() -> None:
-    """Graph-mode rows as `autosel tune` stores them: triton for every op, but torch for the norms' decode bucket,
-    so that the norms get a real bucket dispatcher and the graph mixes two backends."""
+def store_graph_decisions(mode: str = "graph") -> None:
+    """Rows as `autosel tune` stores them. Graph mode: triton for every op, but torch for the norms' decode bucket,
+    so that the norms get a real bucket dispatcher and the graph mixes two backends. Eager mode: torch for every op."""
     platform = current_platform()
     for op in OPS:
         eligible = [s for s in registry.get(op) if s.is_available(platform)]
 
         def row(bucket: str, winner: str) -> Decision:
-            return Decision(op=op, mode="graph", bucket=bucket, winner=winner, platform_key=platform.key,
+            return Decision(op=op, mode=mode, bucket=bucket, winner=winner, platform_key=platform.key,
                             versions=version_vector(platform, eligible), margin=0.03, method="stored",
                             candidates=tuple(CandidateResult(s.backend.value, "ok", score=1.0) for s in eligible))
+        if mode == "eager":
+            tuning.database().record(row("*", "torch"), [])
+            continue
         buckets = [row(bucket_text((token_bucket(BATCH), HIDDEN)), "torch"),
                    row(bucket_text((8192, HIDDEN)), "triton")] if op.startswith("layernorm.") else []
         tuning.database().record(row("*", "triton"), buckets)
@@ -131,3 +134,33 @@ def test_a_captured_decode_step_replays_transformers_logits_with_no_autosel_work
     for g, e in zip(got, expected):
         within_bf16(g, e)
     assert not torch.equal(got[0], got[1])  # the replay computed from the new inputs, not a stale output
+
+
+@torch.no_grad()
+def test_an_eager_prefill_with_graph_from_tokens_runs_the_graph_decisions_on_long_prompts_only(monkeypatch):
+    from autosel.integrations.transformers import patch_model
+
+    monkeypatch.setenv("AUTOSEL_TUNE", "off")
+    store_graph_decisions()
+    store_graph_decisions("eager")
+    model = llama()
+    prompts = {n: torch.randint(0, 32000, (1, n), device="cuda") for n in (64, 512)}
+    expected = {n: model(input_ids=ids, logits_to_keep=1).logits for n, ids in prompts.items()}
+    files = {}
+
+    def profile(frame, event, arg):
+        if event == "call" and frame.f_code.co_filename.startswith(AUTOSEL_DIR):
+            files.setdefault(Path(frame.f_code.co_filename).name, 0)
+
+    with patch_model(model, mode="eager", graph_from_tokens=256) as patched:
+        assert patched.kernels["embeddings.rope"].parts[2] == 256
+        for n, ids in prompts.items():
+            files.clear()
+            sys.setprofile(profile)
+            try:
+                got = model(input_ids=ids, logits_to_keep=1).logits
+            finally:
+                sys.setprofile(None)
+            within_bf16(got, expected[n])
+            ran_triton = "triton_kernels.py" in files
+            assert ran_triton == (n >= 256), f"{n} tokens: autosel code that ran: {sorted(files)}"
