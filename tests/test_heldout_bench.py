@@ -74,6 +74,8 @@ def test_tiny_run_on_this_cpu(bench, tmp_path, monkeypatch):
     assert result["shapes"] == "set2" and [r["bucket"] for r in result["rows"]] == [[4, 64], [32, 96]]
     assert [r["dispatcher"] for r in result["rows"]] == ["torch_compile", "torch"]
     assert "held-out shapes set2" in (tmp_path / "heldout.md").read_text()
+    # One figure per round timed (at most the tuner's three; a shape whose winner is settled after one has one).
+    assert 1 <= len(result["dispatcher_over_best_fixed_per_round"]) <= 3
 
 
 def test_a_backend_the_tune_rejected_is_listed_but_not_the_per_shape_best(bench):
@@ -89,3 +91,15 @@ def test_a_backend_the_tune_rejected_is_listed_but_not_the_per_shape_best(bench)
     assert summary["dispatcher"] == pytest.approx(((31 / 28) ** 0.5, 31 / 28))
     assert summary["sgl_kernel"][1] == pytest.approx(60 / 28)
     assert bench.summarize(rows, table)["dispatcher"][1] == pytest.approx(13 / 8)  # nothing rejected: sgl_kernel is best
+
+
+def test_the_dispatcher_over_the_best_fixed_backend_round_by_round(bench):
+    rows = [{"dispatcher": "triton", "rounds_us": {"triton": [10.0, 12.0, 9.0], "flashinfer": [11.0, 11.0, 10.0]}},
+            {"dispatcher": "flashinfer", "rounds_us": {"triton": [40.0], "flashinfer": [20.0, 22.0, 18.0]}}]
+    # Round by round the dispatcher's pick against flashinfer's; triton sat out rounds 2 and 3 at the second shape,
+    # where it is not the pick, so nothing is carried there.
+    assert bench.per_round(rows, "flashinfer") == pytest.approx([(10 / 11) ** 0.5, (12 / 11) ** 0.5, (9 / 10) ** 0.5])
+    # Against triton, whose single round at the second shape is carried into the rounds it sat out.
+    assert bench.per_round(rows, "triton") == pytest.approx([(20 / 40) ** 0.5, (22 / 40) ** 0.5, (18 / 40) ** 0.5])
+    rows[1]["rounds_us"].pop("triton")  # triton failed there: no comparison
+    assert bench.per_round(rows, "triton") == []

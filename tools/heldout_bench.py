@@ -136,7 +136,9 @@ def measure(op: str, mode: str, eligible: list, shapes: list[dict], platform) ->
                        for row in buckets for s in row.candidates[0].shapes}
     return [{"shape": shape, "bucket": bucket_of_shape[json.dumps(shape, sort_keys=True)],
              "us": {c.backend: (c.shapes[i].timing.median_us if c.ok and c.shapes[i].timing else None)
-                    for c in decision.candidates}}
+                    for c in decision.candidates},
+             "rounds_us": {c.backend: list(c.shapes[i].timing.round_medians_us)
+                           for c in decision.candidates if c.ok and c.shapes[i].timing}}
             for i, shape in enumerate(shapes)]
 
 
@@ -162,6 +164,19 @@ def summarize(rows: list[dict], table: BucketTable, rejected=()) -> dict[str, tu
         for b in backends:
             picks.setdefault(b, []).append((us.get(b) or math.inf) / best)
     return {name: (geomean(v) if all(math.isfinite(x) for x in v) else math.inf, max(v)) for name, v in picks.items()}
+
+
+def per_round(rows: list[dict], other: str) -> list[float]:
+    """Per timed round, the geometric mean over the shapes of the dispatcher's time over `other`'s, each from that
+    round's medians: how far apart the rounds put the two, so a lead smaller than that is not one. A backend the
+    tuner stopped timing at a shape (over 1.3x the fastest after round 1) keeps its last round's median there.
+    Empty when either failed at some shape."""
+    pairs = [(r["rounds_us"].get(r["dispatcher"]), r["rounds_us"].get(other)) for r in rows]
+    if not all(a and b for a, b in pairs):
+        return []
+    n = max(len(t) for pair in pairs for t in pair)
+    at = lambda t, k: t[min(k, len(t) - 1)]  # noqa: E731
+    return [geomean([at(a, k) / at(b, k) for a, b in pairs]) for k in range(n)]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -200,11 +215,16 @@ def main(argv: list[str] | None = None) -> int:
                       f"best fixed backend: {best_fixed})", "", "| pick | geomean | worst |", "|---|---|---|"]
             lines += [f"| {name}{' (rejected by the tune)' if name in rejected else ''} | {g:.3f} | {w:.2f} |"
                       for name, (g, w) in summary.items()] + [""]
+            rounds = per_round(rows, best_fixed)
+            if rounds:
+                lines += [f"- dispatcher over {best_fixed}, geometric mean of each round: "
+                          f"{', '.join(f'{r:.3f}' for r in rounds)}", ""]
             lines += [f"- {b}: rejected by the tune, so left out of the per-shape best: {why}" for b, why in
                       rejected.items()] + ([""] if rejected else [])
             results.append({"op": op, "mode": mode, "shapes": args.shapes, "table": {
                 "default": table.default, "winners": [[list(k), v] for k, v in table.winners.items()]},
-                "rows": rows, "rejected": rejected, "summary": {k: list(v) for k, v in summary.items()}})
+                "rows": rows, "rejected": rejected, "summary": {k: list(v) for k, v in summary.items()},
+                "dispatcher_over_best_fixed_per_round": rounds})
             print("\n".join(lines[start:]), flush=True)
             (args.out / "heldout.md").write_text("\n".join(lines) + "\n")
             (args.out / "heldout.json").write_text(json.dumps(results, indent=1))
