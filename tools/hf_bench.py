@@ -6,6 +6,9 @@ decode step is one new token per sequence against a static KV cache (transformer
 --kv tokens, replayed from a CUDA graph (on a CPU, called eagerly). autosel patches prefill with mode="eager" and
 decode with mode="graph"; a forced variant sets AUTOSEL_BACKEND. The variants take turns round by round (A B C,
 then B C A, ...), as autosel's tuner interleaves its candidates, so what the machine does meanwhile falls on all.
+--graph-from-tokens N patches autosel's prefill with patch_model's graph_from_tokens=N and adds "autosel-eager",
+the prefill on the eager decisions alone, beside it. A backend named twice ("--backends triton,triton#2") runs as
+two variants, each on its own copy of the model: how far two copies of one variant read apart.
 Writes hf_bench.md, hf_bench.json and (with matplotlib) hf_bench.png under --out.
 
     python tools/hf_bench.py --out "$OUT"                                  # on the H200
@@ -44,6 +47,7 @@ from autosel.registry import registry
 log = logging.getLogger("hf_bench")
 
 UNPATCHED, MEASURED = "transformers", "autosel"
+MEASURED_EAGER = "autosel-eager"  # with --graph-from-tokens: autosel's prefill on the eager decisions alone, beside it
 BACKENDS = ("torch", "torch_compile", "triton", "flashinfer", "sgl_kernel")
 PHASES = {"prefill": "eager", "decode": "graph"}  # the mode autosel patches each phase's model with
 
@@ -57,7 +61,7 @@ class Plan:
     prefill_tokens: tuple[int, ...]
     decode_batches: tuple[int, ...]
     kv: int  # tokens already in the KV cache of each sequence when the decode step runs
-    backends: tuple[str, ...]  # the fixed backends forced, one variant each
+    backends: tuple[str, ...]  # the fixed backends forced, one variant each ("triton#2": a second copy of triton)
     rounds: int
     block_ms: float  # about how long one round's block of back-to-back steps of one variant takes
     projections: bool = False  # also route the linear layers through gemm.mm
@@ -67,7 +71,7 @@ class Plan:
 
     @property
     def variants(self) -> tuple[str, ...]:
-        return (UNPATCHED, MEASURED, *self.backends)
+        return (UNPATCHED, MEASURED, *((MEASURED_EAGER,) if self.graph_from_tokens else ()), *self.backends)
 
     def sizes(self, phase: str) -> tuple[int, ...]:
         return self.prefill_tokens if phase == "prefill" else self.decode_batches
@@ -141,7 +145,9 @@ def patch_variant(name: str, model, *, mode: str, projections: bool, platform,
     """`model` patched as variant `name`, with the backends it resolved checked against the forced one."""
     if name == UNPATCHED:
         return Patched(name, model)
-    backend = None if name == MEASURED else name
+    if name == MEASURED_EAGER and graph_from_tokens is None:
+        return Patched(name, model, skipped="the same as autosel here (graph_from_tokens applies to eager prefill)")
+    backend = None if name in (MEASURED, MEASURED_EAGER) else name.split("#")[0]  # "triton#2": triton again
     ops = patched_ops(projections)
     why = cannot_force(backend, ops, platform) if backend else None
     if why:
