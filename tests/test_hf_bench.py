@@ -65,16 +65,18 @@ def test_tiny_run_has_a_row_per_variant_matching_transformers(hf_bench, tmp_path
         assert (tmp_path / "hf_bench.png").stat().st_size > 0
 
 
-def test_graph_from_tokens_adds_autosel_on_the_eager_decisions_beside_it_and_a_backend_can_run_twice(hf_bench):
+def test_graph_from_tokens_adds_autosel_on_the_eager_decisions_and_a_variant_can_run_twice(hf_bench):
     store("torch")
     plan = hf_bench.Plan(model="tiny-llama", layers=1, device="cpu", dtype="bfloat16", prefill_tokens=(8,),
-                         decode_batches=(2,), kv=8, backends=("torch", "torch#2"), rounds=2, block_ms=1,
+                         decode_batches=(2,), kv=8, backends=("torch", "torch#2", "autosel#2"), rounds=2, block_ms=1,
                          graph_from_tokens=4)
+    assert plan.fixed == ("torch", "torch#2")
     phases = hf_bench.bench(plan)["phases"]
-    assert list(phases["prefill"]["variants"]) == ["transformers", "autosel", "autosel-eager", "torch", "torch#2"]
+    assert list(phases["prefill"]["variants"]) == ["transformers", "autosel", "autosel-eager", "torch", "torch#2",
+                                                   "autosel#2"]
     prefill, decode = phases["prefill"]["variants"], phases["decode"]["variants"]
     assert all(prefill[name]["resolved"] == {op: ["torch"] for op in OPS}
-               for name in ("autosel", "autosel-eager", "torch#2"))
+               for name in ("autosel", "autosel-eager", "torch#2", "autosel#2"))
     assert decode["autosel-eager"]["skipped"].startswith("the same as autosel here")
     [size] = phases["prefill"]["sizes"]
     assert size["best_fixed"] in ("torch", "torch#2") and size["results"]["autosel-eager"]["matches"]

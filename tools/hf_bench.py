@@ -7,8 +7,9 @@ decode step is one new token per sequence against a static KV cache (transformer
 decode with mode="graph"; a forced variant sets AUTOSEL_BACKEND. The variants take turns round by round (A B C,
 then B C A, ...), as autosel's tuner interleaves its candidates, so what the machine does meanwhile falls on all.
 --graph-from-tokens N patches autosel's prefill with patch_model's graph_from_tokens=N and adds "autosel-eager",
-the prefill on the eager decisions alone, beside it. A backend named twice ("--backends triton,triton#2") runs as
-two variants, each on its own copy of the model: how far two copies of one variant read apart.
+the prefill on the eager decisions alone, beside it. A variant named again with a suffix ("--backends
+triton,triton#2,autosel#2") runs once more on its own copy of the model: how far two copies of one variant read
+apart (a copy of autosel is not a fixed backend).
 Writes hf_bench.md, hf_bench.json and (with matplotlib) hf_bench.png under --out.
 
     python tools/hf_bench.py --out "$OUT"                                  # on the H200
@@ -72,6 +73,11 @@ class Plan:
     @property
     def variants(self) -> tuple[str, ...]:
         return (UNPATCHED, MEASURED, *((MEASURED_EAGER,) if self.graph_from_tokens else ()), *self.backends)
+
+    @property
+    def fixed(self) -> tuple[str, ...]:
+        """The variants that force one backend ("autosel#2" in backends is a second copy of autosel, not one)."""
+        return tuple(b for b in self.backends if b.split("#")[0] not in (MEASURED, MEASURED_EAGER))
 
     def sizes(self, phase: str) -> tuple[int, ...]:
         return self.prefill_tokens if phase == "prefill" else self.decode_batches
@@ -147,7 +153,8 @@ def patch_variant(name: str, model, *, mode: str, projections: bool, platform,
         return Patched(name, model)
     if name == MEASURED_EAGER and graph_from_tokens is None:
         return Patched(name, model, skipped="the same as autosel here (graph_from_tokens applies to eager prefill)")
-    backend = None if name in (MEASURED, MEASURED_EAGER) else name.split("#")[0]  # "triton#2": triton again
+    base = name.split("#")[0]  # "triton#2": triton again, on its own copy of the model
+    backend = None if base in (MEASURED, MEASURED_EAGER) else base
     ops = patched_ops(projections)
     why = cannot_force(backend, ops, platform) if backend else None
     if why:
@@ -155,7 +162,7 @@ def patch_variant(name: str, model, *, mode: str, projections: bool, platform,
     with forced(backend):
         try:
             handle = patch_model(model, mode=mode, projections=projections,
-                                 graph_from_tokens=graph_from_tokens if name == MEASURED else None)
+                                 graph_from_tokens=graph_from_tokens if base == MEASURED else None)
         except Exception as exc:  # patch_model resolves every kernel before changing anything: the model is as it was
             return Patched(name, model, skipped=f"patch_model raised {type(exc).__name__}: {exc}")
     resolved = {op: resolved_backends(op, fn, platform) for op, fn in handle.kernels.items()}
@@ -323,7 +330,7 @@ def run_size(phase: str, size: int, patched: dict[str, Patched], ready: list[str
     times = time_interleaved(calls, rounds=plan.rounds, block_ms=plan.block_ms, device=plan.device)
     for name, rounds_ms in times.items():
         results[name].update(summary(rounds_ms))
-    fixed = {name: results[name]["median_ms"] for name in calls if name in plan.backends}
+    fixed = {name: results[name]["median_ms"] for name in calls if name in plan.fixed}
     best = min(fixed, key=fixed.get) if fixed else None
     reference = results[UNPATCHED].get("median_ms")
     for name in calls:
