@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -26,6 +27,19 @@ def test_import_autosel_and_its_ops_imports_no_torch_triton_or_backend():
             "print(sorted(m for m in ('torch', 'triton', 'flashinfer', 'sgl_kernel') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize("module", ["autosel.ops.compiled", "autosel.ops.triton_kernels"])
+def test_loading_a_compiling_backend_pins_tritons_cache_dir_unless_it_is_set(module, tmp_path):
+    # torch.compile's inductor would otherwise move it to its own directory mid-process (autosel/ops/common.py).
+    code = f"import os, {module}, triton; print(os.environ.get('TRITON_CACHE_DIR'), triton.knobs.cache.dir)"
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_CACHE_DIR"}
+    pinned, default = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                                     env=env).stdout.split()
+    assert pinned == default and pinned.endswith(os.path.join(".triton", "cache"))
+    env["TRITON_CACHE_DIR"] = str(tmp_path)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env)
+    assert out.stdout.split() == [str(tmp_path)] * 2
 
 
 @pytest.mark.parametrize("spec", SPECS, ids=lambda s: f"{s.op}-{s.backend.value}")

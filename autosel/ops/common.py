@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -81,3 +82,24 @@ def dtype_of(shape: dict):
     import torch
 
     return getattr(torch, shape.get("dtype", "bfloat16"))
+
+
+def pin_triton_cache_dir() -> None:
+    """Keep Triton's on-disk cache in one directory for the whole process: set TRITON_CACHE_DIR, when unset, to
+    where Triton puts it by default. Called when the torch_compile or triton backend is loaded, before either
+    compiles.
+
+    torch.compile's inductor sets TRITON_CACHE_DIR to a directory of its own the first time it builds a Triton
+    kernel in a process; kernels built before that went to Triton's default. How far a tune had got by then
+    differed between a cold tune and the next one, so the next one missed much of what the cold one had cached
+    (autosel's Triton kernels, the mm's autotuning choices) and built it again (docs/H200.md, call 17-3).
+    """
+    if "TRITON_CACHE_DIR" in os.environ:
+        return
+    try:
+        from triton import knobs
+
+        directory = knobs.cache.dir
+    except (ImportError, AttributeError):  # no Triton, or one without knobs: inductor's setting stands
+        return
+    os.environ["TRITON_CACHE_DIR"] = directory

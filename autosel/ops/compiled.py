@@ -8,6 +8,9 @@ from __future__ import annotations
 import torch
 
 from autosel.ops import torch_impl
+from autosel.ops.common import pin_triton_cache_dir
+
+pin_triton_cache_dir()
 
 rmsnorm = torch.compile(torch_impl.rmsnorm, dynamic=True)
 

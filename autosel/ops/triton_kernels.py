@@ -9,8 +9,10 @@ import torch
 import triton
 import triton.language as tl
 
-from autosel.ops.common import next_power_of_2
+from autosel.ops.common import next_power_of_2, pin_triton_cache_dir
 from autosel.ops.triton_launch import FastLaunch
+
+pin_triton_cache_dir()
 
 # Autotuning benchmarks on a GPU driver, which Triton's CPU interpreter does not have; under the
 # interpreter the matmul launches with one fixed config instead.
