@@ -208,10 +208,7 @@ class Tuner:
         shape's bucket (definition.bucket of the inputs built for it; None without a bucket function).
 
         One shape's inputs exist at a time (rebuilt from the same seed each round), each candidate on its own
-        copies: one, or as many as the timer's rotate_bytes asks for. A timer that splits a call into its host and
-        device parts does so once per candidate and shape, in the first round: the split took 4.9 s of a warm
-        whole tune on the H200 when it ran every round (docs/H200.md, call 17-3), and the decision weighs the host
-        at two speeds either side of the one measured (policy.HOST_SPEEDS), not the split's own noise.
+        copies: one, or as many as the timer's rotate_bytes asks for.
         """
         buckets: list = [None] * len(shapes)
         if not alive:
@@ -238,7 +235,7 @@ class Tuner:
                 times, failed = measure_together(self.timer, calls, shape=shape)
                 for candidate in timed:
                     error = failed.get(candidate.backend)
-                    if error is None and split is not None and round_index == 0:  # once per candidate and shape
+                    if error is None and split is not None:
                         try:
                             candidate.splits.setdefault(index, []).append(split(calls[candidate.backend]))
                         except (Exception, SystemExit) as exc:

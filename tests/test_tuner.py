@@ -579,7 +579,6 @@ class SplittingTimer(FakeTimer):
 
     def host_and_device_us(self, fn):
         fn()
-        self.splits = getattr(self, "splits", 0) + 1
         return self.parts[self.backend_of[fn]]
 
 
@@ -596,15 +595,6 @@ def test_the_tuner_stores_host_and_device_parts_and_judges_with_them(toy):
     decision = run(definition, kernels, specs(torch="fast", triton="fast"),
                    SplittingTimer({"torch": 40.0, "triton": 20.0}, parts, noise=0.001))
     assert decision.winner == "triton"
-
-
-def test_the_split_is_taken_once_per_candidate_and_shape_in_the_first_round(toy):
-    definition, kernels = toy
-    timer = SplittingTimer({"torch": 40.0, "triton": 38.0}, {"torch": (10.0, 40.0), "triton": (30.0, 5.0)},
-                           noise=0.001)
-    decision = run(definition, kernels, specs(torch="fast", triton="fast"), timer)
-    assert {len(s.timing.round_medians_us) for c in decision.candidates for s in c.shapes} == {3}  # three rounds
-    assert timer.splits == 2 * len(kernels.SHAPES)
 
 
 def test_without_the_sleep_kernel_the_eager_timer_offers_no_split(monkeypatch, caplog):
