@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import sys
 from pathlib import Path
@@ -39,3 +40,29 @@ def test_a_shape_with_one_candidate_left_keeps_round_one_for_every_candidate(wha
     stats = {"a": [_m((10.0, 10.0, 10.0))], "b": [_m((20.0, 19.0, 21.0))]}
     cut = whatif.settled(stats, 1.3)
     assert [cut[b][0].round_medians_us for b in "ab"] == [(10.0,), (20.0,)]
+
+
+def test_bucket_rows_are_judged_again_from_the_op_level_evidence(whatif):
+    import json
+
+    import stability_bench as sb
+
+    from autosel.decisions import CandidateResult, Decision, ShapeResult
+    from autosel.policy import DEFAULT_POLICY
+
+    shapes = [{"tokens": 1, "hidden": 4096}, {"tokens": 4096, "hidden": 4096}]
+    times = {"triton": (10.0, 50.0), "flashinfer": (10.2, 80.0)}  # level at one token; triton 1.6x at 4096
+    decision = Decision(
+        op="layernorm.rmsnorm", mode="graph", bucket="*", winner="triton", platform_key="p", versions={},
+        candidates=tuple(CandidateResult(b, "ok", shapes=tuple(ShapeResult(s, timing=_m((t, t, t)))
+                                                               for s, t in zip(shapes, ts))) for b, ts in times.items()),
+        margin=0.06, per_shape_winners=tuple((json.dumps(s, sort_keys=True), "triton") for s in shapes))
+    winners = whatif.bucket_winners([sb.Stored("layernorm.rmsnorm", "graph", decision)], DEFAULT_POLICY)
+    assert winners == {("layernorm.rmsnorm", "graph", (1, 4096)): "triton",
+                       ("layernorm.rmsnorm", "graph", (4096, 4096)): "triton"}
+    times["flashinfer"] = (8.0, 80.0)  # now flashinfer leads the one-token bucket by 25%
+    decision = dataclasses.replace(decision, candidates=tuple(
+        CandidateResult(b, "ok", shapes=tuple(ShapeResult(s, timing=_m((t, t, t))) for s, t in zip(shapes, ts)))
+        for b, ts in times.items()))
+    winners = whatif.bucket_winners([sb.Stored("layernorm.rmsnorm", "graph", decision)], DEFAULT_POLICY)
+    assert winners[("layernorm.rmsnorm", "graph", (1, 4096))] == "flashinfer"

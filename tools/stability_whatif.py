@@ -1,6 +1,8 @@
 """What-ifs on two stored tunes (tune1.db and tune2.db in each DIR, as tools/stability_bench.py writes them):
 how far the same two candidates' time ratio moved between the tunes, and how stable the decisions would
-have been under other host-speed readings or another number of rounds a win may lose. The figures of docs/TUNING.md section 7 that are not plain replays came from here.
+have been under other host-speed readings or another number of rounds a win may lose: op-level and per-shape
+decisions, and the bucket rows judged again from the same evidence (pooled, as tools/stability_bench.py --compare
+counts them). The figures of docs/TUNING.md section 7 that are not plain replays came from here.
 
     python tools/stability_whatif.py DIR [DIR ...] --drift
     python tools/stability_whatif.py DIR [DIR ...] --host-speed-range 2.0
@@ -21,6 +23,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import itertools
+import json
 import math
 import sys
 from pathlib import Path
@@ -99,6 +102,23 @@ def settled_replay(db: Path, factor: float, policy: Policy) -> tuple[int, int, l
     return same, total, notes
 
 
+def bucket_winners(outcomes, policy: Policy) -> dict[tuple, str]:
+    """Every per-bucket decision of one stored tune, judged again under `policy` from its op-level evidence (the
+    shapes grouped by the op's own bucket function), keyed (op, mode, bucket)."""
+    from heldout_whatif import key_of
+
+    out = {}
+    for o in outcomes:
+        d = o.decision
+        stats = {c.backend: [s.timing for s in c.shapes] for c in d.candidates if c.status == "ok"}
+        groups: dict = {}
+        for i, (shape, _) in enumerate(d.per_shape_winners):
+            groups.setdefault(key_of(d.op, json.loads(shape)), []).append(i)
+        for key, verdict in policy.judge_groups(stats, groups, default=policy.judge(stats).winner).items():
+            out[d.op, d.mode, key] = verdict.winner
+    return out
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("dirs", type=Path, nargs="+")
@@ -138,8 +158,20 @@ def main() -> int:
         first, second = (sb.replayed(r, policy) for r in runs)
         _, counts = sb.stability(first, second)
         quality = sb.pick_quality(first, second, {}, {}).splitlines()[2]
-        print("  " + ", ".join(f"{mode} {c['agree']} of {c['decisions']}" for mode, c in counts.items()) +
-              f"; autosel picks {quality.split('|')[3].strip()} geomean")
+        buckets = [bucket_winners(r, policy) for r in runs]
+        flips = sorted(k for k in buckets[0] if k in buckets[1] and buckets[0][k] != buckets[1][k])
+        both = [k for k in buckets[0] if k in buckets[1]]
+        for mode in counts:
+            n = sum(k[1] == mode for k in both)
+            counts[mode]["bucket_agree"] = n - sum(k[1] == mode for k in flips)
+            counts[mode]["buckets"] = n
+        agree = sum(c["agree"] + c["bucket_agree"] for c in counts.values())
+        total = sum(c["decisions"] + c["buckets"] for c in counts.values())
+        print("  " + ", ".join(f"{mode} {c['agree']} of {c['decisions']}, buckets {c['bucket_agree']} of "
+                               f"{c['buckets']}" for mode, c in counts.items()) +
+              f"; pooled {agree} of {total} ({agree / max(1, total):.1%}); autosel picks "
+              f"{quality.split('|')[3].strip()} geomean", *(f"  - {k}: {buckets[0][k]} vs {buckets[1][k]}"
+                                                             for k in flips), sep="\n")
     return 0
 
 
