@@ -3,6 +3,7 @@
 Importing this package imports no torch, no triton and no backend package.
 """
 
+from autosel.dispatch import by_tokens
 from autosel.platforms import PlatformInfo
 from autosel.registry import KernelRegistry, register_kernel, register_op, registry
 from autosel.selector import clear_cache, get_kernel, select_kernel
@@ -18,6 +19,7 @@ __all__ = [
     "KernelSpec",
     "OpDefinition",
     "PlatformInfo",
+    "by_tokens",
     "clear_cache",
     "get_kernel",
     "register_kernel",

@@ -151,6 +151,21 @@ _record_lock = threading.Lock()
 _broken_paths: set[str] = set()
 
 
+def by_tokens(eager: Callable[..., Any], graph: Callable[..., Any], threshold: int) -> Callable[..., Any]:
+    """A kernel that runs `graph` (get_kernel(op, mode="graph")) on calls of at least `threshold` tokens and `eager`
+    on shorter ones; `eager` itself when the two are one kernel. For an engine that runs its prefill eagerly: a long
+    prefill keeps the GPU behind the host, so its calls cost their device time, which the graph decisions are made
+    on. The tokens are the first argument's first dimension, as in every built-in op (rope: the positions). Its
+    `parts` are (eager, graph, threshold)."""
+    if graph is eager:
+        return eager
+
+    def kernel(*args):
+        return (graph if args[0].shape[0] >= threshold else eager)(*args)
+    kernel.parts = (eager, graph, threshold)
+    return kernel
+
+
 def recording(op: str, fn: Callable[..., Any], path, mode: str, shape_of: Callable[..., dict] | None
               ) -> Callable[..., Any]:
     """Wrap `fn` so each new shape of `op` (shape_of) is appended to `path` once per process, after a call

@@ -157,7 +157,7 @@ def test_graph_from_tokens_runs_the_graph_decisions_on_long_calls_and_the_eager_
 
 
 def test_graph_from_tokens_is_the_kernel_itself_where_both_modes_resolve_alike():
-    from autosel.integrations.transformers import by_tokens
+    by_tokens = autosel.by_tokens
 
     def eager(x):
         return "eager"

@@ -133,7 +133,8 @@ def patch_model(model, *, backend: str | None = None, mode: str | None = None, f
         op = OPS[kind]
         kernels[op] = autosel.get_kernel(op, backend, mode=mode)
         if graph_from_tokens is not None:
-            kernels[op] = by_tokens(kernels[op], autosel.get_kernel(op, backend, mode="graph"), graph_from_tokens)
+            graph = autosel.get_kernel(op, backend, mode="graph")
+            kernels[op] = autosel.by_tokens(kernels[op], graph, graph_from_tokens)
         return kernels[op]
 
     # Resolve (and on a miss tune) every kernel before the first change, so that a failure leaves the model as it was.
@@ -246,19 +247,6 @@ def fuse_gate_up(mlp, steps: list) -> tuple[torch.Tensor, torch.Tensor | None]:
     steps.append(lambda: (setattr(gate, "data", gate.data.clone()), setattr(up, "data", up.data.clone())))
     bias = None if mlp.gate_proj.bias is None else torch.cat((mlp.gate_proj.bias, mlp.up_proj.bias))
     return weight, bias
-
-
-def by_tokens(eager: Callable, graph: Callable, threshold: int) -> Callable:
-    """A kernel that runs `graph` on calls of at least `threshold` tokens and `eager` on shorter ones (`eager` itself
-    when the two are one kernel). Every op the patch routes takes the tokens as its first argument's first dimension
-    (rope: the positions). Its `parts` are (eager, graph, threshold)."""
-    if graph is eager:
-        return eager
-
-    def kernel(*args):
-        return (graph if args[0].shape[0] >= threshold else eager)(*args)
-    kernel.parts = (eager, graph, threshold)
-    return kernel
 
 
 # --- the replacement forwards: each reads its module's attributes per call and calls kernels resolved above ------
