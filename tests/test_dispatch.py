@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+import autosel
 from autosel import dispatch
 from autosel.dispatch import BucketTable, dispatcher, log_gaps, recording
 
@@ -197,3 +198,17 @@ def test_keyword_arguments_reach_the_bucket_function_and_the_kernel():
     fn = dispatcher(table, {"torch": kernel, "triton": named("triton")}, lambda x, **kwargs: (x,))
     assert fn(1, eps=0.5) == 1 and seen == [(1, 0.5)]
     assert fn(8) == ("triton", 8)
+
+
+def test_by_tokens_runs_the_graph_kernel_from_the_threshold_and_is_the_kernel_itself_when_both_are_one():
+    import torch
+
+    def eager(x, *rest):
+        return "eager"
+
+    def graph(x, *rest):
+        return "graph"
+    assert autosel.by_tokens(eager, eager, 8) is eager
+    kernel = autosel.by_tokens(eager, graph, 8)
+    assert [kernel(torch.empty(n, 2), 1e-6) for n in (1, 7, 8, 4096)] == ["eager", "eager", "graph", "graph"]
+    assert kernel.parts == (eager, graph, 8)

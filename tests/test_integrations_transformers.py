@@ -157,16 +157,6 @@ def test_graph_from_tokens_runs_the_graph_decisions_on_long_calls_and_the_eager_
 
 
 def test_graph_from_tokens_is_the_kernel_itself_where_both_modes_resolve_alike():
-    by_tokens = autosel.by_tokens
-
-    def eager(x):
-        return "eager"
-
-    def graph(x):
-        return "graph"
-    assert by_tokens(eager, eager, 8) is eager
-    kernel = by_tokens(eager, graph, 8)
-    assert [kernel(torch.empty(n, 2)) for n in (1, 7, 8, 4096)] == ["eager", "eager", "graph", "graph"]
     model = tiny("llama")
     with patch_model(model, backend="torch", graph_from_tokens=8) as patched:  # a forced backend: one kernel
         assert not hasattr(patched.kernels["layernorm.rmsnorm"], "parts")
