@@ -91,7 +91,7 @@ def patched_ops(projections: bool) -> list[str]:
 
 def resolved_backends(op: str, fn: Callable, platform) -> list[str]:
     """The backends a kernel get_kernel returned runs: a dispatcher's bucket winners, else the spec it is."""
-    parts = getattr(fn, "parts", None)  # patch_model's graph_from_tokens: (eager kernel, graph kernel, threshold)
+    parts = getattr(fn, "parts", None)  # autosel.by_tokens (graph_from_tokens): (eager kernel, graph kernel, threshold)
     if parts is not None:
         return sorted({b for kernel in parts[:2] for b in resolved_backends(op, kernel, platform)})
     table = getattr(fn, "table", None)
