@@ -1,5 +1,5 @@
 """The hot path's cost on this machine, with torch imported: what a bucket dispatcher adds to a call over
-calling its winner directly, and what a warm get_kernel(op) costs. Interleaved repeats, medians, one run.
+calling its winner directly (also behind autosel.by_tokens), and what a warm get_kernel(op) costs. Interleaved repeats, medians, one run.
 
     python tools/dispatch_bench.py               # table in Markdown (docs/BENCHMARKS.md has one)
     python tools/dispatch_bench.py --repeats 41
@@ -59,6 +59,8 @@ def main() -> int:
     mm_table = BucketTable("bench.mm", "eager", "torch", {(8, 6144, 4096): "triton", (1, 6144, 4096): "torch"})
     mm = dispatcher(mm_table, {"torch": noop, "triton": noop}, mm_bucket)
     mm_routed = dispatcher(mm_table, {"torch": noop, "triton": noop}, mm_bucket, route_key=(0, 1))  # as built in
+    graph_norm = dispatcher(table, {"torch": noop, "triton": noop}, rows_bucket, route_key=0)
+    prefill_norm = autosel.by_tokens(norm_routed, graph_norm, 1024)  # eager below 1024 tokens, graph from there
     autosel.register_kernel(KernelSpec("bench.single", KernelBackend.TORCH, "tools.dispatch_bench:noop"))
     sys.modules.setdefault("tools.dispatch_bench", sys.modules[__name__])
     selector.get_kernel("bench.single")  # warm
@@ -69,6 +71,8 @@ def main() -> int:
         "direct call of the winner (rmsnorm args)": lambda: noop(x, w, 1e-6),
         "dispatcher, rmsnorm bucket (tokens, hidden)": lambda: norm(x, w, 1e-6),
         "dispatcher, rmsnorm routed by x.shape (route_key=0, built in)": lambda: norm_routed(x, w, 1e-6),
+        "dispatcher, rmsnorm routed, behind autosel.by_tokens (two dispatchers by token count)":
+            lambda: prefill_norm(x, w, 1e-6),
         "direct call of the winner (rope args)": lambda: noop(positions, q, k, 128, cache, True),
         "dispatcher, rope bucket (tokens, q width, neox)": lambda: rope(positions, q, k, 128, cache, True),
         "direct call of the winner (mm args)": lambda: noop(a, b),
