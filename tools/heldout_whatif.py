@@ -31,6 +31,14 @@ def key_of(op: str, shape: dict) -> tuple:
     return bucket_of(definition, definition.make_inputs(dict(shape), "meta"))
 
 
+def bucket_groups(decision) -> dict[tuple, list[int]]:
+    """A stored op-level decision's shapes grouped by their bucket key (key_of): key -> the shapes' indices."""
+    groups: dict = {}
+    for i, s in enumerate(next(c for c in decision.candidates if c.status == "ok").shapes):
+        groups.setdefault(key_of(decision.op, s.shape), []).append(i)
+    return groups
+
+
 def _log_size(key: tuple) -> float:  # log2 of the product of the numbers: elements (rows), m*n*k (mm)
     return math.log2(max(1, math.prod(x for x in key if is_number(x))))
 
@@ -77,10 +85,7 @@ def tables(db: Path) -> dict[tuple[str, str], tuple[str, dict]]:
         ok = [c for c in d.candidates if c.status == "ok"]
         stats = {c.backend: [s.timing for s in c.shapes] for c in ok}
         winner = DEFAULT_POLICY.judge(stats).winner
-        groups: dict = {}
-        for i, s in enumerate(ok[0].shapes):
-            groups.setdefault(key_of(d.op, s.shape), []).append(i)
-        verdicts = DEFAULT_POLICY.judge_groups(stats, groups, default=winner)
+        verdicts = DEFAULT_POLICY.judge_groups(stats, bucket_groups(d), default=winner)
         out[(d.op, d.mode)] = (winner, {k: v.winner for k, v in verdicts.items()})
     return out
 

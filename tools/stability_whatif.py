@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import itertools
-import json
 import math
 import sys
 from pathlib import Path
@@ -75,7 +74,7 @@ def settled(stats: dict, factor: float) -> dict:
 
 def settled_replay(db: Path, factor: float, policy: Policy) -> tuple[int, int, list[str]]:
     """(identical, decisions, differences) between db's evidence judged whole and judged settled at `factor`."""
-    from heldout_whatif import key_of
+    from heldout_whatif import bucket_groups
 
     from autosel.db import TuningDB
 
@@ -85,9 +84,7 @@ def settled_replay(db: Path, factor: float, policy: Policy) -> tuple[int, int, l
         if d.bucket != OP_LEVEL_BUCKET:
             continue
         ok = [c for c in d.candidates if c.status == "ok"]
-        groups: dict = {}
-        for i, s in enumerate(ok[0].shapes):
-            groups.setdefault(key_of(d.op, s.shape), []).append(i)
+        groups = bucket_groups(d)
 
         def decisions(stats):
             verdict = policy.judge(stats)
@@ -105,16 +102,13 @@ def settled_replay(db: Path, factor: float, policy: Policy) -> tuple[int, int, l
 def bucket_winners(outcomes, policy: Policy) -> dict[tuple, str]:
     """Every per-bucket decision of one stored tune, judged again under `policy` from its op-level evidence (the
     shapes grouped by the op's own bucket function), keyed (op, mode, bucket)."""
-    from heldout_whatif import key_of
+    from heldout_whatif import bucket_groups
 
     out = {}
     for o in outcomes:
         d = o.decision
         stats = {c.backend: [s.timing for s in c.shapes] for c in d.candidates if c.status == "ok"}
-        groups: dict = {}
-        for i, (shape, _) in enumerate(d.per_shape_winners):
-            groups.setdefault(key_of(d.op, json.loads(shape)), []).append(i)
-        for key, verdict in policy.judge_groups(stats, groups, default=policy.judge(stats).winner).items():
+        for key, verdict in policy.judge_groups(stats, bucket_groups(d), default=policy.judge(stats).winner).items():
             out[d.op, d.mode, key] = verdict.winner
     return out
 

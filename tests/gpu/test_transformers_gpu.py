@@ -27,7 +27,7 @@ OPS = ("layernorm.rmsnorm", "layernorm.fused_add_rmsnorm", "embeddings.rope", "a
 AUTOSEL_DIR = str(Path(autosel.__file__).parent)
 
 
-def store_graph_decisions(mode: str = "graph") -> None:
+def store_decisions(mode: str = "graph") -> None:
     """Rows as `autosel tune` stores them. Graph mode: triton for every op, but torch for the norms' decode bucket,
     so that the norms get a real bucket dispatcher and the graph mixes two backends. Eager mode: torch for every op."""
     platform = current_platform()
@@ -70,7 +70,7 @@ def test_a_captured_decode_step_replays_transformers_logits_with_no_autosel_work
     from autosel.integrations.transformers import patch_model
 
     monkeypatch.setenv("AUTOSEL_TUNE", "off")  # only the stored rows answer: a miss raises instead of tuning
-    store_graph_decisions()
+    store_decisions()
     model = llama()
     cache = transformers.StaticCache(config=model.config, max_cache_len=KV + 16)
     prompt = torch.randint(0, 32000, (BATCH, KV), device="cuda")
@@ -141,8 +141,8 @@ def test_an_eager_prefill_with_graph_from_tokens_runs_the_graph_decisions_on_lon
     from autosel.integrations.transformers import patch_model
 
     monkeypatch.setenv("AUTOSEL_TUNE", "off")
-    store_graph_decisions()
-    store_graph_decisions("eager")
+    store_decisions()
+    store_decisions("eager")
     model = llama()
     prompts = {n: torch.randint(0, 32000, (1, n), device="cuda") for n in (64, 512)}
     expected = {n: model(input_ids=ids, logits_to_keep=1).logits for n, ids in prompts.items()}
