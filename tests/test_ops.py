@@ -182,8 +182,9 @@ def test_every_built_in_op_buckets_its_own_inputs(op):
     assert all(isinstance(b[0], int) and b[0] & (b[0] - 1) == 0 for b in buckets)  # tokens: powers of two
 
 
-def test_flashinfer_backends_are_called_with_pdl_off(monkeypatch):
-    # CI has no flashinfer: a stand-in records the calls; the adapters under test are autosel's own.
+def _fake_flashinfer(monkeypatch, *, internals: bool, cuda_norm: bool = True):
+    """A stand-in for flashinfer 0.7 (CI has none) that records calls: its public wrappers and, with `internals`,
+    the compiled functions behind them where 0.7 keeps them. Returns the adapters under test and the calls."""
     import importlib
     import types
 
@@ -192,17 +193,72 @@ def test_flashinfer_backends_are_called_with_pdl_off(monkeypatch):
     def record(name):
         return lambda *args, **kwargs: calls.append((name, args, kwargs)) or name
 
+    def module(*names):
+        return types.SimpleNamespace(**{name: record("compiled " + name) for name in names})
+
     fake = types.ModuleType("flashinfer")
+    fake.__version__ = "0.7.4" if internals else "9.9"
     fake.norm = types.SimpleNamespace(rmsnorm=record("rmsnorm"), fused_add_rmsnorm=record("fused_add_rmsnorm"))
     fake.activation = types.SimpleNamespace(silu_and_mul=record("silu_and_mul"), gelu_and_mul=record("gelu_and_mul"))
+    fake.rope = types.SimpleNamespace(apply_rope_with_cos_sin_cache_inplace=record("rope"))
+    if internals:
+        fake.norm._use_cuda_norm = lambda device: cuda_norm
+        fake.norm.get_norm_module = lambda: module("rmsnorm", "fused_add_rmsnorm")
+        fake.activation.gen_act_and_mul_module = lambda act: types.SimpleNamespace(
+            build_and_load=lambda: module(f"{act}_and_mul"))
+        fake.rope.get_rope_module = lambda: module("apply_rope_pos_ids_cos_sin_cache")
     monkeypatch.setitem(sys.modules, "flashinfer", fake)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.delitem(sys.modules, "autosel.ops.vendor_flashinfer", raising=False)
-    adapters = importlib.import_module("autosel.ops.vendor_flashinfer")
-    x, r, w = torch.ones(2, 4), torch.ones(2, 4), torch.ones(4)
-    assert adapters.rmsnorm(x, w, 1e-6) == "rmsnorm" and adapters.silu_and_mul(x) == "silu_and_mul"
-    assert adapters.fused_add_rmsnorm(x, r, w, 1e-6) is None and adapters.gelu_and_mul(x) == "gelu_and_mul"
-    assert [(name, len(args), kwargs) for name, args, kwargs in calls] == [
-        ("rmsnorm", 3, {"enable_pdl": False}), ("silu_and_mul", 1, {"enable_pdl": False}),
-        ("fused_add_rmsnorm", 4, {"enable_pdl": False}), ("gelu_and_mul", 1, {"enable_pdl": False})]
-    flashinfer_targets = {s.op: s.target for s in SPECS if s.backend == B.FLASHINFER and s.op != "embeddings.rope"}
+    return importlib.import_module("autosel.ops.vendor_flashinfer"), calls
+
+
+def _call_every_adapter(adapters):
+    x, r, w = torch.ones(2, 8), torch.ones(2, 8), torch.ones(8)
+    positions, query, key, cache = torch.zeros(2, dtype=torch.int64), torch.ones(2, 8), torch.ones(2, 4), torch.ones(16, 4)
+    out = adapters.rmsnorm(x, w, 1e-6)
+    assert out.shape == x.shape
+    assert adapters.fused_add_rmsnorm(x, r, w, 1e-6) is None
+    assert adapters.silu_and_mul(x).shape == (2, 4) and adapters.gelu_and_mul(x).shape == (2, 4)
+    assert adapters.rope(positions, query, key, 4, cache, True) is None
+    return out
+
+
+def test_flashinfer_adapters_call_the_compiled_functions_with_pdl_off(monkeypatch):
+    adapters, calls = _fake_flashinfer(monkeypatch, internals=True)
+    out = _call_every_adapter(adapters)
+    assert [(name, len(args), args[-1]) for name, args, kwargs in calls] == [
+        ("compiled rmsnorm", 5, False), ("compiled fused_add_rmsnorm", 5, False), ("compiled silu_and_mul", 3, False),
+        ("compiled gelu_and_mul", 3, False), ("compiled apply_rope_pos_ids_cos_sin_cache", 7, False)]
+    assert calls[0][1][0] is out  # rmsnorm writes into the tensor it returns
+    q, k, q_out, k_out = calls[4][1][:4]
+    assert q.shape == (2, 2, 4) and k.shape == (2, 1, 4) and q_out is q and k_out is k  # in place, [T, heads, D]
+    with pytest.raises(ValueError, match="float32"):
+        adapters.rope(torch.zeros(2, dtype=torch.int64), torch.ones(2, 8), torch.ones(2, 4), 4,
+                      torch.ones(16, 4, dtype=torch.bfloat16), True)
+
+
+def test_flashinfer_adapters_fall_back_to_the_public_wrappers_with_a_warning(monkeypatch):
+    # A flashinfer whose internals moved still runs, through its public wrappers, PDL still off.
+    adapters, calls = _fake_flashinfer(monkeypatch, internals=False)
+    with pytest.warns(UserWarning, match="flashinfer 9.9: rmsnorm's compiled function is not where"):
+        _call_every_adapter(adapters)
+    assert [(name, kwargs.get("enable_pdl")) for name, args, kwargs in calls] == [
+        ("rmsnorm", False), ("fused_add_rmsnorm", False), ("silu_and_mul", False), ("gelu_and_mul", False),
+        ("rope", None)]
+    assert calls[4][1][1].shape == (2, 8) and calls[4][1][3] == 4 and calls[4][1][5] is True  # 2D query, neox
+
+
+def test_flashinfer_norms_stay_on_the_public_wrappers_where_flashinfer_runs_its_cute_kernels(monkeypatch):
+    import warnings
+
+    adapters, calls = _fake_flashinfer(monkeypatch, internals=True, cuda_norm=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _call_every_adapter(adapters)
+    assert [name for name, args, kwargs in calls][:2] == ["rmsnorm", "fused_add_rmsnorm"]
+
+
+def test_every_flashinfer_backend_goes_through_autosels_adapters():
+    flashinfer_targets = {s.op: s.target for s in SPECS if s.backend == B.FLASHINFER}
     assert all(t.startswith("autosel.ops.vendor_flashinfer:") for t in flashinfer_targets.values()), flashinfer_targets

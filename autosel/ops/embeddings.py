@@ -55,7 +55,7 @@ def rope_bucket(positions, query, key, head_size=None, cos_sin_cache=None, is_ne
 
 
 SPECS = standard_specs("embeddings.rope", "rope",
-                       flashinfer="flashinfer.rope:apply_rope_with_cos_sin_cache_inplace",
+                       flashinfer="autosel.ops.vendor_flashinfer:rope",
                        sgl_kernel="autosel.ops.vendor:sgl_rope")
 DEFINITIONS = [OpDefinition(
     "embeddings.rope", shapes=SHAPES, make_inputs=rope_inputs, shape_of=rope_shape, bucket=rope_bucket,
