@@ -215,7 +215,8 @@ def _fake_flashinfer(monkeypatch, *, internals: bool, cuda_norm: bool = True):
 
 def _call_every_adapter(adapters):
     x, r, w = torch.ones(2, 8), torch.ones(2, 8), torch.ones(8)
-    positions, query, key, cache = torch.zeros(2, dtype=torch.int64), torch.ones(2, 8), torch.ones(2, 4), torch.ones(16, 4)
+    positions, cache = torch.zeros(2, dtype=torch.int64), torch.ones(16, 4)
+    query, key = torch.ones(2, 8), torch.ones(2, 4)
     out = adapters.rmsnorm(x, w, 1e-6)
     assert out.shape == x.shape
     assert adapters.fused_add_rmsnorm(x, r, w, 1e-6) is None
