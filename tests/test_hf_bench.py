@@ -125,3 +125,11 @@ def test_a_variant_whose_step_fails_is_a_row_and_the_others_are_still_timed(hf_b
     hf_bench.write(result, tmp_path)
     assert "| torch | failed | - | - | - | rmsnorm torch, fused_add_rmsnorm torch, rope torch, silu_and_mul torch; " \
            "failed at 8 tokens: RuntimeError: boom |" in (tmp_path / "hf_bench.md").read_text()
+
+
+def test_a_variant_keeps_its_colour_in_every_phase_of_the_plot(hf_bench):
+    # autosel-eager, skipped in decode, used to shift every later variant's colour in the decode panel.
+    phases = {"prefill": {"variants": ["transformers", "autosel", "autosel-eager", "triton"]},
+              "decode": {"variants": ["transformers", "autosel", "triton"]}}
+    colors = hf_bench.variant_colors(phases, ["c0", "c1", "c2", "c3"])
+    assert colors == {"transformers": "c0", "autosel": "c1", "autosel-eager": "c2", "triton": "c3"}

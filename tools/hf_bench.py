@@ -458,6 +458,13 @@ def report(result: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def variant_colors(phases: dict, palette: list[str]) -> dict[str, str]:
+    """One colour per variant for the whole figure, so that a variant skipped in one phase (autosel-eager in
+    decode) does not shift the others' colours there."""
+    variants = dict.fromkeys(name for data in phases.values() for name in data["variants"])
+    return {name: palette[i % len(palette)] for i, name in enumerate(variants)}
+
+
 def plot(result: dict, path: Path) -> None:
     """Per phase, each variant's speedup over unpatched transformers at each size (grouped bars, whiskers from the
     variant's slowest to its fastest round)."""
@@ -467,6 +474,7 @@ def plot(result: dict, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     phases = result["phases"]
+    colors = variant_colors(phases, plt.rcParams["axes.prop_cycle"].by_key()["color"])
     figure, axes = plt.subplots(1, len(phases), figsize=(6.5 * len(phases), 4.5), squeeze=False)
     for ax, (phase, data) in zip(axes[0], phases.items()):
         names = [n for n in data["variants"] if all(s["results"].get(n, {}).get("speedup_vs_transformers")
@@ -480,7 +488,7 @@ def plot(result: dict, path: Path) -> None:
                 low.append(heights[-1] - reference / max(r["rounds_ms"]))
                 high.append(reference / min(r["rounds_ms"]) - heights[-1])
             ax.bar([k + (i - (len(names) - 1) / 2) * width for k in range(len(heights))], heights, width,
-                   yerr=[low, high], label=name, capsize=2)
+                   yerr=[low, high], label=name, capsize=2, color=colors[name])
         ax.axhline(1.0, color="black", linewidth=0.8)
         ax.set_xticks(range(len(data["sizes"])), [s["label"] for s in data["sizes"]])
         ax.set_ylabel("speedup over unpatched transformers")
