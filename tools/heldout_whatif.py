@@ -39,6 +39,13 @@ def bucket_groups(decision) -> dict[tuple, list[int]]:
     return groups
 
 
+def judged(stats: dict, groups: dict[tuple, list[int]], policy=DEFAULT_POLICY) -> tuple:
+    """(the op-level verdict, {bucket: winner}) of one op's measurements, as the tuner judges them: each bucket of
+    `groups` (bucket_groups) with the op-level winner as its default."""
+    verdict = policy.judge(stats)
+    return verdict, {k: v.winner for k, v in policy.judge_groups(stats, groups, default=verdict.winner).items()}
+
+
 def _log_size(key: tuple) -> float:  # log2 of the product of the numbers: elements (rows), m*n*k (mm)
     return math.log2(max(1, math.prod(x for x in key if is_number(x))))
 
@@ -84,9 +91,8 @@ def tables(db: Path) -> dict[tuple[str, str], tuple[str, dict]]:
             continue
         ok = [c for c in d.candidates if c.status == "ok"]
         stats = {c.backend: [s.timing for s in c.shapes] for c in ok}
-        winner = DEFAULT_POLICY.judge(stats).winner
-        verdicts = DEFAULT_POLICY.judge_groups(stats, bucket_groups(d), default=winner)
-        out[(d.op, d.mode)] = (winner, {k: v.winner for k, v in verdicts.items()})
+        verdict, winners = judged(stats, bucket_groups(d))
+        out[(d.op, d.mode)] = (verdict.winner, winners)
     return out
 
 

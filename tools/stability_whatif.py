@@ -74,7 +74,7 @@ def settled(stats: dict, factor: float) -> dict:
 
 def settled_replay(db: Path, factor: float, policy: Policy) -> tuple[int, int, list[str]]:
     """(identical, decisions, differences) between db's evidence judged whole and judged settled at `factor`."""
-    from heldout_whatif import bucket_groups
+    from heldout_whatif import bucket_groups, judged
 
     from autosel.db import TuningDB
 
@@ -87,9 +87,8 @@ def settled_replay(db: Path, factor: float, policy: Policy) -> tuple[int, int, l
         groups = bucket_groups(d)
 
         def decisions(stats):
-            verdict = policy.judge(stats)
-            buckets = policy.judge_groups(stats, groups, default=verdict.winner)
-            return [verdict.winner, *verdict.shape_winners, *(v.winner for v in buckets.values())]
+            verdict, buckets = judged(stats, groups, policy)
+            return [verdict.winner, *verdict.shape_winners, *buckets.values()]
 
         stats = {c.backend: [s.timing for s in c.shapes] for c in ok}
         whole, pruned = decisions(stats), decisions(settled(stats, factor))
@@ -102,14 +101,14 @@ def settled_replay(db: Path, factor: float, policy: Policy) -> tuple[int, int, l
 def bucket_winners(outcomes, policy: Policy) -> dict[tuple, str]:
     """Every per-bucket decision of one stored tune, judged again under `policy` from its op-level evidence (the
     shapes grouped by the op's own bucket function), keyed (op, mode, bucket)."""
-    from heldout_whatif import bucket_groups
+    from heldout_whatif import bucket_groups, judged
 
     out = {}
     for o in outcomes:
         d = o.decision
         stats = {c.backend: [s.timing for s in c.shapes] for c in d.candidates if c.status == "ok"}
-        for key, verdict in policy.judge_groups(stats, bucket_groups(d), default=policy.judge(stats).winner).items():
-            out[d.op, d.mode, key] = verdict.winner
+        for key, winner in judged(stats, bucket_groups(d), policy)[1].items():
+            out[d.op, d.mode, key] = winner
     return out
 
 
