@@ -5,6 +5,12 @@
 #       sqlite-utils==4.2.1 sqlite-fts4==1.0.3 click-default-group click==8.4.0 platformdirs==4.14.8
 # flashinfer and sgl-kernel travel in .gpu, built by tools/fetch_gpu_packages.sh (docs/GPU_BACKENDS.md).
 export PYTHONUNBUFFERED=1 OUT=${OUT:-/tmp/autosel-gpu}
+# The image sets PYTHONDONTWRITEBYTECODE=1 and its torch has no bytecode, so every process compiled the Python
+# source of torch, sympy, triton and flashinfer again: importing torch's compiler and flashinfer took 14-16 s
+# instead of 5 s, and a warm tune 60.5 s instead of 55.5 s (docs/H200.md, call 19-1). Keep bytecode in /tmp, as
+# any environment whose packages were installed with their bytecode has it.
+unset PYTHONDONTWRITEBYTECODE
+export PYTHONPYCACHEPREFIX=/tmp/pycache
 mkdir -p "$OUT"
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || return 1
 # transformers and its dependencies (tools/hf_check.py, tools/hf_bench.py), when carried in .hfw: downloaded here by
