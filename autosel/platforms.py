@@ -271,3 +271,36 @@ def installed_version(name: str) -> str | None:
     if name == "autosel":
         return distribution_version("autosel") or "dev"
     return distribution_version(_distribution_of(name))
+
+
+# The packages whose imports a tune pays in every process (and every `autosel tune --devices` worker).
+BYTECODE_PACKAGES = ("torch", "triton", "flashinfer", "sgl_kernel")
+
+
+def missing_bytecode(packages: tuple[str, ...] | None = None, *, dont_write: bool | None = None) -> list[str]:
+    """The installed `packages` whose Python source every process compiles again: no bytecode cached for their
+    __init__.py (beside it, or under PYTHONPYCACHEPREFIX) and none will be written, because Python is told not
+    to (PYTHONDONTWRITEBYTECODE) or cannot write there. On the H200 machine's image that made importing torch's
+    compiler and flashinfer take 14-16 s instead of 5 s in every process (docs/H200.md, call 19-1).
+    `packages` defaults to BYTECODE_PACKAGES, `dont_write` to this interpreter's setting."""
+    import importlib.util
+
+    packages = BYTECODE_PACKAGES if packages is None else packages
+    dont_write = sys.dont_write_bytecode if dont_write is None else dont_write
+    missing = []
+    for package in packages:
+        try:
+            spec = importlib.util.find_spec(package)
+        except (ImportError, ValueError):
+            continue
+        if spec is None or not spec.origin or not spec.origin.endswith(".py"):
+            continue
+        cached = importlib.util.cache_from_source(spec.origin)
+        if os.path.exists(cached):
+            continue
+        folder = os.path.dirname(cached)
+        while folder and not os.path.exists(folder):
+            folder = os.path.dirname(folder)
+        if dont_write or not os.access(folder or ".", os.W_OK):
+            missing.append(package)
+    return missing

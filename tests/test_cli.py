@@ -476,6 +476,27 @@ def test_doctor_gives_each_backends_reason(reg):
     assert "OK: nothing blocks selection." in text.stdout
 
 
+def test_doctor_notes_packages_whose_source_every_process_compiles(reg, tmp_path, monkeypatch):
+    # The H200 image compiled torch's source in every tune process (about 10 s); doctor did not say so.
+    from autosel import platforms
+
+    toy(reg, B.TORCH, B.TRITON)
+    (tmp_path / "autosel_fake_pkg3").mkdir()
+    (tmp_path / "autosel_fake_pkg3" / "__init__.py").write_text("")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(sys, "pycache_prefix", None)
+    monkeypatch.setattr(platforms, "BYTECODE_PACKAGES", ("autosel_fake_pkg3",))
+    monkeypatch.setattr(sys, "dont_write_bytecode", True)
+    report = json.loads(run("doctor", "--json").stdout)
+    [note] = report["notes"]
+    assert note.startswith("autosel_fake_pkg3: no Python bytecode is cached") and "PYTHONPYCACHEPREFIX" in note
+    assert report["ok"]  # slower, not blocked
+    text = run("doctor")
+    assert text.exit_code == 0 and "Note: autosel_fake_pkg3: no Python bytecode" in text.stdout
+    monkeypatch.setattr(sys, "dont_write_bytecode", False)
+    assert json.loads(run("doctor", "--json").stdout)["notes"] == []
+
+
 def test_doctor_says_when_a_stored_decision_is_in_use(reg):
     # The selection column said "measured among torch, triton on 2 shapes" although a stored decision was used.
     toy(reg, B.TORCH, B.TRITON)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 
 from autosel.platforms import PlatformInfo, normalise_device_name, version_vector
@@ -63,3 +65,35 @@ def test_triton_is_in_the_version_vector_only_where_it_can_change_the_decision(d
     specs = [KernelSpec("a.b", b, f"autosel.ops.torch_impl:{b.value}", requires=requires.get(b, ("torch",)))
              for b in eligible]
     assert ("triton" in version_vector(platform, specs)) is has_triton
+
+
+def _package(root, name):
+    (root / name).mkdir()
+    (root / name / "__init__.py").write_text("VALUE = 1\n")
+    return root / name
+
+
+def test_missing_bytecode_names_a_package_every_process_compiles_again(tmp_path, monkeypatch):
+    # The H200 image set PYTHONDONTWRITEBYTECODE and shipped torch without bytecode: every process compiled it.
+    import py_compile
+
+    from autosel.platforms import missing_bytecode
+
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(sys, "pycache_prefix", None)
+    package = _package(tmp_path, "autosel_fake_pkg")
+    assert missing_bytecode(("autosel_fake_pkg", "autosel_not_installed"), dont_write=True) == ["autosel_fake_pkg"]
+    assert missing_bytecode(("autosel_fake_pkg",), dont_write=False) == []  # the first import writes it
+    py_compile.compile(str(package / "__init__.py"))
+    assert missing_bytecode(("autosel_fake_pkg",), dont_write=True) == []
+
+
+def test_missing_bytecode_looks_under_the_pycache_prefix(tmp_path, monkeypatch):
+    from autosel.platforms import missing_bytecode
+
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    (tmp_path / "site").mkdir()
+    _package(tmp_path / "site", "autosel_fake_pkg2")
+    monkeypatch.setattr(sys, "pycache_prefix", str(tmp_path / "prefix"))  # not there yet: writable parent
+    assert missing_bytecode(("autosel_fake_pkg2",), dont_write=False) == []
+    assert missing_bytecode(("autosel_fake_pkg2",), dont_write=True) == ["autosel_fake_pkg2"]

@@ -165,6 +165,7 @@ def doctor(db, as_json):
         ops.append({"op": op, "signature": definition.signature if definition else "", "eligible": eligible,
                     "shapes": shapes, "selection": selection, "stored": stored, "backends": backends})
     layers = [vars(layer) for layer in database.layers]
+    notes = _bytecode_notes()
     ok = not blocking
     if as_json:
         _echo_json({"ok": ok, "blocking": blocking, "config_error": config_error, "match": match,
@@ -172,11 +173,27 @@ def doctor(db, as_json):
                                  "device_name": platform.device_name,
                                  "multiprocessor_count": platform.multiprocessor_count,
                                  "versions": platform.version_map},
-                    "ops": ops, "layers": layers, "plugin_errors": plugin_errors, "environment": _environment()})
+                    "ops": ops, "layers": layers, "plugin_errors": plugin_errors, "environment": _environment(),
+                    "notes": notes})
     else:
-        _print_doctor(platform, ops, layers, plugin_errors, blocking)
+        _print_doctor(platform, ops, layers, plugin_errors, blocking, notes)
     if not ok:
         raise click.ClickException("selection is blocked: " + "; ".join(blocking))
+
+
+def _bytecode_notes() -> list[str]:
+    """What slows every process here without blocking anything: packages whose source each process compiles."""
+    from autosel.platforms import missing_bytecode
+
+    missing = missing_bytecode()
+    if not missing:
+        return []
+    return [f"{', '.join(missing)}: no Python bytecode is cached and Python writes none (PYTHONDONTWRITEBYTECODE "
+            "is set or the folder is read-only), so every process compiles their source again: every `autosel "
+            "tune`, and each worker of `--devices`, starts seconds later (about 10 s on the H200 machine's image). "
+            "Compile it when building the image (`python -m compileall -q <site-packages>`, or `uv pip install "
+            "--compile-bytecode`), or unset PYTHONDONTWRITEBYTECODE and set PYTHONPYCACHEPREFIX to a writable "
+            "folder."]
 
 
 def _contested_selection(op: str, eligible: list[str], shapes: int, modes: list[str], in_use: dict) -> str:
@@ -196,7 +213,7 @@ def _contested_selection(op: str, eligible: list[str], shapes: int, modes: list[
     return "; ".join(parts)
 
 
-def _print_doctor(platform, ops, layers, plugin_errors, blocking) -> None:
+def _print_doctor(platform, ops, layers, plugin_errors, blocking, notes) -> None:
     console = _console()
     facts = _table("platform", "")
     for label, value in [("device", platform.device.value), ("arch", platform.arch or "-"),
@@ -231,6 +248,8 @@ def _print_doctor(platform, ops, layers, plugin_errors, blocking) -> None:
     for item in _environment():
         env.add_row(item["name"], "(unset)" if item["value"] is None else item["value"], item["description"])
     console.print(env)
+    for note in notes:
+        console.print(f"Note: {note}", markup=False)
     console.print("OK: nothing blocks selection." if not blocking else f"{len(blocking)} problem(s) block selection.",
                   markup=False)
 
