@@ -12,21 +12,28 @@ from pathlib import Path
 import pytest
 
 torch = pytest.importorskip("torch")
-from autosel.integrations.transformers import WRITTEN_FOR  # noqa: E402
 
 
-def _transformers_release() -> str | None:
-    """The installed transformers' major.minor, read without importing it; None when it is not installed."""
+def _unsupported_transformers() -> str | None:
+    """Why the installed transformers cannot run these tests (None when it can), read without importing it. The
+    H200 image has transformers 5.17, whose Llama the integration rightly refuses to patch (tested on the CPU):
+    there these tests need the carried 5.24 (.hfw, tools/gpu_env.sh); without it they failed on that refusal."""
     if importlib.util.find_spec("transformers") is None:
-        return None
-    return importlib.metadata.version("transformers").rsplit(".", 1)[0]
+        return "transformers is not installed (pip install -e '.[hf]')"
+    # Imported only here, on a GPU machine: at collection elsewhere it would import triton in compiled mode
+    # before tests/test_triton_kernels.py imports its kernels under TRITON_INTERPRET=1.
+    from autosel.integrations.transformers import WRITTEN_FOR
+
+    installed = importlib.metadata.version("transformers")
+    if installed.rsplit(".", 1)[0] != WRITTEN_FOR.rsplit(".", 1)[0]:
+        return f"needs transformers {WRITTEN_FOR}, not {installed} (pip install -e '.[hf]')"
+    return None
 
 
-# The H200 image has transformers 5.17, whose Llama the integration rightly refuses to patch (tested on the CPU):
-# there these tests need the carried 5.24 (.hfw, tools/gpu_env.sh); without it they failed on that refusal.
-pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
-              pytest.mark.skipif(_transformers_release() != WRITTEN_FOR.rsplit(".", 1)[0],
-                                 reason=f"needs transformers {WRITTEN_FOR} (pip install -e '.[hf]')")]
+_CUDA = torch.cuda.is_available()
+_UNSUPPORTED = _unsupported_transformers() if _CUDA else None
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not _CUDA, reason="needs a CUDA device"),
+              pytest.mark.skipif(_UNSUPPORTED is not None, reason=_UNSUPPORTED or "")]
 
 import autosel  # noqa: E402
 from autosel import selector, tuning  # noqa: E402
