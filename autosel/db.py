@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import importlib.resources
 import logging
 import os
@@ -10,6 +11,7 @@ import sqlite3
 import threading
 import time
 import uuid
+import weakref
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterator, Sequence
@@ -98,12 +100,27 @@ def _same_tune_params(decision: Decision) -> tuple:
     return (key.platform_key, key.op, key.mode, key.versions_hash, OP_LEVEL_BUCKET)
 
 
+_open_dbs: weakref.WeakSet[TuningDB] = weakref.WeakSet()
+
+
+@atexit.register
+def _close_at_exit() -> None:
+    # A tune's DB (autosel.tuning.database()) stays open until the process ends: closed here, the last process
+    # writing it leaves a file ready to ship (see OpenFile.close) instead of one in WAL mode.
+    for db in list(_open_dbs):
+        try:
+            db.close()
+        except sqlite3.Error as exc:  # at exit, a file gone or locked must not keep the interpreter from ending
+            logger.debug("closing a tuning DB at exit failed: %s", exc)
+
+
 class TuningDB:
     """The user layer first, then shipped layers; reads go down the layers, writes go to the user layer only."""
 
     def __init__(self, opener: Callable[[], list[OpenFile]]):
         self._opener, self._pid, self._layers = opener, os.getpid(), opener()
         self._lock, self._inherited = threading.RLock(), []
+        _open_dbs.add(self)
 
     @classmethod
     def open(cls, user: Path | None, shipped: Sequence[Path] = (), *, include_package: bool = True,
@@ -335,7 +352,9 @@ class TuningDB:
                        key[1], key[2], pid, host, since, at_most_s, pid, host)
 
     def close(self) -> None:
+        """Close every layer; the user DB is left ready to ship if no other connection has it open."""
         with self._lock:
             for layer in self._layers if os.getpid() == self._pid else []:
-                layer.conn.close()
+                layer.close()
             self._layers, self._opener = [], list
+        _open_dbs.discard(self)

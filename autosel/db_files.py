@@ -1,6 +1,6 @@
 """A tuning DB's files: the user file opened for writing (created, migrated, recovered after a killed writer,
-moved aside when damaged, else kept in memory) or only peeked at, the shipped files read as immutable, and the
-Layer each becomes."""
+moved aside when damaged, else kept in memory, left ready to ship when closed) or only peeked at, the shipped
+files read as immutable, and the Layer each becomes."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from sqlite_utils import Database
 from autosel import db_tools
 from autosel.db_tools import (
     OWN_TABLES, ROW_COLUMNS, SQLITE_MAGIC, Corrupt, NotSQLite, connect, header_application_id, identify, inspect,
-    is_corrupt, migrate, ro_uri,
+    is_corrupt, migrate, reading_uri, ro_uri, wal_mode,
 )
 
 logger = logging.getLogger(__name__)
@@ -79,6 +79,26 @@ class OpenFile:
                       f"of this process. Run `autosel doctor` to check it, or {remedy}.")
             return []
 
+    def close(self) -> None:
+        if self.kind == "user" and self.writable and not self.broken:
+            _leave_ready_to_ship(self.path, self.conn)
+        self.conn.close()
+
+
+def _leave_ready_to_ship(path: str, conn: sqlite3.Connection) -> None:
+    """Back to rollback journal mode (checkpointed, no -wal or -shm: one file any SQLite reads, from a read-only
+    folder too) if this is the file's last connection. WAL mode was only for the writers open together, and
+    the next writer to open it switches back. In WAL mode every other open connection holds a shared lock that
+    makes the switch fail at once (busy timeout 0): then it stays WAL, and its last connection removes the
+    -wal and -shm when it closes."""
+    if conn.in_transaction:
+        return
+    try:
+        conn.execute("PRAGMA busy_timeout = 0")  # never wait at close: a lock held means another connection
+        conn.execute("PRAGMA journal_mode = DELETE")
+    except sqlite3.Error as exc:
+        logger.debug("%s: left in WAL mode for the connections still open (%s)", path, exc)
+
 
 def memory_file(problem: str | None = None) -> OpenFile:
     conn = connect(":memory:")
@@ -137,7 +157,7 @@ def _inspect_file(path: Path, *, recover: bool = True) -> tuple[int, str, str]:
             if not recover or attempt:
                 raise _Interrupted("a process was killed while writing it")
         else:
-            conn = connect(ro_uri(path, immutable=False), uri=True)
+            conn = connect(reading_uri(path)[0], uri=True)  # no write access needed, nothing left beside it
             try:
                 version, written_by, _ = inspect(conn)
                 return version, written_by, identify(conn)
@@ -169,7 +189,7 @@ def _damaged_autosel(path: Path) -> bool:
     if header_application_id(path) == db_tools.APPLICATION_ID:
         return True
     try:
-        conn = connect(ro_uri(path, immutable=False), uri=True)
+        conn = connect(reading_uri(path)[0], uri=True)
         try:
             tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
         finally:
@@ -212,6 +232,8 @@ def open_user(path: Path) -> list[OpenFile]:
                                      ro=False)
             if path.exists() and not os.access(path, os.W_OK):
                 return _readonly(path, "the file is read-only")
+            if not os.access(path.parent, os.W_OK):  # SQLite writes a journal beside the file
+                return _readonly(path, f"its folder {path.parent} is read-only")
             conn = connect(str(path))
             if identify(conn) == "foreign":  # someone made it something else since we looked
                 conn.close()
@@ -244,7 +266,7 @@ def _readonly(path: Path, reason: str, *, ro: bool = True) -> list[OpenFile]:
     layers = [memory_file(f"{reason}; decisions kept in memory")]
     try:
         if ro and path.is_file():
-            conn = connect(ro_uri(path, immutable=False), uri=True)
+            conn = connect(reading_uri(path)[0], uri=True)
             version, _, tables = inspect(conn)
             if "decisions" in tables and identify(conn) == "autosel":
                 layers.append(OpenFile(str(path), "user", conn, writable=False, schema_version=version, problem=reason))
@@ -267,16 +289,11 @@ def peek_user(path: Path) -> list[OpenFile]:
             folder = next((p for p in path.parents if p.exists()), None)
             return unread("does not exist yet (the first tune creates it)",
                           folder is not None and os.access(folder, os.W_OK))
-        # A read-only connection to a WAL-mode file makes its -wal and -shm and cannot remove them when it closes,
-        # so each read-only command left two files beside the DB. One that could write removes them as the last
-        # to close. It is opened so only where this command would make them (no -wal before it: no other
-        # connection, nothing to recover) and never writes: the layer is not writable.
-        alone = not Path(f"{path}-wal").exists()
         version, written_by, kind = _inspect_file(path, recover=False)
         could_write = (version <= db_tools.SCHEMA_VERSION and os.access(path, os.W_OK)
                        and os.access(path.parent, os.W_OK))
-        conn = connect(path.resolve().as_uri() + "?mode=rw" if could_write and alone
-                       else ro_uri(path, immutable=False), uri=True)
+        uri, unread_wal = reading_uri(path)  # never writes: the layer is not writable
+        conn = connect(uri, uri=True)
     except (OSError, sqlite3.Error, Corrupt, _Interrupted) as exc:
         if isinstance(exc, _Interrupted) or _needs_recovery(exc):
             problem = "a process was killed while writing it; not read"
@@ -293,6 +310,10 @@ def peek_user(path: Path) -> list[OpenFile]:
         conn.close()
         return unread("an SQLite file but not an autosel tuning DB; not read")
     problem = _newer_problem(version, written_by) if version > db_tools.SCHEMA_VERSION else None
+    if unread_wal:
+        warn_once(path, "peek-wal", f"tuning DB {path}: {unread_wal}. Copy it with its -shm, or run `autosel export "
+                  f"--db {path} --out FILE` where its folder is writable and use FILE.")
+        problem = "; ".join(p for p in (problem, unread_wal) if p)
     return [OpenFile(str(path), "user", conn, writable=False, schema_version=version or None, problem=problem,
                   could_write=could_write)]
 
@@ -305,15 +326,19 @@ def _newer(path: Path, version: int, written_by: str) -> list[OpenFile]:
     problem = _newer_problem(version, written_by)
     warn_once(path, "newer", f"tuning DB {path} has {problem}; reading it without changing it, and keeping new "
               f"decisions in memory. Upgrade autosel to {written_by} or later, or set AUTOSEL_DB to another file.")
-    conn = connect(ro_uri(path, immutable=False), uri=True)
+    conn = connect(reading_uri(path)[0], uri=True)
     return [memory_file(f"user DB is read-only ({problem}); decisions kept in memory"),
             OpenFile(str(path), "user", conn, writable=False, schema_version=version, problem=problem)]
 
 
 def open_shipped(path: Path) -> OpenFile | None:
+    # A WAL-mode file is fine when its writer closed it (all in the file: a DB `autosel tune` left in WAL mode
+    # because another process still had it open). Not so a copy of a live one: its rows are in a -wal that
+    # immutable never reads, left behind in the copy or lying beside it.
+    wal = wal_mode(path)
+    side = Path(f"{path}-wal")
+    stray_wal = wal and side.is_file() and side.stat().st_size > 0
     try:
-        with open(path, "rb") as f:  # a copy of a live WAL-mode DB keeps rows in a -wal that immutable never reads
-            wal = f.read(20)[18:20] == b"\x02\x02"
         conn = connect(ro_uri(path, immutable=True), uri=True)  # immutable: no -wal/-shm, no locks, no writes
         version, written_by, tables = inspect(conn)
         if "decisions" not in tables:
@@ -330,8 +355,11 @@ def open_shipped(path: Path) -> OpenFile | None:
         problem = _newer_problem(version, written_by)
         warn_once(path, "newer", f"shipped tuning DB {path} has {problem}; reading the rows that parse. "
                   f"Upgrade autosel to {written_by} or later.")
-    if wal or not conn.execute("SELECT count(*) FROM decisions").fetchone()[0]:
-        problem = "WAL-mode file: rows still in a -wal next to it are not read" if wal else "no decisions in it"
-        warn_once(path, "empty", f"shipped tuning DB {path}: {problem}. Ship a file made by "
-                  "`autosel export --format sqlite` (a single file in DELETE journal mode), not a copy of a user DB.")
+    empty = not conn.execute("SELECT count(*) FROM decisions").fetchone()[0]
+    if stray_wal or empty:
+        problem = ("WAL-mode file: rows in the -wal next to it are not read" if stray_wal
+                   else "WAL-mode file with no decisions: a copy of a user DB taken while it was open leaves its "
+                   "rows behind in a -wal" if wal else "no decisions in it")
+        warn_once(path, "empty", f"shipped tuning DB {path}: {problem}. Ship the DB `autosel tune --db` wrote once "
+                  "every process writing it has exited, or a file made by `autosel export --format sqlite`.")
     return OpenFile(str(path), "shipped", conn, writable=False, schema_version=version, problem=problem)

@@ -118,6 +118,50 @@ def ro_uri(path: Path, *, immutable: bool) -> str:
     return path.resolve().as_uri() + ("?mode=ro&immutable=1" if immutable else "?mode=ro")
 
 
+def wal_mode(path: Path) -> bool:
+    """Whether a file's SQLite header says WAL mode (bytes 18 and 19 are 2)."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(20)
+    except OSError:
+        return False
+    return head.startswith(SQLITE_MAGIC) and head[18:20] == b"\x02\x02"
+
+
+def reading_uri(path: Path) -> tuple[str, str | None]:
+    """How to open a DB file only to read it, needing no write access and leaving no file beside it:
+    (URI, what that connection cannot read, or None). A connection opened with it must never write.
+
+    A WAL-mode file (a user DB) is read through a wal-index, <name>-shm, that a read-only connection must create
+    when it is absent: in a read-only folder (an image, a read-only mount) it cannot ("unable to open database
+    file"), and where it can, it leaves the -shm and -wal behind. So:
+    - rollback journal mode (export, build_tuning_db, a user DB its last writer closed), or a -wal beside it
+      (a writer has it open, or was killed): mode=ro, with SQLite's locks, as any reader;
+    - WAL mode, no -wal, file and folder writable: mode=rw, so that the connection, the last to close, removes
+      the -wal and -shm it made;
+    - WAL mode, no -wal, file or folder read-only: immutable=1 (no locks, no -shm). Safe only while nobody writes
+      the file, which a read-only file or folder says: a writer would need a -wal beside it that it cannot
+      create there either.
+    """
+    base = path.resolve().as_uri()
+    wal, shm = Path(f"{path}-wal"), Path(f"{path}-shm")
+    folder_writable = os.access(path.parent, os.W_OK)
+    if not wal_mode(path):
+        return base + "?mode=ro", None
+    if wal.exists():
+        if shm.exists() or folder_writable:
+            return base + "?mode=ro", None
+        # Without a -shm SQLite cannot read a -wal in a read-only folder: read the main file, and say so.
+        unread = None
+        if wal.stat().st_size:
+            unread = (f"the decisions in {wal.name} beside it are not read (its {shm.name} is missing and the "
+                      "folder is read-only)")
+        return base + "?mode=ro&immutable=1", unread
+    if folder_writable and os.access(path, os.W_OK):
+        return base + "?mode=rw", None
+    return base + "?mode=ro&immutable=1", None
+
+
 @contextmanager
 def immediate(conn: sqlite3.Connection) -> Iterator[None]:
     """A short write transaction that takes the write lock up front, so waits go through the busy timeout."""
@@ -343,14 +387,19 @@ def read_decisions(path: Path) -> list[Decision]:
     except OSError as exc:
         raise DatabaseError(f"cannot read {path} ({exc.strerror or exc}); check the path") from exc
     if head == SQLITE_MAGIC:
-        conn = connect(path.resolve().as_uri() + "?mode=ro", uri=True)
+        uri, unread = reading_uri(path)  # a tune's DB in a read-only folder too, and nothing left beside it
+        if unread:
+            logger.warning("%s: %s; copy it with its -shm, or export it where its folder is writable", path, unread)
+        conn = None
         try:
+            conn = connect(uri, uri=True)
             rows = conn.execute(f"SELECT {', '.join(ROW_COLUMNS)} FROM decisions").fetchall()
         except sqlite3.Error as exc:
             raise DatabaseError(f"{path} is not a readable autosel tuning DB ({exc}); "
                                 "run `autosel doctor` on it or export it again") from exc
         finally:
-            conn.close()
+            if conn is not None:
+                conn.close()
         found = [parse_row(str(path), row) for row in rows]
         return sorted((d for d in found if d is not None), key=_sort_key)
     out, problems = [], []

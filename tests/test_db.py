@@ -69,13 +69,16 @@ def test_round_trip_keeps_the_evidence(tmp_path):
     with open_db(tmp_path / "user.db") as db:
         written = db.record(d)
         found, layer = db.lookup(d.key)
+        conn = sqlite3.connect(tmp_path / "user.db")  # WAL while open, for the writers open together
+        assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+        conn.close()
     assert found == d
     assert found.candidates[2].reason == "max abs error 0.31 > atol 0.02 at tokens=64"
     assert (written.kind, written.rows, layer.path) == ("user", 1, str(tmp_path / "user.db"))
     with sqlite3.connect(tmp_path / "user.db") as conn:
         row = conn.execute("SELECT op, winner, versions_hash, evidence FROM decisions").fetchone()
         assert conn.execute("PRAGMA user_version").fetchone()[0] == db_tools.SCHEMA_VERSION
-        assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+        assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "delete"  # closed: ready to ship
     assert row[:3] == (d.op, d.winner, d.key.versions_hash) and json.loads(row[3]) == json.loads(d.to_json())
 
 
@@ -714,9 +717,7 @@ def test_lookup_near_goes_to_another_model_of_the_arch_only_with_arch(tmp_path):
 
 
 def test_a_read_only_command_leaves_no_wal_files_beside_the_db_and_leaves_a_writer_s_alone(tmp_path):
-    path = tmp_path / "user.db"
-    with open_db(path) as db:  # a tune's DB: WAL mode, closed cleanly, so nothing beside it
-        db.record(decision())
+    path = wal_db(tmp_path / "user.db")  # a user DB left in WAL mode, closed cleanly, so nothing beside it
     assert sorted(p.name for p in tmp_path.iterdir()) == ["user.db"]
     with TuningDB.open(path, include_package=False, read_only=True) as peek:  # what show, doctor and check open
         assert peek.lookup(decision().key)[0].winner == "triton"
@@ -729,3 +730,174 @@ def test_a_read_only_command_leaves_no_wal_files_beside_the_db_and_leaves_a_writ
         engine.record(decision(op="norm.other"))  # and the engine still writes
     with TuningDB.open(path, include_package=False, read_only=True) as peek:
         assert {d.op for d, _ in peek.decisions()} == {"norm.rms", "norm.other"}
+
+
+def wal_db(path: Path, *decisions: Decision) -> Path:
+    """A user DB left in WAL mode with nothing beside it: another connection was open when its writer closed."""
+    other = sqlite3.connect(path)
+    with open_db(path) as db:
+        for d in decisions or (decision(),):
+            db.record(d)
+        other.execute("SELECT count(*) FROM decisions").fetchone()  # in WAL mode, held open: no switch back
+    other.close()
+    assert db_tools.wal_mode(path) and sorted(p.name for p in path.parent.iterdir()) == [path.name]
+    return path
+
+
+def _unshare_works() -> bool:
+    try:
+        return subprocess.run(["unshare", "-rm", "true"], capture_output=True, timeout=30, check=False).returncode == 0
+    except (OSError, subprocess.SubprocessError):
+        return False
+
+
+def run_in_read_only_folder(folder: Path, code: str) -> subprocess.CompletedProcess:
+    """Python code run with `folder` on a read-only bind mount: unlike chmod, read-only for root too."""
+    if not _unshare_works():
+        pytest.skip("needs `unshare -rm` (user and mount namespaces) to make a folder read-only for root too")
+    script = 'mount --bind "$1" "$1" && mount -o remount,bind,ro "$1" && exec "$2" -c "$3"'
+    return subprocess.run(["unshare", "-rm", "sh", "-c", script, "sh", str(folder), sys.executable, code],
+                          capture_output=True, text=True, timeout=120, check=False,
+                          env=dict(os.environ, PYTHONPATH=str(REPO)))
+
+
+_READ_EVERY_WAY = """
+import json, sys, warnings
+from pathlib import Path
+from autosel.db import TuningDB, read_decisions
+path, found = Path(%r), {}
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    with TuningDB.open(path, include_package=False, read_only=True) as db:  # show, export, doctor, report, check
+        found["peek"] = sorted(d.winner for d, _ in db.decisions())
+    found["merge"] = sorted(d.winner for d in read_decisions(path))
+    with TuningDB.open(None, [path], include_package=False) as db:  # AUTOSEL_DB_PATH
+        found["shipped"] = sorted(d.winner for d, layer in db.decisions() if layer.kind == "shipped")
+    with TuningDB.open(path, include_package=False) as db:  # selection with AUTOSEL_DB in the image
+        found["selection"] = sorted(d.winner for d, layer in db.decisions() if layer.kind == "user")
+found["warnings"] = [str(w.message) for w in caught]
+print(json.dumps(found))
+"""
+
+
+def _live_copy(path: Path) -> None:
+    # The DB with its -wal and -shm, copied while its writer has it open: the second row is only in the -wal.
+    with open_db(path.with_name("live.db")) as live:
+        live.record(decision())
+        live.record(decision(op="norm.other", winner="torch"))
+        for suffix in ("", "-wal", "-shm"):
+            shutil.copyfile(f"{path.with_name('live.db')}{suffix}", f"{path}{suffix}")
+    path.with_name("live.db").unlink()
+
+
+def _closed(path: Path) -> None:
+    with open_db(path) as db:
+        db.record(decision(op="norm.other", winner="torch"))
+
+
+@pytest.mark.parametrize("make, expected, warned", [
+    (lambda p: wal_db(p, decision(), decision(op="norm.other", winner="torch")),
+     {"peek": ["torch", "triton"], "merge": ["torch", "triton"], "shipped": ["torch", "triton"]}, []),
+    (_live_copy,  # a -wal beside it: read through it (never immutable), but a shipped layer is immutable: warned
+     {"peek": ["torch", "triton"], "merge": ["torch", "triton"], "shipped": []}, ["its tables are in a -wal"]),
+    (_closed, {"peek": ["torch"], "merge": ["torch"], "shipped": ["torch"]}, []),
+], ids=["closed-in-wal-mode", "with-its-wal-and-shm", "closed-ready-to-ship"])
+def test_a_db_in_a_read_only_folder_is_read_by_every_read_path(tmp_path, make, expected, warned):
+    # Used to break: a WAL-mode tune DB in a read-only folder (an image) was unreadable as the user layer
+    # ("unable to open database file": show, export, merge) and warned about as a shipped one.
+    folder = tmp_path / "image"
+    folder.mkdir()
+    make(folder / "build.db")
+    before = {p.name: sha(p) for p in folder.iterdir()}
+    out = run_in_read_only_folder(folder, _READ_EVERY_WAY % str(folder / "build.db"))
+    assert out.returncode == 0, out.stderr
+    found = json.loads(out.stdout)
+    assert found == {**expected, "selection": expected["peek"], "warnings": found["warnings"]}
+    messages = found["warnings"]
+    assert len(messages) == 1 + len(warned)  # selection's "kept in memory", and no other unless expected
+    assert all(any(w in m for m in messages) for w in warned + ["the file is read-only"]), messages
+    assert {p.name: sha(p) for p in folder.iterdir()} == before
+
+
+def test_a_wal_without_its_shm_in_a_read_only_folder_is_read_with_a_warning(tmp_path):
+    # Used to break: a DB copied with its -wal but not its -shm into a read-only folder was not read at all
+    # ("unable to open database file"); now its file is read and the layer says the -wal's rows are not.
+    folder = tmp_path / "image"
+    folder.mkdir()
+    path = wal_db(folder / "build.db")
+    shutil.copyfile(path, tmp_path / "before.db")
+    writer = sqlite3.connect(path, isolation_level=None)
+    writer.execute("UPDATE decisions SET winner = 'torch'")  # in the -wal only, while the writer is open
+    shutil.copyfile(f"{path}-wal", tmp_path / "wal")
+    writer.close()
+    shutil.copyfile(tmp_path / "before.db", path)
+    shutil.copyfile(tmp_path / "wal", f"{path}-wal")
+    code = """
+import json, warnings
+from autosel.db import TuningDB
+with warnings.catch_warnings(record=True) as caught, TuningDB.open(%r, include_package=False, read_only=True) as db:
+    warnings.simplefilter("always")
+    print(json.dumps([[d.winner for d, _ in db.decisions()], db.layers[0].problem, [str(w.message) for w in caught]]))
+"""
+    out = run_in_read_only_folder(folder, code % str(path))
+    assert out.returncode == 0, out.stderr
+    winners, problem, messages = json.loads(out.stdout)
+    assert winners == ["triton"] and "build.db-wal beside it are not read" in problem
+    assert len(messages) == 1 and "run `autosel export" in messages[0]
+
+
+@pytest.mark.parametrize("damage", [
+    lambda b: b[:100] + bytes(len(b) - 100),  # the header, then zeros
+    lambda b: b[:4096] + b"\xff" * (len(b) - 4096),  # the first page, then garbage
+    lambda b: b[:5000],  # cut short
+], ids=["header-only", "garbage-after-page-1", "truncated"])
+def test_reading_a_damaged_wal_mode_file_leaves_nothing_beside_it(tmp_path, damage):
+    # Used to break: `autosel show --db corrupt.db` (and export, merge) left corrupt.db-wal and corrupt.db-shm.
+    path = wal_db(tmp_path / "corrupt.db", decision(), decision(op="norm.other"), decision(op="norm.third"))
+    path.write_bytes(damage(path.read_bytes()))
+    before = sha(path)
+    with pytest.warns(RuntimeWarning, match="unreadable"):
+        TuningDB.open(path, include_package=False, read_only=True).close()
+    with pytest.raises(DatabaseError, match="not a readable autosel tuning DB"):
+        read_decisions(path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["corrupt.db"] and sha(path) == before
+
+
+def test_a_shipped_db_its_writer_left_in_wal_mode_reads_without_a_warning(tmp_path):
+    # Used to break: any WAL-mode shipped file warned "rows still in a -wal next to it are not read", though
+    # one closed cleanly holds every row.
+    path = wal_db(tmp_path / "build.db")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with open_db(None, path) as db:
+            found, layer = db.lookup(decision().key)
+    assert (found.winner, layer.kind, layer.problem) == ("triton", "shipped", None)
+
+
+def test_the_last_writer_to_close_leaves_the_db_ready_to_ship(tmp_path):
+    path = tmp_path / "build.db"
+    first, second = open_db(path), open_db(path)  # two writers open together, as parallel tune workers are
+    first.record(decision())
+    started = time.monotonic()
+    first.close()  # the other is still open: stays WAL, and closing does not wait for it
+    assert time.monotonic() - started < 5.0 and db_tools.wal_mode(path)
+    second.record(decision(op="norm.other"))  # the one still open still writes
+    second.close()
+    assert not db_tools.wal_mode(path) and sorted(p.name for p in tmp_path.iterdir()) == ["build.db"]
+    with open_db(path) as again:  # the next writer switches back to WAL
+        again.record(decision(op="norm.third"))
+        assert db_tools.wal_mode(path)
+        assert sorted(d.op for d, _ in again.decisions()) == ["norm.other", "norm.rms", "norm.third"]
+
+
+def test_a_tune_process_that_exits_without_closing_leaves_the_db_ready_to_ship(tmp_path):
+    # Used to break: `autosel tune --db build.db` (its DB is never closed) left a WAL-mode file, which an older
+    # reader or one in a read-only folder could not read.
+    path = tmp_path / "build.db"
+    code = ("import sys; from autosel import tuning, config; from tests.test_db import decision\n"
+            "tuning.database(config.read_settings({'AUTOSEL_DB': sys.argv[1]})).record(decision())")
+    child = run_python(code, path, cwd=REPO)
+    _, err = child.communicate(timeout=120)
+    assert child.returncode == 0, err
+    assert not db_tools.wal_mode(path) and sorted(p.name for p in tmp_path.iterdir()) == ["build.db"]
+    assert [d.winner for d in read_decisions(path)] == ["triton"]

@@ -120,8 +120,8 @@ def test_check_fails_for_an_empty_db_and_a_target_no_layer_covers(venv):
     target = "cuda/sm_100/NVIDIA_B200/148"  # no shipped DB holds this GPU: only the added DB could
     check = _run(venv, "autosel", "check", "--require", OPS, "--platform", target, AUTOSEL_DB_PATH=str(empty))
     warning, error = check.stderr.splitlines()
-    assert check.returncode == 1 and warning == (f"Warning: shipped tuning DB {empty}: no decisions in it. Ship a file "
-                                                 "made by `autosel export --format sqlite` (a single file in DELETE "
-                                                 "journal mode), not a copy of a user DB.")
+    assert check.returncode == 1 and warning == (f"Warning: shipped tuning DB {empty}: no decisions in it. Ship the DB "
+                                                 "`autosel tune --db` wrote once every process writing it has "
+                                                 "exited, or a file made by `autosel export --format sqlite`.")
     assert error.startswith(f"Error: 12 of 12 required (op, mode) pairs have no usable decision for {target}: "
                             f"layernorm.rmsnorm (eager): no usable eager decision for {target} (stored for: ")
