@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import difflib
 import logging
 import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping
+from typing import Iterable, Mapping, Sequence
 
 from autosel.errors import ConfigError
 from autosel.spec import KernelBackend
+
+log = logging.getLogger(__name__)
 
 TUNE_MODES = ("auto", "off", "force")
 EXECUTION_MODES = ("eager", "graph")
@@ -96,6 +99,26 @@ def _parse_forced(env: Mapping[str, str]):
     return None, tuple(per_op)
 
 
+def unknown_op_problems(ops: Iterable[str], registered: Sequence[str]) -> list[str]:
+    """A sentence per AUTOSEL_BACKEND op that is not in `registered`, naming the registered ops nearest to it.
+    Parsing cannot check this: plug-ins fill the registry after the environment is read."""
+    problems = []
+    for op in ops:
+        if op not in registered:
+            near = difflib.get_close_matches(op, registered, n=3)
+            hint = (f"did you mean {' or '.join(near)}?" if near
+                    else f"registered ops: {', '.join(registered) or 'none'}")
+            problems.append(f"AUTOSEL_BACKEND names op {op!r}, which is not registered here ({hint})")
+    return problems
+
+
+def check_forced_ops(settings: Settings, registered: Sequence[str]) -> None:
+    """A ConfigError when AUTOSEL_BACKEND forces a backend for an op that is not registered (a typo forces nothing)."""
+    problems = unknown_op_problems((op for op, _ in settings.forced_per_op), registered)
+    if problems:
+        raise ConfigError("; ".join(problems))
+
+
 DEFAULT_BUDGET_S = 30.0
 
 
@@ -161,4 +184,22 @@ def settings() -> Settings:
     result = read_settings()
     if result.log_level:
         logging.getLogger("autosel").setLevel(result.log_level.upper())
+    _warn_unknown_forced_ops(result)
     return result
+
+
+_checked_forced_ops: set[str] = set()
+
+
+def _warn_unknown_forced_ops(result: Settings) -> None:
+    """Selection warns once per AUTOSEL_BACKEND op that is not registered; it goes on (the entry forces nothing),
+    since an engine may register its own ops later. `autosel doctor` reports it as blocking."""
+    unchecked = {op for op, _ in result.forced_per_op} - _checked_forced_ops
+    if not unchecked:
+        return
+    _checked_forced_ops.update(unchecked)
+    from autosel.registry import registry  # here, not at the top: registry's plug-ins may read settings
+
+    for problem in unknown_op_problems(sorted(unchecked), registry.ops()):
+        log.warning("%s; this entry forces nothing until such an op is registered. Correct the op name in "
+                    "AUTOSEL_BACKEND, or remove the entry", problem)

@@ -4,6 +4,7 @@ tuning of many ops (what `autosel tune` runs)."""
 from __future__ import annotations
 
 import fnmatch
+import json
 import logging
 import threading
 from dataclasses import dataclass, replace
@@ -173,8 +174,9 @@ def tune_and_record(definition: OpDefinition, eligible: list[KernelSpec], *, pla
                     reference: Callable[..., Any] | None = None) -> tuple[Decision, tuple[Decision, ...]]:
     """Tune under the DB's lease for (platform, op, mode), so processes on one device time it once; record the
     op-level decision and its per-bucket decisions together. Whoever takes the lease looks the decision up
-    again first: another process may have written it since this one missed. reference: what the candidates
-    are checked against, by default reference_for(definition, eligible)."""
+    again first: another process may have written it since this one missed (one measured on every given shape,
+    when `shapes` are given). reference: what the candidates are checked against, by default
+    reference_for(definition, eligible)."""
     from autosel import __version__
     from autosel.timing import timer_for
     from autosel.tuner import Tuner
@@ -185,7 +187,7 @@ def tune_and_record(definition: OpDefinition, eligible: list[KernelSpec], *, pla
     usable = {s.backend.value for s in eligible}.__contains__
     with db.lease(platform.key, op, mode, budget_s=budget_s):  # expires, and waiters stop, with the budget
         found = None if force else _lookup(db, key, usable)
-        if found is not None:
+        if found is not None and (shapes is None or _decided_on(found[0], shapes)):
             return found[:2]
         tuner = Tuner(timer=timer_for(platform.torch_device, mode), device=platform.torch_device,
                       budget_s=budget_s, on_event=on_event, isolate_timeout_s=isolate_timeout_s)
@@ -276,6 +278,10 @@ def tune_ops(patterns: list[str] | None = None, *, force: bool = False, budget_s
              devices: str | list[int] | None = None) -> list[TuneOutcome]:
     """Tune every contested op (or those matching `patterns`) in every mode; stored decisions are reused.
 
+    shapes: {op: [shape, ...]}: tune those ops on exactly these shapes. A stored decision is reused only when it
+    was measured on every one of them, else the op is tuned on them and its stored table (the op-level row and
+    every bucket row) replaced by the new one.
+
     isolate_timeout_s: check each candidate first in a child process killed after this many seconds.
     copy_found: a decision found in a shipped layer is copied into the user layer (status "copied"), with its
     bucket rows, so a DB built for an image (`autosel tune --db build.db`) holds every decision.
@@ -318,19 +324,21 @@ def plan_jobs(platform: PlatformInfo, db, patterns: list[str] | None = None, *, 
         usable = {s.backend.value for s in eligible}.__contains__
         for mode in modes or modes_for(platform):
             key = decision_key(op, eligible, platform, mode)
+            given = (shapes or {}).get(op)
             found = None if force else _lookup(db, key, usable)
+            if found is not None and given and not _decided_on(found[0], given):
+                found = None  # decided on other shapes: the caller asked for these to be timed
             if found is not None:
                 stored, buckets, layer = found
                 copy = copy_found and layer.kind != "user"
                 if copy:
                     db.record(stored, buckets)
                 status, where = ("copied", "copied from") if copy else ("stored", "stored in")
-                kept = ("; the stored decision was kept and the given shapes were not timed; --force (force=True) "
-                        "re-tunes on them") if (shapes or {}).get(op) else ""
-                planned.append(TuneOutcome(op, mode, status, stored, f"{where} {layer.path}{kept}", buckets,
+                covered = "; it was decided on every given shape; --force (force=True) times them again" if given else ""
+                planned.append(TuneOutcome(op, mode, status, stored, f"{where} {layer.path}{covered}", buckets,
                                            platform.key))
                 continue
-            op_shapes = (shapes or {}).get(op) or (definition.shapes_for(platform) if definition else [])
+            op_shapes = given or (definition.shapes_for(platform) if definition else [])
             if definition is None or not op_shapes:
                 planned.append(TuneOutcome(op, mode, "failed", None, "no representative shapes; declare them with "
                                            "autosel.register_op", platform_key=platform.key))
@@ -342,6 +350,12 @@ def plan_jobs(platform: PlatformInfo, db, patterns: list[str] | None = None, *, 
                 continue
             planned.append(TuneJob(op, mode, platform.key, definition, tuple(eligible), tuple(op_shapes), reference))
     return planned
+
+
+def _decided_on(decision: Decision, shapes: list[dict]) -> bool:
+    """Whether every one of `shapes` is among those `decision` was measured on."""
+    measured = {shape for shape, _ in decision.per_shape_winners}
+    return all(json.dumps(shape, sort_keys=True) in measured for shape in shapes)
 
 
 def run_job(job: TuneJob, *, platform: PlatformInfo, db, budget_s: float, force: bool = False,

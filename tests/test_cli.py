@@ -334,26 +334,42 @@ def test_tune_shapes_of_only_unknown_ops_name_them_and_the_registered_ops(reg, t
     args = _shapes_source(tmp_path, how, {"toy.dubble": [{"n": 4}]})
     result = run("tune", *args)
     assert result.exit_code == 1
-    assert result.stderr.splitlines()[-1] == (f"Error: op 'toy.dubble' in {args[1]} is not registered here; "
-                                              "registered ops: toy.double")
+    # It also printed a warning saying the same ("its shapes are skipped") above the error.
+    assert result.stderr.splitlines() == [f"Error: op 'toy.dubble' in {args[1]} is not registered here; "
+                                          "registered ops: toy.double"]
+
+
+def test_tune_shapes_of_a_known_and_an_unknown_op_tunes_one_and_warns_of_the_other(reg, tmp_path):
+    # The warning must stay where something is tuned: only the error-only case lost it.
+    toy(reg, B.TORCH, B.TRITON)
+    shapes = tmp_path / "shapes.json"
+    shapes.write_text(json.dumps({"toy.double": [{"n": 4}], "toy.dubble": [{"n": 4}]}))
+    result = run("tune", "--shapes", shapes, "--json")
+    assert result.exit_code == 0, result.output
+    assert [o["status"] for o in json.loads(result.stdout)["outcomes"]] == ["tuned"]
+    assert result.stderr.startswith("Warning: op 'toy.dubble' is not registered here; its shapes are skipped "
+                                    "(registered ops: toy.double)\n")
 
 
 @pytest.mark.parametrize("how", ["--shapes", "--from-record"])
-def test_tune_shapes_for_a_decided_op_say_the_stored_decision_was_kept_and_force_retunes(reg, tmp_path, how):
-    # New shapes for an already decided op kept the old decision (status stored) without a word about --force.
+def test_tune_shapes_for_a_decided_op_are_timed_unless_it_was_decided_on_them(reg, tmp_path, how):
+    # A stored decision made on other shapes kept --from-record from timing the recorded ones without --force.
     toy(reg, B.TORCH, B.TRITON)
     assert run("tune").exit_code == 0
     result = run("tune", *_shapes_source(tmp_path, how, {"toy.double": [{"n": 512}]}), "--json")
     assert result.exit_code == 0, result.output
     [outcome] = json.loads(result.stdout)["outcomes"]
-    kept = (f"stored in {os.environ['AUTOSEL_DB']}; the stored decision was kept and the given shapes were not "
-            "timed; --force (force=True) re-tunes on them")
-    assert (outcome["status"], outcome["detail"]) == ("stored", kept)
-    assert f"Warning: toy.double (eager): {kept}" in result.stderr.splitlines()
+    assert outcome["status"] == "tuned"
+    assert [s["shape"] for s in outcome["decision"]["candidates"][0]["shapes"]] == [{"n": 512}]
+    again = run("tune", *_shapes_source(tmp_path, how, {"toy.double": [{"n": 512}]}), "--json")
+    [outcome] = json.loads(again.stdout)["outcomes"]
+    covered = (f"stored in {os.environ['AUTOSEL_DB']}; it was decided on every given shape; --force (force=True) "
+               "times them again")
+    assert (outcome["status"], outcome["detail"]) == ("stored", covered)
+    assert f"Warning: toy.double (eager): {covered}" not in again.stderr.splitlines()  # nothing is wrong
     forced = json.loads(run("tune", *_shapes_source(tmp_path, how, {"toy.double": [{"n": 512}]}), "--force",
                             "--json").stdout)["outcomes"][0]
     assert forced["status"] == "tuned"
-    assert [s["shape"] for s in forced["decision"]["candidates"][0]["shapes"]] == [{"n": 512}]
 
 
 @pytest.mark.parametrize("line, problem", [
@@ -569,6 +585,18 @@ def test_doctor_bad_variable_is_blocking(reg, monkeypatch):
                                     "allowed values: auto, off, force")
 
 
+def test_doctor_blocks_on_an_autosel_backend_op_that_is_not_registered(reg, monkeypatch):
+    # AUTOSEL_BACKEND=toy.dubble=torch (a typo) was accepted silently and forced nothing.
+    toy(reg, B.TORCH, B.TRITON)
+    monkeypatch.setenv("AUTOSEL_BACKEND", "toy.dubble=torch")
+    result = run("doctor")
+    assert result.exit_code == 1
+    assert result.stderr == ("Error: selection is blocked: AUTOSEL_BACKEND names op 'toy.dubble', which is not "
+                             "registered here (did you mean toy.double?); fix or unset the variable\n")
+    monkeypatch.setenv("AUTOSEL_BACKEND", "toy.double=torch")
+    assert run("doctor").exit_code == 0
+
+
 def test_doctor_plugin_error_is_blocking(reg, monkeypatch):
     import importlib
 
@@ -629,6 +657,15 @@ def test_export_with_nothing_to_export_writes_nothing(reg, tmp_path):
     result = run("export", "--out", out)
     assert result.exit_code == 1 and "run `autosel tune` first" in result.stderr
     assert not out.exists()
+
+
+def test_export_all_layers_with_nothing_to_export_does_not_suggest_all_layers(reg, tmp_path):
+    # It said "run `autosel tune` first (or pass --all-layers)" to a command given --all-layers.
+    out = tmp_path / "decisions.jsonl"
+    result = run("export", "--out", out, "--op", "gemm.*", "--all-layers")
+    assert result.exit_code == 1
+    assert result.stderr == (f"Error: no decisions for gemm.* in any layer, so {out} was not written; run `autosel "
+                             "tune` first\n")
 
 
 def test_merge_reports_conflicts_and_exits_1_when_left_out(reg, tmp_path):
@@ -822,8 +859,9 @@ def test_tune_seconds_must_be_positive_and_finite(reg, option, value):
     assert result.exit_code == 2 and option in result.stderr
 
 
-def test_tune_with_the_db_locked_past_the_busy_timeout_warns_and_goes_on(reg, monkeypatch):
-    # `autosel tune` used to exit with a traceback (sqlite3.OperationalError from the lease code).
+def test_tune_with_the_db_locked_past_the_busy_timeout_prints_the_outcome_and_exits_1(reg, monkeypatch):
+    # `autosel tune` used to exit with a traceback (sqlite3.OperationalError from the lease code), then exited 0
+    # although the decision it made was only in memory.
     from autosel import db_tools
 
     toy(reg, B.TORCH, B.TRITON)
@@ -837,9 +875,48 @@ def test_tune_with_the_db_locked_past_the_busy_timeout_warns_and_goes_on(reg, mo
     finally:
         other.execute("ROLLBACK")
         other.close()
-    assert result.exit_code == 0, result.output
+    assert result.exit_code == 1, result.output
     assert json.loads(result.stdout)["outcomes"][0]["winner"] == "triton"
     assert result.stderr.count("Warning: ") == 1 and "kept in memory" in result.stderr
+    assert result.stderr.splitlines()[-1] == (
+        f"Error: the user tuning DB {os.environ['AUTOSEL_DB']} cannot be written (write failed: database is locked); "
+        "the decisions tuned after that failure are lost at exit: tune them again once it can be written. Set "
+        "AUTOSEL_DB to a file path this process can write, or pass --db PATH")
+
+
+def unwritable(tmp_path: Path, kind: str) -> Path:
+    """A DB path no process can write, even as root (chmod does not stop root): under a file, or a text file."""
+    if kind == "under a file":
+        (tmp_path / "file").write_text("not a folder")
+        return tmp_path / "file" / "build.db"
+    (tmp_path / "notes.db").write_text("not SQLite\n")
+    return tmp_path / "notes.db"
+
+
+@pytest.mark.parametrize("kind", ["under a file", "text file"])
+@pytest.mark.parametrize("how", ["--db", "AUTOSEL_DB"])
+def test_tune_into_a_db_that_cannot_be_written_exits_1_before_timing(reg, tmp_path, monkeypatch, kind, how):
+    # It tuned, printed status "tuned" and exited 0 with a warning; the decisions were lost at exit.
+    toy(reg, B.TORCH, B.TRITON)
+    path = unwritable(tmp_path, kind)
+    monkeypatch.setenv("AUTOSEL_DB", str(path))
+    result = run("tune", "--force", *(["--db", path] if how == "--db" else []))
+    where, remedy = ((f"--db {path}", "Pass --db a file path this process can write (a new file is created)")
+                     if how == "--db" else (f"the user tuning DB {path}",
+                                            "Set AUTOSEL_DB to a file path this process can write, or pass --db PATH"))
+    assert (result.exit_code, result.stdout) == (1, "")
+    [line] = result.stderr.splitlines()  # no "chosen" line: nothing was timed; no warning naming the other remedy
+    assert line.startswith(f"Error: {where} cannot be written (") and line.endswith(f"; nothing was timed. {remedy}")
+
+
+@pytest.mark.parametrize("kind", ["under a file", "text file"])
+def test_prune_of_a_db_that_cannot_be_written_is_an_error(reg, tmp_path, kind):
+    # It printed "Removed 0 stale decision(s)." and exited 0.
+    path = unwritable(tmp_path, kind)
+    result = run("prune", "--db", path)
+    assert (result.exit_code, result.stdout) == (1, "")
+    assert result.stderr.endswith("; nothing was removed. Pass --db a file path this process can write (a new file "
+                                  "is created)\n")
 
 
 # --- check ------------------------------------------------------------------------------------------------
@@ -920,6 +997,16 @@ def test_check_for_another_platform_compares_the_versions_installed_here(reg, mo
         "; cuda not checked (only the target can tell)")
 
 
+@pytest.mark.parametrize("values", [[""], [","], [" , ", " "]])
+def test_check_with_a_require_that_names_no_op_is_a_usage_error(reg, values):
+    # `--require ""` (an unset REQUIRE build argument) exited 0: "OK: 0 required (op, mode) pair(s)".
+    result = run("check", *[arg for value in values for arg in ("--require", value)])
+    assert result.exit_code == 2
+    assert result.stderr.splitlines()[-1] == (f"Error: Invalid value for '--require': {', '.join(map(repr, values))} "
+                                              "names no op; pass op names or globs, e.g. --require "
+                                              "'layernorm.*,gemm.mm'")
+
+
 def test_check_rejects_a_platform_that_is_not_a_key(reg):
     result = run("check", "--require", "toy.double", "--platform", "H200")
     assert result.exit_code == 2 and "'H200' is not a platform key device/arch/name/multiprocessors" in result.stderr
@@ -933,3 +1020,19 @@ def test_tune_on_all_gpus_without_a_gpu_says_so(reg, monkeypatch):
     assert result.stderr == ("Error: --devices all: no GPU is visible to torch here (torch.cuda.is_available() is "
                              "False), so there are no GPUs to spread the tune over; leave out devices (--devices) to "
                              "tune on this machine's current device\n")
+
+
+@pytest.mark.parametrize("value", ["foo", "-1", "0,,1", "1.5", "all,0"])
+def test_tune_devices_of_a_bad_form_is_a_usage_error_on_any_machine(reg, value):
+    # "--devices foo" said "no GPU is visible to torch here", as if the value had been right.
+    result = run("tune", "--devices", value)
+    assert result.exit_code == 2
+    assert result.stderr.splitlines()[-1] == (f"Error: Invalid value for '--devices': {value!r} is not 'all' or GPU "
+                                              "indices (whole numbers from 0) separated by commas, e.g. 0,1")
+
+
+def test_tune_budget_help_says_it_bounds_the_timing_not_the_wall_time(reg):
+    # The help said "Time budget per op and mode": a --budget-s 1 tune taking 30 s looked like a bug.
+    help_text = " ".join(run("tune", "--help").stdout.split())
+    assert "Seconds of timing per op and mode; not the wall time: each candidate's checks and first compile come " \
+           "on top (a first torch.compile takes about 20 s on a CPU)." in help_text

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from autosel.config import read_settings
+from autosel.config import read_settings, unknown_op_problems
 from autosel.errors import ConfigError
 from autosel.spec import KernelBackend as B
 
@@ -62,3 +62,37 @@ def test_bad_values_name_the_variable_and_what_is_allowed(env, message):
         read_settings(env)
     assert str(info.value).startswith(message)
     assert isinstance(info.value, ValueError)  # callers catching ValueError keep working
+
+
+@pytest.mark.parametrize("ops, problems", [
+    (["layernorm.rmsnorm"], []),
+    (["layernorm.rmsnrom"], ["AUTOSEL_BACKEND names op 'layernorm.rmsnrom', which is not registered here (did you "
+                             "mean layernorm.rmsnorm?)"]),
+    (["zzz"], ["AUTOSEL_BACKEND names op 'zzz', which is not registered here (registered ops: gemm.mm, "
+               "layernorm.rmsnorm)"]),
+])
+def test_an_autosel_backend_op_that_is_not_registered_is_named_with_the_nearest(ops, problems):
+    # A misspelt op in AUTOSEL_BACKEND was accepted silently and forced nothing.
+    assert unknown_op_problems(ops, ["gemm.mm", "layernorm.rmsnorm"]) == problems
+
+
+def test_selection_warns_once_of_an_autosel_backend_op_that_is_not_registered(monkeypatch, caplog):
+    # Selection took AUTOSEL_BACKEND=layernorm.rmsnrom=torch silently: the typo forced nothing and said nothing.
+    import importlib
+
+    from autosel import config
+    from autosel.spec import KernelSpec
+
+    registry_module = importlib.import_module("autosel.registry")  # `autosel.registry` the name is the object
+    fresh = registry_module.KernelRegistry()
+    fresh.register(KernelSpec("layernorm.rmsnorm", B.TORCH, "m:f"))
+    monkeypatch.setattr(registry_module, "registry", fresh)
+    monkeypatch.setattr(config, "_checked_forced_ops", set())
+    monkeypatch.setenv("AUTOSEL_BACKEND", "layernorm.rmsnrom=torch,layernorm.rmsnorm=torch")
+    with caplog.at_level("WARNING", logger="autosel.config"):
+        config.settings()
+        config.settings()
+    assert [r.getMessage() for r in caplog.records] == [
+        "AUTOSEL_BACKEND names op 'layernorm.rmsnrom', which is not registered here (did you mean "
+        "layernorm.rmsnorm?); this entry forces nothing until such an op is registered. Correct the op name in "
+        "AUTOSEL_BACKEND, or remove the entry"]

@@ -158,7 +158,40 @@ def _settings(db: str | None, *, full: bool, match: bool = True) -> config.Setti
         env = {k: v for k, v in env.items() if k in ("AUTOSEL_DB", "AUTOSEL_DB_PATH") + ("AUTOSEL_MATCH",) * match}
     if db:
         env["AUTOSEL_DB"] = db
-    return config.read_settings(env)
+    settings = config.read_settings(env)
+    if full and settings.forced_per_op:  # parsing cannot know the registry: a misspelt op forced nothing, silently
+        from autosel import tuning
+
+        config.check_forced_ops(settings, tuning.registry.ops())
+    return settings
+
+
+def _writable_db(settings: config.Settings, db: str | None, *, undone: str):
+    """The DB layers opened for writing, for a command that writes (tune, prune); exit 1 before any work when the
+    user DB cannot be written, rather than keep the command's changes in memory and lose them at exit.
+    undone: what the command did not do ("nothing was timed")."""
+    from autosel import tuning
+
+    with warnings.catch_warnings(record=True) as caught:  # the error below says it, naming --db where given
+        warnings.simplefilter("always")
+        database = tuning.database(settings)
+    _refuse_unwritable(database, settings, db, undone=undone)
+    for w in caught:
+        warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+    return database
+
+
+def _refuse_unwritable(database, settings: config.Settings, db: str | None, *, undone: str) -> None:
+    """A ClickException when the first layer is not the user DB, writable: writes then go to memory only."""
+    layers = database.layers
+    if layers[0].kind == "user" and layers[0].writable:
+        return
+    problem = next((layer.problem for layer in layers if layer.kind == "user" and layer.problem), layers[0].problem)
+    problem = (problem or "no writable layer").removesuffix("; decisions kept in memory")
+    where = f"--db {db}" if db else f"the user tuning DB {settings.db}"
+    remedy = ("Pass --db a file path this process can write (a new file is created)" if db
+              else "Set AUTOSEL_DB to a file path this process can write, or pass --db PATH")
+    raise click.ClickException(f"{where} cannot be written ({problem}); {undone}. {remedy}")
 
 
 class Seconds(click.FloatRange):

@@ -9,14 +9,23 @@ import click
 from autosel.cli import _console, _echo_json, _read_db, _settings, _table, main
 
 
-def _required(values: tuple[str, ...], registered: list[str]) -> list[str]:
-    """--require values: comma lists, names or globs over the registered ops (a glob matching none stays, and is
-    reported as not registered)."""
+def _require(ctx, param, values: tuple[str, ...]) -> list[str]:
+    """--require values split at commas; none left is a usage error: an image built with an empty REQUIRE argument
+    (`--require "${REQUIRE}"`) would otherwise pass with nothing checked."""
+    items = [part.strip() for value in values for part in value.split(",") if part.strip()]
+    if not items:
+        raise click.BadParameter(f"{', '.join(map(repr, values))} names no op; pass op names or globs, e.g. "
+                                 "--require 'layernorm.*,gemm.mm'")
+    return items
+
+
+def _required(items: list[str], registered: list[str]) -> list[str]:
+    """--require names or globs over the registered ops (a glob matching none stays, and is reported as not
+    registered)."""
     ops: list[str] = []
-    for item in (part.strip() for value in values for part in value.split(",")):
-        if item:
-            matched = [op for op in registered if fnmatch.fnmatchcase(op, item)] or [item]
-            ops += [op for op in matched if op not in ops]
+    for item in items:
+        matched = [op for op in registered if fnmatch.fnmatchcase(op, item)] or [item]
+        ops += [op for op in matched if op not in ops]
     return ops
 
 
@@ -28,7 +37,7 @@ def _platform_key(ctx, param, value: str | None) -> str | None:
 
 
 @main.command()
-@click.option("--require", "required", multiple=True, required=True, metavar="OP[,OP...]",
+@click.option("--require", "required", multiple=True, required=True, metavar="OP[,OP...]", callback=_require,
               help="Ops that must have a usable decision: names or globs, comma-separated or repeated.")
 @click.option("--mode", "modes", multiple=True, type=click.Choice(["eager", "graph"]),
               help="Modes to require (repeatable). Default: the target's: eager and graph on a GPU, eager on a CPU.")

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from autosel.cli import _echo_json, _format_of, _matches, _read_db, _refuse_overwrite, _settings, main
+from autosel.cli import _echo_json, _format_of, _matches, _read_db, _refuse_overwrite, _settings, _writable_db, main
 from autosel.inventory import Inventory
 
 
@@ -38,9 +38,9 @@ def export(out, fmt, ops, db, all_layers, force, as_json):
     pairs = [(d, layer) for d, layer in _read_db(settings, db).decisions()
              if _matches(d.op, ops) and (all_layers or layer.kind != "shipped")]
     if not pairs:
-        where = "any layer" if all_layers else f"the user DB {settings.db}"
+        where, other = ("any layer", "") if all_layers else (f"the user DB {settings.db}", " (or pass --all-layers)")
         raise click.ClickException(f"no decisions{' for ' + ', '.join(ops) if ops else ''} in {where}, so {out} "
-                                   "was not written; run `autosel tune` first (or pass --all-layers)")
+                                   f"was not written; run `autosel tune` first{other}")
     rows = export_decisions([d for d, _ in pairs], out, fmt=fmt, overwrite=force)
     if as_json:
         _echo_json({"out": str(out), "format": fmt, "rows": rows})
@@ -113,7 +113,7 @@ def prune(db, dry_run, as_json):
     platform = platforms.current_platform()
     tuning.load_plugins()
     stale = Inventory(platform, tuning.registry).prunable
-    database = _read_db(settings, db) if dry_run else tuning.database(settings)
+    database = _read_db(settings, db) if dry_run else _writable_db(settings, db, undone="nothing was removed")
     found = [(d, layer, reason) for d, layer in database.decisions()
              if layer.writable and (reason := stale(d))]
     removed = 0 if dry_run else database.prune(lambda d: stale(d) is None)

@@ -12,7 +12,8 @@ from pathlib import Path
 import click
 
 from autosel.cli import (MARGIN_NOTE, MEDIAN_NOTE, RECORD_EXAMPLE, Seconds, _console, _decision_summary, _echo_json,
-                         _matches, _rejected_text, _runner_up_text, _settings, _table, main)
+                         _matches, _refuse_unwritable, _rejected_text, _runner_up_text, _settings, _table,
+                         _writable_db, main)
 from autosel.decisions import format_lead
 from autosel.chart import format_us
 from autosel.report import candidate_median_us
@@ -118,12 +119,12 @@ class _TuneProgress:
             self.bar.remove_task(self.tasks.pop(job))
 
 
-def _plan(tuning, platform, ops: tuple[str, ...], shapes_by_mode) -> list[tuple[list[str] | None, dict | None,
-                                                                                      list[str] | None]]:
-    """(patterns, shapes, modes) per tune_ops call; tells the user about ops that cannot be tuned here."""
+def _plan(tuning, platform, ops: tuple[str, ...], shapes_by_mode) -> tuple[list, list[str]]:
+    """([(patterns, shapes, modes) per tune_ops call], notes on the file's ops that cannot be tuned here). The notes
+    are for when something else is tuned: with nothing to tune, _nothing_to_tune says the same as an error."""
     available = tuning.modes_for(platform)
     contested = {op for op, _ in tuning.contested_ops(platform, list(ops) or None)}
-    runs = []
+    runs, notes = [], []
     for mode, shapes in shapes_by_mode.items():
         if shapes is None:
             runs.append((list(ops) or None, None, None))
@@ -139,14 +140,23 @@ def _plan(tuning, platform, ops: tuple[str, ...], shapes_by_mode) -> list[tuple[
             if op in contested:
                 targets.append(op)
             elif not tuning.registry.has(op):
-                click.echo(f"Warning: op {op!r} is not registered here; its shapes are skipped (registered ops: "
-                           f"{', '.join(tuning.registry.ops()) or 'none'})", err=True)
+                notes.append(f"op {op!r} is not registered here; its shapes are skipped (registered ops: "
+                             f"{', '.join(tuning.registry.ops()) or 'none'})")
             else:
-                click.echo(f"Warning: op {op!r} has fewer than two backends eligible here; nothing to tune", err=True)
+                notes.append(f"op {op!r} has fewer than two backends eligible here; nothing to tune")
         if targets:
             runs.append(([glob.escape(op) for op in targets], {op: shapes[op] for op in targets},
                          [mode] if mode is not None else None))
-    return runs
+    return runs, notes
+
+
+def _devices(ctx, param, value: str | None) -> str | None:
+    """--devices' form, checked on any machine: whether the GPUs exist is known only once torch looks."""
+    if value is None or value.strip().lower() == "all" or all(
+            part.strip().isascii() and part.strip().isdigit() for part in value.split(",")):
+        return value
+    raise click.BadParameter(f"{value!r} is not 'all' or GPU indices (whole numbers from 0) separated by "
+                             "commas, e.g. 0,1")
 
 
 def _differ(outcome) -> int:
@@ -191,12 +201,13 @@ def _nothing_to_tune(tuning, platform, ops: tuple[str, ...], named: list[str] | 
               "decisions found in shipped DBs are copied into it.")
 @click.option("--force", is_flag=True, help="Re-tune ops that already have a stored decision.")
 @click.option("--budget-s", type=Seconds(), default=120.0, show_default=True,
-              help="Time budget per op and mode, in seconds.")
+              help="Seconds of timing per op and mode; not the wall time: each candidate's checks and first compile "
+                   "come on top (a first torch.compile takes about 20 s on a CPU).")
 @click.option("--isolate", is_flag=True,
               help="Check each candidate first in a child process, so a crash or hang becomes a rejection reason.")
 @click.option("--isolate-timeout-s", type=Seconds(), default=300.0, show_default=True,
               help="With --isolate: kill a candidate's child process after this many seconds.")
-@click.option("--devices", metavar="all|0,1,...",
+@click.option("--devices", metavar="all|0,1,...", callback=_devices,
               help="Spread the tune over these GPUs, one worker process each, longest job first; GPUs of "
                    "different models each get their own decisions. Default: this process's current device only.")
 @click.option("--json", "as_json", is_flag=True, help="Write the outcome as JSON on stdout.")
@@ -235,7 +246,7 @@ def tune(ops, shapes_file, record_file, db, force, budget_s, isolate, isolate_ti
         shapes_by_mode = {None: read_shapes_file(shapes_file)}
     else:
         shapes_by_mode = {None: None}
-    runs = _plan(tuning, platform, ops, shapes_by_mode)
+    runs, notes = _plan(tuning, platform, ops, shapes_by_mode)
     total = sum(len(tuning.contested_ops(target, patterns)) * len(modes or tuning.modes_for(target))
                 for patterns, _, modes in runs for target in targets)
     if not total:
@@ -245,6 +256,9 @@ def tune(ops, shapes_file, record_file, db, force, budget_s, isolate, isolate_ti
             raise click.ClickException(_nothing_to_tune(tuning, platform, ops, named, shapes_file or record_file))
         click.echo("Nothing to tune: no registered op has several backends eligible on this machine "
                    "(run `autosel doctor` to see why).", err=True)
+    for note in notes:
+        click.echo(f"Warning: {note}", err=True)
+    database = _writable_db(settings, db, undone="nothing was timed")
     outcomes = []
     with _TuneProgress(total) as progress:
         for patterns, shapes, modes in runs:
@@ -252,9 +266,6 @@ def tune(ops, shapes_file, record_file, db, force, budget_s, isolate, isolate_ti
                                           on_event=progress.on_event, settings=settings,
                                           isolate_timeout_s=isolate_timeout_s if isolate else None,
                                           copy_found=db is not None, devices=devices)
-    for o in outcomes:
-        if o.status in ("stored", "copied") and (shapes_file or record_file):  # the file's shapes were not timed
-            click.echo(f"Warning: {o.op} ({o.mode}): {o.detail}", err=True)
     if as_json:
         _echo_json({"db": str(settings.db), "platform_key": platform.key, "budget_s": budget_s,
                     "median": MEDIAN_NOTE, "outcomes": [
@@ -281,6 +292,8 @@ def tune(ops, shapes_file, record_file, db, force, budget_s, isolate, isolate_ti
         console.print(f"{MEDIAN_NOTE}; {MARGIN_NOTE}; buckets: how many shape buckets have their own decision, "
                       "and how many of them another winner than the op's (`autosel show` lists them). "
                       f"DB: {settings.db}", markup=False)
+    _refuse_unwritable(database, settings, db, undone="the decisions tuned after that failure are lost at exit: "
+                                                      "tune them again once it can be written")
     failed = [o for o in outcomes if o.status == "failed"]
     if failed:
         several = len({o.platform_key for o in outcomes}) > 1
