@@ -86,7 +86,7 @@ RULES |= {f"eager: size within {2 ** n}x, graph: current": {
 def tables(db: Path) -> dict[tuple[str, str], tuple[str, dict]]:
     """(op, mode) -> (op-level winner, {bucket: winner}), judged again from the stored op-level evidence."""
     out = {}
-    for d, _ in TuningDB.open(db, include_package=False).decisions():
+    for d, _ in TuningDB.open(db, include_package=False, read_only=True).decisions():
         if d.bucket != OP_LEVEL_BUCKET:
             continue
         ok = [c for c in d.candidates if c.status == "ok"]

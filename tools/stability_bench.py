@@ -228,7 +228,7 @@ class Stored:
 def stored_outcomes(db: Path) -> list[Stored]:
     from autosel.db import TuningDB
 
-    found = TuningDB.open(db, include_package=False).decisions()
+    found = TuningDB.open(db, include_package=False, read_only=True).decisions()
     return sorted((Stored(d.op, d.mode, d) for d, _ in found if d.bucket == OP_LEVEL_BUCKET),
                   key=lambda o: (o.op, o.mode))
 
@@ -271,7 +271,7 @@ def bucket_stability(db1: Path, db2: Path) -> str:
     """The per-bucket decisions (rows beside the op-level ones) of two tunes, compared per mode."""
     from autosel.db import TuningDB
 
-    rows = [{(d.op, d.mode, d.bucket): d.winner for d, _ in TuningDB.open(db, include_package=False).decisions()
+    rows = [{(d.op, d.mode, d.bucket): d.winner for d, _ in TuningDB.open(db, include_package=False, read_only=True).decisions()
              if d.bucket != OP_LEVEL_BUCKET} for db in (db1, db2)]
     both = sorted(set(rows[0]) & set(rows[1]))
     lines = ["| mode | bucket decisions | identical |", "|---|---|---|"]

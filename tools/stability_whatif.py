@@ -80,7 +80,7 @@ def settled_replay(db: Path, factor: float, policy: Policy) -> tuple[int, int, l
 
     same = total = 0
     notes = []
-    for d, _ in TuningDB.open(db, include_package=False).decisions():
+    for d, _ in TuningDB.open(db, include_package=False, read_only=True).decisions():
         if d.bucket != OP_LEVEL_BUCKET:
             continue
         ok = [c for c in d.candidates if c.status == "ok"]
