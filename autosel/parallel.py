@@ -1,8 +1,10 @@
-"""Spreads the jobs of a batch tune over GPUs: one worker process per GPU, longest job first, one tuning DB.
+"""Spreads the jobs of a batch tune over GPUs: one worker per GPU, longest job first, one tuning DB.
 
-Each worker starts with CUDA_VISIBLE_DEVICES naming its GPU (ROCm's HIP runtime reads it too), so it sees one
-device as device 0 and tunes exactly as a single-process `autosel tune` does there: the same Tuner, seed, policy
-and lease (tuning.run_job). GPUs of different kinds (platform keys) are grouped: every job is done once per
+The first GPU's worker is the tune's own process: it tunes there in its main thread while a second thread serves
+the others, so a tune over one GPU starts no process and one over several pays no process start before its first
+job. Every other worker is a spawned process started with CUDA_VISIBLE_DEVICES naming its GPU (ROCm's HIP
+runtime reads it too), so it sees one device as device 0. Each tunes exactly as a single-process `autosel tune`
+does: the same Tuner, seed, policy and lease (tuning.run_job). GPUs of different kinds (platform keys) are grouped: every job is done once per
 kind, by a worker of that kind, so each kind gets its own decisions. Every worker writes into the one DB, whose
 WAL mode and per-(platform, op, mode) leases already let processes write at once.
 """
@@ -14,6 +16,8 @@ import logging
 import multiprocessing
 import os
 import pickle
+import threading
+import time
 from dataclasses import dataclass
 from multiprocessing.connection import wait
 from typing import Callable, Iterator, Sequence
@@ -33,12 +37,14 @@ GUESS_S_PER_CANDIDATE_SHAPE = 1.0
 
 @dataclass(frozen=True)
 class Worker:
-    """One worker process: its name in messages ("cuda:1"), the variables it starts with, and the platform it
-    tunes for (jobs go only to workers of their own platform)."""
+    """One worker: its name in messages ("cuda:1"), the variables a spawned worker process starts with, and the
+    platform it tunes for (jobs go only to workers of their own platform). in_process_device: this process's
+    index of the GPU when the worker is this process itself (env unused); None: a spawned process."""
 
     name: str
     env: dict[str, str]
     platform: PlatformInfo
+    in_process_device: int | None = None
 
 
 def parse_devices(devices: str | Sequence[int], count: int) -> list[int]:
@@ -61,7 +67,8 @@ def parse_devices(devices: str | Sequence[int], count: int) -> list[int]:
 
 
 def gpu_workers(devices: str | Sequence[int]) -> list[Worker]:
-    """One worker per GPU named by `devices` ("all", "0,1" or [0, 1]), each with its platform detected here."""
+    """One worker per GPU named by `devices` ("all", "0,1" or [0, 1]), each with its platform detected here; the
+    first GPU's worker is this process."""
     import torch
 
     count = torch.cuda.device_count() if torch.cuda.is_available() else 0
@@ -73,8 +80,9 @@ def gpu_workers(devices: str | Sequence[int]) -> list[Worker]:
                           "machine's current device")
     # An index counts among the GPUs this process sees: under CUDA_VISIBLE_DEVICES=2,3, GPU 0 is the one named 2.
     names = visible.split(",") if visible else [str(i) for i in range(count)]
-    return [Worker(f"cuda:{i}", {"CUDA_VISIBLE_DEVICES": names[i].strip()}, PlatformInfo.detect(device_index=i))
-            for i in parse_devices(devices, count)]
+    indices = parse_devices(devices, count)
+    return [Worker(f"cuda:{i}", {"CUDA_VISIBLE_DEVICES": names[i].strip()}, PlatformInfo.detect(device_index=i),
+                   in_process_device=i if i == indices[0] else None) for i in indices]
 
 
 def earlier_tune_s(db) -> dict[tuple[str, str, str], float]:
@@ -115,10 +123,16 @@ def run_jobs(jobs: Sequence[TuneJob], workers: Sequence[Worker], *, settings: co
              on_event: Callable[[object, str], None] | None = None) -> list[TuneOutcome]:
     """Tune each job on a worker of its platform; the outcomes, in the order of `jobs`.
 
-    The workers start together and, once all are up, take jobs longest first from their platform's queue when
-    free. Their TuneEvents come back as on_event(event, worker name). A job that fails is a "failed" outcome, as
-    in a single-process tune; so is one whose worker died, and one that no worker of its platform is left for.
+    The jobs wait longest first in their platform's queue and a worker takes the next when it is free: the one
+    that is this process (Worker.in_process_device) at once, spawned ones once they are up. Every worker's
+    TuneEvents come back as on_event(event, worker name), from one thread. A job that fails is a "failed" outcome,
+    as in a single-process tune; so is one whose worker process died, and one that no worker of its platform is
+    left for. A kernel that crashes this process ends the tune, as a tune without devices does (isolate_timeout_s
+    checks candidates in child processes first).
     """
+    here = [w for w in workers if w.in_process_device is not None]
+    if len(here) > 1:
+        raise ValueError(f"only one worker can be this process, got {', '.join(w.name for w in here)}")
     outcomes: dict[int, TuneOutcome] = {}
     payloads: dict[int, bytes] = {}
     keys = {w.platform.key for w in workers}
@@ -137,19 +151,49 @@ def run_jobs(jobs: Sequence[TuneJob], workers: Sequence[Worker], *, settings: co
     order = [i for i in longest_first(jobs, database(settings)) if i in payloads]
     context = multiprocessing.get_context("spawn")  # a fresh interpreter, started with the worker's variables
     queues = {key: context.Queue() for key in keys}
-    processes, pipes = {}, {}
+    for i in order:
+        queues[jobs[i].platform_key].put((i, payloads[i]))
+    for w in workers:
+        queues[w.platform.key].put(None)  # one stop sign per worker, after the jobs
+    options = (settings, budget_s, force, isolate_timeout_s)
+    processes, pipes, failure = {}, {}, []
+
+    def serve() -> None:
+        try:
+            _serve(jobs, outcomes, {w.name: w.platform.key for w in workers}, processes, pipes, on_event)
+        except BaseException as exc:  # on_event raised, say: stop the workers' sends from blocking on a full pipe
+            failure.append(exc)
+            for pipe in pipes.values():
+                pipe.close()
+
     try:
         for w in workers:
             # A pipe per worker: send() is written before it returns, so what a worker said before it crashed
             # is still read, and the end of the pipe says it exited.
             pipes[w.name], child_end = context.Pipe(duplex=False)
-            processes[w.name] = context.Process(target=_work, name=f"autosel-tune-{w.name}", daemon=True, args=(
-                w.name, queues[w.platform.key], child_end, settings, budget_s, force, isolate_timeout_s))
+            if w.in_process_device is not None:
+                processes[w.name], here_end = _ThisProcess(), child_end
+                continue
+            processes[w.name] = context.Process(target=_work, name=f"autosel-tune-{w.name}", daemon=True,
+                                                args=(w.name, queues[w.platform.key], child_end, *options))
             with _environment(w.env):
                 processes[w.name].start()
             child_end.close()
-        _serve(jobs, order, payloads, outcomes, {w.name: w.platform.key for w in workers}, processes, pipes,
-               queues, on_event)
+        if here:
+            server = threading.Thread(target=serve, name="autosel-tune-serve", daemon=True)
+            server.start()
+            try:
+                _work_here(here[0], queues[here[0].platform.key], here_end, *options)
+            except BaseException:
+                if not failure:  # else the send failed because serving did: that is the error to raise
+                    raise
+            finally:
+                here_end.close()  # the server reads the end of this worker
+            server.join()
+        else:
+            serve()
+        if failure:
+            raise failure[0]
         for p in processes.values():
             p.join(timeout=10)
     finally:
@@ -159,24 +203,16 @@ def run_jobs(jobs: Sequence[TuneJob], workers: Sequence[Worker], *, settings: co
     return [outcomes[i] for i in range(len(jobs))]
 
 
-def _serve(jobs, order, payloads, outcomes, kind_of, processes, pipes, queues, on_event) -> None:
-    """The parent's side: hand out the jobs once every worker is up (or gone), pass events on, collect outcomes,
-    and fail a job whose worker died and the jobs no worker of their platform is left for."""
-    ready, gone, current = set(), {}, {}  # gone: worker -> exit code; current: worker -> the job it tunes
-    sent = False
+def _serve(jobs, outcomes, kind_of, processes, pipes, on_event) -> None:
+    """The parent's side: pass events on, collect outcomes, and fail a job whose worker died and the jobs no
+    worker of their platform is left for."""
+    gone, current, began = {}, {}, time.monotonic()  # gone: worker -> exit code; current: worker -> its job
     while len(outcomes) < len(jobs):
-        if not sent and len(ready) + len(gone) == len(processes):  # every GPU starts on a long job at once
-            for i in order:
-                queues[jobs[i].platform_key].put((i, payloads[i]))
-            for name in processes:
-                queues[kind_of[name]].put(None)  # one stop sign per worker, after the jobs
-            sent = True
-        if sent:
-            left = {kind_of[name] for name in processes if name not in gone}
-            for i in order:
-                if i not in outcomes and jobs[i].platform_key not in left:
-                    outcomes[i] = _failed(jobs[i], f"no worker for {jobs[i].platform_key} is left to tune it "
-                                                   f"({_exits(gone)}); see the workers' errors above")
+        left = {kind_of[name] for name in processes if name not in gone}
+        for i, job in enumerate(jobs):
+            if i not in outcomes and job.platform_key not in left:
+                outcomes[i] = _failed(job, f"no worker for {job.platform_key} is left to tune it ({_exits(gone)}); "
+                                           "see the workers' errors above")
         open_pipes = {pipes[name]: name for name in processes if name not in gone}
         for pipe in wait(list(open_pipes)):
             name = open_pipes[pipe]
@@ -192,7 +228,7 @@ def _serve(jobs, order, payloads, outcomes, kind_of, processes, pipes, queues, o
                                                    "a rejection reason instead")
                 continue
             if kind == "ready":
-                ready.add(name)
+                log.debug("worker %s is up, %.1f s after the workers started", name, time.monotonic() - began)
             elif kind == "took":
                 current[name] = rest[0]
             elif kind == "event" and on_event is not None:
@@ -200,6 +236,19 @@ def _serve(jobs, order, payloads, outcomes, kind_of, processes, pipes, queues, o
             elif kind == "done":
                 current.pop(name, None)
                 outcomes[rest[0]] = _failed(jobs[rest[0]], rest[1]) if isinstance(rest[1], str) else rest[1]
+
+
+class _ThisProcess:
+    """What _serve and run_jobs see of the worker that is the tune's own process: it is never a process to wait
+    for or stop, and it ends by closing its pipe."""
+
+    exitcode = 0
+
+    def join(self, timeout: float | None = None) -> None:
+        pass
+
+    def is_alive(self) -> bool:
+        return False
 
 
 def _exits(gone: dict) -> str:
@@ -227,11 +276,12 @@ def _environment(env: dict[str, str]) -> Iterator[None]:
 
 
 def _work(name: str, jobs, parent, settings: config.Settings, budget_s: float, force: bool,
-          isolate_timeout_s: float | None) -> None:
-    """A worker process: take jobs until the parent sends None; tune each as `autosel tune` does on one GPU."""
+          isolate_timeout_s: float | None, platform: PlatformInfo | None = None) -> None:
+    """A worker: take jobs until the parent sends None; tune each as `autosel tune` does on one GPU. platform:
+    the one given for the worker that is the tune's own process; a spawned worker detects its own."""
     from autosel import platforms
 
-    platform = platforms.current_platform()
+    platform = platform or platforms.current_platform()
     db = database(settings)
     parent.send(("ready",))
     while (item := jobs.get()) is not None:
@@ -239,6 +289,17 @@ def _work(name: str, jobs, parent, settings: config.Settings, budget_s: float, f
         parent.send(("took", index))
         parent.send(("done", index, _tune_one(name, payload, platform, db, parent, budget_s=budget_s, force=force,
                                              isolate_timeout_s=isolate_timeout_s)))
+
+
+def _work_here(worker: Worker, jobs, parent, *options) -> None:
+    """The worker that is this process, in this thread, with its GPU as the current device meanwhile."""
+    if worker.platform.torch_device != "cuda":
+        _work(worker.name, jobs, parent, *options, platform=worker.platform)
+        return
+    import torch
+
+    with torch.cuda.device(worker.in_process_device):
+        _work(worker.name, jobs, parent, *options, platform=worker.platform)
 
 
 def _tune_one(name: str, payload: bytes, platform: PlatformInfo, db, parent, **options) -> TuneOutcome | str:

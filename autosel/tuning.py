@@ -285,8 +285,8 @@ def tune_ops(patterns: list[str] | None = None, *, force: bool = False, budget_s
     isolate_timeout_s: check each candidate first in a child process killed after this many seconds.
     copy_found: a decision found in a shipped layer is copied into the user layer (status "copied"), with its
     bucket rows, so a DB built for an image (`autosel tune --db build.db`) holds every decision.
-    devices: "all" or GPU indices such as [0, 1]: spread the tunes over one worker process per GPU
-    (autosel.parallel); each kind of GPU among them gets its own decisions. None: tune here, on the current device.
+    devices: "all" or GPU indices such as [0, 1]: spread the tunes over the GPUs (autosel.parallel: this process
+    tunes on the first, a spawned worker process on each other); each kind of GPU among them gets its own decisions. None: tune here, on the current device.
     """
     settings = settings or config.settings()
     db, budget_s = database(settings), budget_s or settings.budget_s

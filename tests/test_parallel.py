@@ -24,8 +24,10 @@ A100 = PlatformInfo("cuda", 8, 0, arch="sm_80", device_name="NVIDIA A100-SXM4-80
 H100 = PlatformInfo("cuda", 9, 0, arch="sm_90", device_name="NVIDIA H100 80GB HBM3", multiprocessor_count=132)
 
 
-def cpu_workers(*names: str) -> list[parallel.Worker]:
-    return [parallel.Worker(name, {"AUTOSEL_TEST_WORKER": name}, HOST) for name in names]
+def cpu_workers(*names: str, here: str | None = None) -> list[parallel.Worker]:
+    """Spawned workers on this CPU, and the worker that is this process when `here` names it."""
+    return [parallel.Worker(name, {"AUTOSEL_TEST_WORKER": name}, HOST, in_process_device=0 if name == here else None)
+            for name in names]
 
 
 @pytest.fixture
@@ -80,6 +82,59 @@ def test_tune_ops_over_devices_decides_as_the_one_process_tune_does(reg, monkeyp
 
     assert decided(spread) == decided(alone)
     assert stored(config.settings().db) == stored(tmp_path / "one.db")
+
+
+def no_process_starts(monkeypatch) -> None:
+    import multiprocessing.context
+
+    def start(self):
+        raise AssertionError(f"a process was started: {self.name}")
+
+    monkeypatch.setattr(multiprocessing.context.SpawnProcess, "start", start)
+
+
+def test_one_worker_that_is_this_process_starts_no_process_and_decides_as_the_one_process_tune(reg, monkeypatch,
+                                                                                                tmp_path):
+    no_process_starts(monkeypatch)
+    events = []
+    outcomes = parallel.run_jobs(plan(), cpu_workers("cpu-here", here="cpu-here"), settings=config.settings(),
+                                 budget_s=5, on_event=lambda event, worker: events.append((worker, event.kind)))
+    one_db = config.read_settings({"AUTOSEL_DB": str(tmp_path / "one.db")})
+    alone = tuning.tune_ops(["toy.*"], budget_s=5, settings=one_db)
+    assert [(o.op, o.status, o.decision and o.decision.winner) for o in outcomes] == [
+        (o.op, o.status, o.decision and o.decision.winner) for o in alone] == [
+        ("toy.broken", "failed", None), ("toy.large", "tuned", "triton"), ("toy.small", "tuned", "triton")]
+    assert stored(config.settings().db) == stored(tmp_path / "one.db")
+    assert {worker for worker, _ in events} == {"cpu-here"} and events.count(("cpu-here", "started")) == 3
+
+
+def test_this_process_and_a_spawned_worker_tune_every_job_once(reg):
+    events = []
+    outcomes = parallel.run_jobs(plan(), cpu_workers("cpu-here", "cpu-b", here="cpu-here"),
+                                 settings=config.settings(), budget_s=5,
+                                 on_event=lambda event, worker: events.append((worker, event)))
+    assert [(o.op, o.status) for o in outcomes] == [("toy.broken", "failed"), ("toy.large", "tuned"),
+                                                    ("toy.small", "tuned")]
+    assert sorted(event.op for _, event in events if event.kind == "started") == ["toy.broken", "toy.large",
+                                                                                  "toy.small"]
+    assert [(w, event.op) for w, event in events if event.kind == "started"][0] == ("cpu-here", "toy.large")
+    assert stored(config.settings().db) == [("toy.large", "eager", "*", "triton"),
+                                           ("toy.small", "eager", "*", "triton")]
+
+
+def test_an_error_while_serving_the_workers_is_raised_not_a_hang(reg):
+    def on_event(event, worker):
+        raise RuntimeError("the progress display broke")
+
+    with pytest.raises(RuntimeError, match="the progress display broke"):
+        parallel.run_jobs(plan(), cpu_workers("cpu-here", "cpu-b", here="cpu-here"), settings=config.settings(),
+                          budget_s=5, on_event=on_event)
+
+
+def test_only_one_worker_can_be_this_process(reg):
+    with pytest.raises(ValueError, match="only one worker can be this process, got cpu-a, cpu-b"):
+        parallel.run_jobs(plan(), [parallel.Worker(n, {}, HOST, in_process_device=0) for n in ("cpu-a", "cpu-b")],
+                          settings=config.settings(), budget_s=5)
 
 
 def test_a_worker_that_dies_fails_its_job_and_the_others_take_the_rest(reg):
@@ -159,6 +214,12 @@ def test_each_worker_sees_its_own_gpu_among_those_this_process_sees(monkeypatch)
         ("cuda:2", {"CUDA_VISIBLE_DEVICES": "7"}, A100.key)]
     fake_gpus(monkeypatch, [A100, H100], None)
     assert [w.env for w in parallel.gpu_workers("1")] == [{"CUDA_VISIBLE_DEVICES": "1"}]
+
+
+def test_the_first_named_gpu_is_tuned_in_this_process_the_others_by_spawned_workers(monkeypatch):
+    fake_gpus(monkeypatch, [A100, A100, A100], None)
+    assert [(w.name, w.in_process_device) for w in parallel.gpu_workers("2,0")] == [("cuda:2", 2), ("cuda:0", None)]
+    assert [w.in_process_device for w in parallel.gpu_workers("all")] == [0, None, None]
 
 
 def test_gpus_of_two_kinds_each_get_every_job_once(reg, monkeypatch):

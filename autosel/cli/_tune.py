@@ -208,8 +208,9 @@ def _nothing_to_tune(tuning, platform, ops: tuple[str, ...], named: list[str] | 
 @click.option("--isolate-timeout-s", type=Seconds(), default=300.0, show_default=True,
               help="With --isolate: kill a candidate's child process after this many seconds.")
 @click.option("--devices", metavar="all|0,1,...", callback=_devices,
-              help="Spread the tune over these GPUs, one worker process each, longest job first; GPUs of "
-                   "different models each get their own decisions. Default: this process's current device only.")
+              help="Spread the tune over these GPUs, longest job first: this process tunes on the first, a "
+                   "worker process on each other; GPUs of different models each get their own decisions. "
+                   "Default: this process's current device only.")
 @click.option("--json", "as_json", is_flag=True, help="Write the outcome as JSON on stdout.")
 def tune(ops, shapes_file, record_file, db, force, budget_s, isolate, isolate_timeout_s, devices, as_json):
     """Time the eligible backends of every op that has several, and store the winners.
