@@ -9,6 +9,7 @@ import os
 import sqlite3
 import time
 import warnings
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
@@ -55,6 +56,11 @@ class OpenFile:
         self.schema_version, self.problem, self.broken = schema_version, problem, False
         self.could_write = could_write
         self.db = Database(conn, execute_plugins=False) if writable else None
+        # A connection is in a reference cycle with its own statement cache, so one dropped unclosed lingers until
+        # a garbage collection, or past exit, and leaves a WAL file's -wal and -shm behind: closed with its layer.
+        # At exit the TuningDBs still open close theirs, leaving each file ready to ship (autosel.db).
+        self._finalizer = weakref.finalize(self, _close_connection, conn, os.getpid())
+        self._finalizer.atexit = False
 
     def layer(self) -> Layer:
         try:
@@ -82,7 +88,12 @@ class OpenFile:
     def close(self) -> None:
         if self.kind == "user" and self.writable and not self.broken:
             _leave_ready_to_ship(self.path, self.conn)
-        self.conn.close()
+        self._finalizer()
+
+
+def _close_connection(conn: sqlite3.Connection, pid: int) -> None:
+    if os.getpid() == pid:  # a forked child leaves the connections it inherited alone (TuningDB._here)
+        conn.close()
 
 
 def _leave_ready_to_ship(path: str, conn: sqlite3.Connection) -> None:

@@ -732,6 +732,15 @@ def test_a_read_only_command_leaves_no_wal_files_beside_the_db_and_leaves_a_writ
         assert {d.op for d, _ in peek.decisions()} == {"norm.rms", "norm.other"}
 
 
+def test_a_db_dropped_without_close_leaves_no_wal_files_beside_it(tmp_path):
+    # Used to break: `TuningDB.open(path, read_only=True).decisions()` (the tools' one-line reads) left the
+    # -wal and -shm of a WAL-mode file until a garbage collection ran, or for good when the process ended first:
+    # a connection sits in a reference cycle with its statement cache.
+    path = wal_db(tmp_path / "user.db")
+    assert [d.winner for d, _ in TuningDB.open(path, include_package=False, read_only=True).decisions()] == ["triton"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["user.db"]
+
+
 def wal_db(path: Path, *decisions: Decision) -> Path:
     """A user DB left in WAL mode with nothing beside it: another connection was open when its writer closed."""
     other = sqlite3.connect(path)
