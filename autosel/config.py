@@ -6,6 +6,8 @@ import difflib
 import logging
 import math
 import os
+import sys
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Mapping, Sequence
@@ -156,6 +158,11 @@ def _path(name: str, raw: str) -> Path:
     return path
 
 
+def log_level(env: Mapping[str, str] | None = None) -> str | None:
+    """AUTOSEL_LOG alone, for the CLI, which reads the other variables per command."""
+    return _choice(os.environ if env is None else env, "AUTOSEL_LOG", LOG_LEVELS, None)
+
+
 def read_settings(env: Mapping[str, str] | None = None) -> Settings:
     """Parse the environment; a bad value is a ConfigError naming the variable and the allowed values."""
     env = os.environ if env is None else env
@@ -173,7 +180,7 @@ def read_settings(env: Mapping[str, str] | None = None) -> Settings:
         mode=_choice(env, "AUTOSEL_MODE", EXECUTION_MODES, None),
         budget_s=_budget(env),
         record=_path("AUTOSEL_RECORD", record) if record else None,
-        log_level=_choice(env, "AUTOSEL_LOG", LOG_LEVELS, None),
+        log_level=log_level(env),
         match=_choice(env, "AUTOSEL_MATCH", MATCH_MODES, "exact"),
         check_ranks=_choice(env, "AUTOSEL_CHECK_RANKS", SWITCHES, "0") in ("1", "on"),
     )
@@ -182,10 +189,40 @@ def read_settings(env: Mapping[str, str] | None = None) -> Settings:
 def settings() -> Settings:
     """Settings of this moment (read on each use, so tests and long-lived processes see changes)."""
     result = read_settings()
-    if result.log_level:
-        logging.getLogger("autosel").setLevel(result.log_level.upper())
+    log_to_stderr(result.log_level)
     _warn_unknown_forced_ops(result)
     return result
+
+
+class StderrHandler(logging.StreamHandler):
+    """Writes to whatever sys.stderr is at the time (a test runner swaps it)."""
+
+    @property  # type: ignore[override]
+    def stream(self):
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value):
+        pass
+
+
+_handler_lock = threading.Lock()
+
+
+def log_to_stderr(level: str | None) -> None:
+    """AUTOSEL_LOG (or the CLI's -v): the `autosel` logger at `level`, with one StderrHandler however often this
+    runs. A library adds no handler unasked (logging's advice), so without a level nothing changes; and without a
+    handler of its own a script's AUTOSEL_LOG=debug showed nothing, since Python's last-resort output takes
+    warnings only."""
+    if not level:
+        return
+    logger = logging.getLogger("autosel")
+    with _handler_lock:
+        if not any(isinstance(h, StderrHandler) for h in logger.handlers):
+            handler = StderrHandler()
+            handler.setFormatter(logging.Formatter("autosel: %(levelname)s: %(message)s"))
+            logger.addHandler(handler)
+    logger.setLevel(level.upper())
 
 
 _checked_forced_ops: set[str] = set()

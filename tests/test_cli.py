@@ -113,6 +113,15 @@ def test_verbose_is_accepted_before_and_after_the_command(reg, autosel_logger, a
     assert "autosel: INFO: op 'toy.double' (eager mode): triton chosen" in result.stderr
 
 
+@pytest.mark.parametrize("level, args", [("info", ["tune"]), ("info", ["-v", "tune"]), ("error", ["tune", "-v"])])
+def test_autosel_log_logs_as_verbose_does_through_one_handler_and_verbose_wins(reg, autosel_logger, level, args):
+    # AUTOSEL_LOG=info was read by no command: only -v logged.
+    toy(reg, B.TORCH, B.TRITON)
+    result = CliRunner().invoke(cli.main, [*args, "--budget-s", "10"], env={"AUTOSEL_LOG": level})
+    assert result.exit_code == 0, result.output
+    assert result.stderr.count("autosel: INFO: op 'toy.double' (eager mode): triton chosen") == 1
+
+
 def test_usage_errors_exit_2():
     assert run("tune", "--budget-s", "0").exit_code == 2
     assert run("export", "--out", "x.db", "--format", "xml").exit_code == 2
@@ -435,6 +444,27 @@ def test_tables_fit_80_columns_without_splitting_names_and_piped_rows_stay_whole
     piped = run("show").stdout
     stale = next(line for line in piped.splitlines() if "stale" in line)
     assert f"stale: tuned on {OTHER_CPU.key}, this machine is {CPU.key}" in stale  # one row, one line
+
+
+def test_piped_show_prints_each_decision_on_one_line_and_a_width_keeps_a_line_per_candidate(reg, monkeypatch):
+    # Piped, show's evidence cell put each candidate on a line of its own, so one decision took several lines.
+    monkeypatch.delenv("COLUMNS", raising=False)
+    toy(reg, B.TORCH, B.TRITON)
+    store(decision(), decision(platform=OTHER_CPU))
+    piped = run("show")
+    assert piped.exit_code == 0
+    rows = [line for line in piped.stdout.splitlines() if line.strip()]
+    assert len(rows) == 5  # header, rule, one line per decision, the footnote
+    assert [row.split()[0] for row in rows[2:4]] == ["toy.double", "toy.double"]
+    assert all("torch: 10 µs, 1.50x; triton *: 10 µs, 1.00x" in row for row in rows[2:4])
+    # A width (a terminal, or COLUMNS) keeps one line per candidate inside the cell.
+    wide = CliRunner().invoke(cli.main, ["show"], env={"COLUMNS": "200"})
+    assert wide.exit_code == 0
+    lines = wide.stdout.splitlines()
+    assert max(len(line) for line in lines) <= 200
+    assert not any("; triton *" in line for line in lines)
+    first = next(n for n, line in enumerate(lines) if line.lstrip().startswith("toy.double"))
+    assert "torch: 10 µs, 1.50x" in lines[first] and "triton *: 10 µs, 1.00x" in lines[first + 1]
 
 
 def test_show_with_no_decisions_says_what_to_do(reg, tmp_path):

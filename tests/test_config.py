@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -96,3 +99,30 @@ def test_selection_warns_once_of_an_autosel_backend_op_that_is_not_registered(mo
         "AUTOSEL_BACKEND names op 'layernorm.rmsnrom', which is not registered here (did you mean "
         "layernorm.rmsnorm?); this entry forces nothing until such an op is registered. Correct the op name in "
         "AUTOSEL_BACKEND, or remove the entry"]
+
+
+LIBRARY_SCRIPT = """
+import logging
+import autosel
+from autosel import KernelBackend as B, KernelSpec
+autosel.register_kernel(KernelSpec("mine.op", B.TORCH, "m:a"))
+autosel.register_kernel(KernelSpec("mine.op", B.TRITON, "m:b"))
+autosel.select_kernel("mine.op")
+autosel.select_kernel("mine.op")
+print(len(logging.getLogger("autosel").handlers))
+"""
+
+
+@pytest.mark.parametrize("level, handlers, stderr", [
+    ("debug", 1, "autosel: INFO: op 'mine.op': AUTOSEL_BACKEND forces 'triton'\n" * 2),
+    ("info", 1, "autosel: INFO: op 'mine.op': AUTOSEL_BACKEND forces 'triton'\n" * 2),
+    ("warning", 1, ""),  # the level filters: an info line is not shown
+    (None, 0, ""),  # unset: a library adds no handler
+])
+def test_autosel_log_in_a_script_logs_to_stderr_through_one_handler(level, handlers, stderr):
+    # A script's AUTOSEL_LOG=debug set the level but added no handler, so nothing was shown.
+    env = {k: v for k, v in os.environ.items() if k != "AUTOSEL_LOG"}
+    env.update({"AUTOSEL_BACKEND": "mine.op=triton"}, **({"AUTOSEL_LOG": level} if level else {}))
+    result = subprocess.run([sys.executable, "-c", LIBRARY_SCRIPT], env=env, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert (int(result.stdout), result.stderr) == (handlers, stderr)

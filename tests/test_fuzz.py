@@ -1,8 +1,9 @@
 """Fuzz the public API and the AUTOSEL_* variables: whatever the values, only the documented exception types.
 
 Documented: TypeError or ValueError for a bad value given to a constructor or register_* (ConfigError,
-TuningError are ValueErrors), KeyError from select_kernel for an unknown op or backend, and a warning (not an
-exception) when a tuning DB path cannot be used. Each test keeps to a few seconds (max_examples, no deadline).
+TuningError are ValueErrors), from select_kernel a KeyError for an unknown op or a backend the op lacks and a
+ValueError for a name that is no backend, and a warning (not an exception) when a tuning DB path cannot be used.
+Each test keeps to a few seconds (max_examples, no deadline).
 """
 
 from __future__ import annotations

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import operator
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -72,6 +73,42 @@ def test_unknown_backend_string_names_the_known_ones(reg):
     with pytest.raises(ValueError, match=r"unknown kernel backend 'trtion' \(did you mean 'triton'\?\); "
                                          r"known backends: torch, torch_compile"):
         selector.select_kernel("x.y", "trtion")
+
+
+def _readme_contract() -> dict[str, str]:
+    """The README's contract table: case -> result."""
+    text = (HERE.parent / "README.md").read_text(encoding="utf-8").split("## The contract", 1)[1].split("\n## ", 1)[0]
+    rows = [line.strip("|").split(" | ") for line in text.splitlines() if line.startswith("| ")]
+    return {case.strip(): result.strip() for case, result in rows}
+
+
+TORCH_ONLY = [(B.TORCH, frozenset())]
+
+
+@pytest.mark.parametrize("function", [selector.select_kernel, selector.get_kernel], ids=["select", "get"])
+@pytest.mark.parametrize("case, specs, forced, backend", [
+    pytest.param("no spec registered for `op`", [], "", None, id="unknown-op"),
+    pytest.param("`backend` a name that is no backend at all (`\"nope\"`)", TORCH_ONLY, "", "nope", id="no-backend"),
+    pytest.param("`backend` a backend not registered for `op` (`\"triton\"`, `KernelBackend.TRITON`)", TORCH_ONLY, "",
+                 "triton", id="not-registered"),
+    pytest.param("`AUTOSEL_BACKEND` forces, for `op` alone, a backend not registered for it (`x=triton`)",
+                 [(B.TORCH, frozenset()), (B.FLASHINFER, frozenset())], "x=triton", None, id="forced-not-registered"),
+    pytest.param("none eligible here", [(B.FLASHINFER, CUDA_ONLY), (B.SGL_KERNEL, CUDA_ONLY)], "", None,
+                 id="none-eligible"),
+])
+def test_the_readme_contract_table_names_what_each_miss_raises(reg, monkeypatch, function, case, specs, forced,
+                                                                backend):
+    # The table said KeyError for a backend miss; get_kernel(op, "nope"), a name that is no backend, raises ValueError.
+    monkeypatch.setenv("AUTOSEL_BACKEND", forced)
+    for name, caps in specs:
+        reg.register(KernelSpec("x", name, "m:a", capabilities=caps))
+    with pytest.raises(Exception) as info:
+        function("x", backend)
+    table = _readme_contract()
+    assert case in table, sorted(table)
+    kind, message = re.fullmatch(r'`(\w+)\("(.*?)"\)`.*', table[case]).groups()
+    assert type(info.value).__name__ == kind
+    assert re.fullmatch(re.escape(message).replace(r"\.\.\.", ".*"), info.value.args[0]), info.value.args[0]
 
 
 def test_single_spec_gets_no_device_check(reg):

@@ -11,7 +11,6 @@ import json
 import logging
 import math
 import os
-import sys
 import warnings
 from contextlib import contextmanager
 from typing import Any, Iterator
@@ -19,7 +18,7 @@ from typing import Any, Iterator
 import click
 
 from autosel import config
-from autosel.errors import AutoselError
+from autosel.errors import AutoselError, ConfigError
 from autosel.chart import format_us
 from autosel.report import candidate_median_us
 
@@ -41,18 +40,6 @@ class _Group(click.Group):
             raise click.ClickException(str(exc)) from exc
 
 
-class _StderrHandler(logging.StreamHandler):
-    """Writes to whatever sys.stderr is at the time (a test runner swaps it)."""
-
-    @property  # type: ignore[override]
-    def stream(self):
-        return sys.stderr
-
-    @stream.setter
-    def stream(self, value):
-        pass
-
-
 class _WarningLines(logging.Handler):
     """The library's logged warnings (without -v) as `Warning: ...` lines on stderr, each text once."""
 
@@ -61,7 +48,7 @@ class _WarningLines(logging.Handler):
         self.shown = shown
 
     def emit(self, record: logging.LogRecord) -> None:
-        if not any(isinstance(h, _StderrHandler) for h in logging.getLogger("autosel").handlers):  # -v shows it
+        if not any(isinstance(h, config.StderrHandler) for h in logging.getLogger("autosel").handlers):  # -v shows it
             _warn_once(self.shown, record.getMessage())
 
 
@@ -107,20 +94,37 @@ def _console(*, stderr: bool = False):
 def _table(*columns: str, title: str | None = None):
     """Names and short values never wrap; long text (reasons, evidence, paths) folds to fit the width.
     Cells are plain text: a reason such as "cache rows [cos | sin]" is not rich markup. A terminal too narrow
-    for the names gets one record per row ("  column: value" lines) instead of a table of cut names."""
+    for the names gets one record per row ("  column: value" lines) instead of a table of cut names. Unwrapped
+    (piped) output keeps each row on one line: a cell's lines (show's evidence, one per candidate) are joined
+    by "; "."""
     from rich import box
     from rich.measure import Measurement
     from rich.table import Table
     from rich.text import Text
 
+    def new_table(table_class):
+        table = table_class(title=title, box=box.SIMPLE_HEAD, title_justify="left", show_edge=False)
+        for column in columns:
+            if column in WHOLE_COLUMNS:
+                table.add_column(column, no_wrap=True, min_width=len(column))
+            else:
+                table.add_column(column, overflow="fold")
+        return table
+
     class PlainTable(Table):
-        records: list[list[str]]  # the cells as text, for the one-record-per-row layout
+        records: list[list[str]]  # the cells as text, for the one-record-per-row and one-line layouts
 
         def add_row(self, *cells, **kwargs):
             self.records.append([str(c) for c in cells])
             super().add_row(*(Text(c) if isinstance(c, str) else c for c in cells), **kwargs)
 
         def __rich_console__(self, console, options):
+            if options.max_width >= UNWRAPPED_WIDTH:  # piped: a row is one line, for grep and diff
+                one_line = new_table(Table)
+                for record in self.records:
+                    one_line.add_row(*(Text("; ".join(value.splitlines())) for value in record))
+                yield one_line
+                return
             needed = Measurement.get(console, options.update_width(UNWRAPPED_WIDTH), self).minimum
             if needed <= options.max_width:
                 yield from super().__rich_console__(console, options)
@@ -135,13 +139,8 @@ def _table(*columns: str, title: str | None = None):
                     if value:
                         yield Text(f"  {name}: " + value.replace("\n", "\n    "))
 
-    table = PlainTable(title=title, box=box.SIMPLE_HEAD, title_justify="left", show_edge=False)
+    table = new_table(PlainTable)
     table.records = []
-    for column in columns:
-        if column in WHOLE_COLUMNS:
-            table.add_column(column, no_wrap=True, min_width=len(column))
-        else:
-            table.add_column(column, overflow="fold")
     return table
 
 
@@ -291,17 +290,16 @@ Examples:
 def main(ctx: click.Context, verbose: int) -> None:
     """Time kernel backends per LLM op on this machine and keep the winners in a layered SQLite DB."""
     ctx.with_resource(_warnings_as_messages())
+    try:
+        config.log_to_stderr(config.log_level())  # AUTOSEL_LOG, as in library use; -v and -vv take precedence
+    except ConfigError:
+        pass  # `autosel doctor` reports it, and commands that need every variable right stop on it
     _log_verbosely(verbose)
 
 
 def _log_verbosely(verbose: int) -> None:
     if verbose:
-        logger = logging.getLogger("autosel")
-        if not any(isinstance(h, _StderrHandler) for h in logger.handlers):
-            handler = _StderrHandler()
-            handler.setFormatter(logging.Formatter("autosel: %(levelname)s: %(message)s"))
-            logger.addHandler(handler)
-        logger.setLevel(logging.DEBUG if verbose > 1 else logging.INFO)
+        config.log_to_stderr("debug" if verbose > 1 else "info")
 
 
 def _verbose_option() -> click.Option:
