@@ -4,9 +4,10 @@ The first GPU's worker is the tune's own process: it tunes there in its main thr
 the others, so a tune over one GPU starts no process and one over several pays no process start before its first
 job. Every other worker is a spawned process started with CUDA_VISIBLE_DEVICES naming its GPU (ROCm's HIP
 runtime reads it too), so it sees one device as device 0. Each tunes exactly as a single-process `autosel tune`
-does: the same Tuner, seed, policy and lease (tuning.run_job). GPUs of different kinds (platform keys) are grouped: every job is done once per
-kind, by a worker of that kind, so each kind gets its own decisions. Every worker writes into the one DB, whose
-WAL mode and per-(platform, op, mode) leases already let processes write at once.
+does: the same Tuner, seed, policy and lease (tuning.run_job). GPUs of different kinds (platform keys) are
+grouped: every job is done once per kind, by a worker of that kind, so each kind gets its own decisions. Every
+worker writes into the one DB, whose WAL mode and per-(platform, op, mode) leases already let processes write at
+once.
 """
 
 from __future__ import annotations
@@ -125,10 +126,10 @@ def run_jobs(jobs: Sequence[TuneJob], workers: Sequence[Worker], *, settings: co
 
     The jobs wait longest first in their platform's queue and a worker takes the next when it is free: the one
     that is this process (Worker.in_process_device) at once, spawned ones once they are up. Every worker's
-    TuneEvents come back as on_event(event, worker name), from one thread. A job that fails is a "failed" outcome,
-    as in a single-process tune; so is one whose worker process died, and one that no worker of its platform is
-    left for. A kernel that crashes this process ends the tune, as a tune without devices does (isolate_timeout_s
-    checks candidates in child processes first).
+    TuneEvents come back as on_event(event, worker name), one call at a time. A job that fails is a "failed"
+    outcome, as in a single-process tune; so is one whose worker process died, and one that no worker of its
+    platform is left for. A kernel that crashes this process ends the tune, as a tune without devices does
+    (isolate_timeout_s checks candidates in child processes first).
     """
     here = [w for w in workers if w.in_process_device is not None]
     if len(here) > 1:
@@ -156,15 +157,27 @@ def run_jobs(jobs: Sequence[TuneJob], workers: Sequence[Worker], *, settings: co
     for w in workers:
         queues[w.platform.key].put(None)  # one stop sign per worker, after the jobs
     options = (settings, budget_s, force, isolate_timeout_s)
-    processes, pipes, failure = {}, {}, []
+    processes, pipes, failure, one_at_a_time = {}, {}, [], threading.Lock()
+
+    def stop(exc: BaseException) -> None:  # on_event raised, say: every worker's next send fails, none blocks
+        failure.append(exc)
+        for pipe in pipes.values():
+            pipe.close()
+
+    def deliver(event, name: str) -> None:  # from the serving thread and, for its own jobs, this one
+        if on_event is not None:
+            with one_at_a_time:
+                try:
+                    on_event(event, name)
+                except BaseException as exc:
+                    stop(exc)
+                    raise
 
     def serve() -> None:
         try:
-            _serve(jobs, outcomes, {w.name: w.platform.key for w in workers}, processes, pipes, on_event)
-        except BaseException as exc:  # on_event raised, say: stop the workers' sends from blocking on a full pipe
-            failure.append(exc)
-            for pipe in pipes.values():
-                pipe.close()
+            _serve(jobs, outcomes, {w.name: w.platform.key for w in workers}, processes, pipes, deliver)
+        except BaseException as exc:
+            stop(exc)
 
     try:
         for w in workers:
@@ -183,7 +196,8 @@ def run_jobs(jobs: Sequence[TuneJob], workers: Sequence[Worker], *, settings: co
             server = threading.Thread(target=serve, name="autosel-tune-serve", daemon=True)
             server.start()
             try:
-                _work_here(here[0], queues[here[0].platform.key], here_end, *options)
+                _work_here(here[0], queues[here[0].platform.key], here_end, *options,
+                           on_event=lambda event: deliver(event, here[0].name))
             except BaseException:
                 if not failure:  # else the send failed because serving did: that is the error to raise
                     raise
@@ -231,7 +245,7 @@ def _serve(jobs, outcomes, kind_of, processes, pipes, on_event) -> None:
                 log.debug("worker %s is up, %.1f s after the workers started", name, time.monotonic() - began)
             elif kind == "took":
                 current[name] = rest[0]
-            elif kind == "event" and on_event is not None:
+            elif kind == "event":
                 on_event(rest[0], name)
             elif kind == "done":
                 current.pop(name, None)
@@ -276,33 +290,36 @@ def _environment(env: dict[str, str]) -> Iterator[None]:
 
 
 def _work(name: str, jobs, parent, settings: config.Settings, budget_s: float, force: bool,
-          isolate_timeout_s: float | None, platform: PlatformInfo | None = None) -> None:
-    """A worker: take jobs until the parent sends None; tune each as `autosel tune` does on one GPU. platform:
-    the one given for the worker that is the tune's own process; a spawned worker detects its own."""
+          isolate_timeout_s: float | None, platform: PlatformInfo | None = None,
+          on_event: Callable[[object], None] | None = None) -> None:
+    """A worker: take jobs until the parent sends None; tune each as `autosel tune` does on one GPU. The worker
+    that is the tune's own process is given its platform and passes its events on itself (no pickling, no
+    waking the serving thread while it times); a spawned worker detects its platform and sends its events."""
     from autosel import platforms
 
     platform = platform or platforms.current_platform()
+    on_event = on_event or (lambda event: parent.send(("event", event)))
     db = database(settings)
     parent.send(("ready",))
     while (item := jobs.get()) is not None:
         index, payload = item
         parent.send(("took", index))
-        parent.send(("done", index, _tune_one(name, payload, platform, db, parent, budget_s=budget_s, force=force,
+        parent.send(("done", index, _tune_one(name, payload, platform, db, on_event, budget_s=budget_s, force=force,
                                              isolate_timeout_s=isolate_timeout_s)))
 
 
-def _work_here(worker: Worker, jobs, parent, *options) -> None:
+def _work_here(worker: Worker, jobs, parent, *options, on_event: Callable[[object], None]) -> None:
     """The worker that is this process, in this thread, with its GPU as the current device meanwhile."""
     if worker.platform.torch_device != "cuda":
-        _work(worker.name, jobs, parent, *options, platform=worker.platform)
+        _work(worker.name, jobs, parent, *options, platform=worker.platform, on_event=on_event)
         return
     import torch
 
     with torch.cuda.device(worker.in_process_device):
-        _work(worker.name, jobs, parent, *options, platform=worker.platform)
+        _work(worker.name, jobs, parent, *options, platform=worker.platform, on_event=on_event)
 
 
-def _tune_one(name: str, payload: bytes, platform: PlatformInfo, db, parent, **options) -> TuneOutcome | str:
+def _tune_one(name: str, payload: bytes, platform: PlatformInfo, db, on_event, **options) -> TuneOutcome | str:
     """The job's outcome, or why it could not be read here (the parent makes that its failed outcome)."""
     try:
         job = pickle.loads(payload)
@@ -312,8 +329,7 @@ def _tune_one(name: str, payload: bytes, platform: PlatformInfo, db, parent, **o
     if job.platform_key != platform.key:  # the worker's own detection disagrees with the parent's: never mix kinds
         return _failed(job, f"worker {name} is a {platform.key}, not a {job.platform_key}")
     try:
-        return run_job(job, platform=platform, db=db, on_event=lambda event: parent.send(("event", event)),
-                       **options)
+        return run_job(job, platform=platform, db=db, on_event=on_event, **options)
     except Exception as exc:  # anything else a tune raises fails this job, not the worker's others
         log.exception("worker %s: tuning %s (%s mode) raised", name, job.op, job.mode)
         return _failed(job, f"raised {type(exc).__name__} on {name}: {exc}")
