@@ -104,8 +104,6 @@ def get_kernel(op: str, backend: KernelBackend | str | None = None, *, mode: str
 
 
 def _build(op: str, backend: KernelBackend | str | None, mode: str | None) -> Callable[..., Any]:
-    if backend is not None:
-        backend = KernelBackend.parse(backend)
     choice = _choose(op, backend, mode)
     definition = registry.definition(op)
     if isinstance(choice, KernelSpec):

@@ -111,6 +111,14 @@ def test_the_readme_contract_table_names_what_each_miss_raises(reg, monkeypatch,
     assert re.fullmatch(re.escape(message).replace(r"\.\.\.", ".*"), info.value.args[0]), info.value.args[0]
 
 
+def test_get_kernel_and_select_kernel_check_in_the_table_s_order(reg):
+    # Used to differ: get_kernel read the backend name first, so an unregistered op with "nope" was a ValueError
+    # from get_kernel and a KeyError from select_kernel.
+    for function in (selector.select_kernel, selector.get_kernel):
+        with pytest.raises(KeyError, match="No kernels registered for op 'not.here'"):
+            function("not.here", "nope")
+
+
 def test_single_spec_gets_no_device_check(reg):
     reg.register(KernelSpec("x.y", B.FLASHINFER, "m:a", capabilities=CUDA_ONLY))
     assert selector.select_kernel("x.y").backend == B.FLASHINFER
