@@ -24,6 +24,7 @@ import time
 from typing import Any, Callable, Sequence
 
 from autosel.errors import TuningError
+from autosel.platforms import visible_gpu_name
 from autosel.spec import KernelSpec, OpDefinition, resolve_target, target_of
 
 CALLS_PER_SHAPE = 25  # calls per shape after the check, in the child
@@ -63,6 +64,16 @@ class _Channel:
         return json.loads(line)
 
 
+def child_env(device: str) -> dict[str, str]:
+    """The checking child's environment: this process's, with its import path, and on CUDA only the GPU that is
+    current here (the one `tune --devices` gave this process, say), which the child sees as its device 0."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    torch = sys.modules.get("torch")
+    if device == "cuda" and torch is not None and torch.cuda.is_initialized():
+        env["CUDA_VISIBLE_DEVICES"] = visible_gpu_name(torch.cuda.current_device())
+    return env
+
+
 def probe(spec: KernelSpec, definition: OpDefinition, reference: Callable[..., Any], shapes: Sequence[dict], *,
           device: str, seed: int, timeout_s: float) -> str | None:
     """None if the candidate passed its check in a child process, else why not."""
@@ -72,7 +83,7 @@ def probe(spec: KernelSpec, definition: OpDefinition, reference: Callable[..., A
         raise TuningError(f"op {definition.op!r} cannot be checked in isolation: its {' and '.join(unnamed)} "
                           "is not an importable module-level function; define it at module level or tune without "
                           "isolation")
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    env = child_env(device)
     read_fd, write_fd = os.pipe()
     request = {"target": spec.target, "op": definition.op, "shapes": list(shapes), "device": device, "seed": seed,
                "rtol": definition.rtol, "atol": definition.atol, "channel": write_fd, **names}

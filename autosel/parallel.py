@@ -26,7 +26,7 @@ from typing import Callable, Iterator, Sequence
 from autosel import config
 from autosel.decisions import OP_LEVEL_BUCKET, Decision
 from autosel.errors import DeviceError
-from autosel.platforms import PlatformInfo
+from autosel.platforms import PlatformInfo, visible_gpu_name
 from autosel.tuning import TuneJob, TuneOutcome, database, run_job
 
 log = logging.getLogger(__name__)
@@ -79,10 +79,8 @@ def gpu_workers(devices: str | Sequence[int]) -> list[Worker]:
         raise DeviceError(f"no GPU is visible to torch here{seen} (torch.cuda.is_available() is False), so there "
                           "are no GPUs to spread the tune over; leave out devices (--devices) to tune on this "
                           "machine's current device")
-    # An index counts among the GPUs this process sees: under CUDA_VISIBLE_DEVICES=2,3, GPU 0 is the one named 2.
-    names = visible.split(",") if visible else [str(i) for i in range(count)]
-    indices = parse_devices(devices, count)
-    return [Worker(f"cuda:{i}", {"CUDA_VISIBLE_DEVICES": names[i].strip()}, PlatformInfo.detect(device_index=i),
+    indices = parse_devices(devices, count)  # among the GPUs this process sees
+    return [Worker(f"cuda:{i}", {"CUDA_VISIBLE_DEVICES": visible_gpu_name(i)}, PlatformInfo.detect(device_index=i),
                    in_process_device=i if i == indices[0] else None) for i in indices]
 
 

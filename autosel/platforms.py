@@ -208,6 +208,13 @@ def current_platform() -> PlatformInfo:
 _capture_check: Callable[[], bool] | None = None
 
 
+def visible_gpu_name(index: int) -> str:
+    """What CUDA_VISIBLE_DEVICES must say for a child process to see this process's GPU `index` as its device 0:
+    that entry of this process's own CUDA_VISIBLE_DEVICES (under "2,3", GPU 0 is the one named 2), else the index."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    return visible.split(",")[index].strip() if visible else str(index)
+
+
 def capturing_cuda_graph() -> bool:
     """True while a CUDA graph is being captured on the current stream; never imports torch itself.
 

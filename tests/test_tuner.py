@@ -501,6 +501,23 @@ def test_a_candidate_that_calls_sys_exit_is_rejected_without_isolation(toy):
     assert decision.candidate("aot").reason == "raised SystemExit: 0 at n=65536"
 
 
+def test_the_isolated_child_sees_only_the_gpu_that_is_current_here(monkeypatch):
+    # Used to break: `tune --devices 1,0` tunes GPU 1 in the parent, and a --isolate child checked on GPU 0.
+    import torch
+
+    from autosel.isolate import child_env
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,5,6")
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
+    assert child_env("cuda")["CUDA_VISIBLE_DEVICES"] == "5"
+    assert child_env("cpu")["CUDA_VISIBLE_DEVICES"] == "4,5,6"  # not a GPU tune: left as it is
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    assert child_env("cuda")["CUDA_VISIBLE_DEVICES"] == "1"
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)  # no GPU in use here yet: nothing to pin
+    assert "CUDA_VISIBLE_DEVICES" not in child_env("cuda")
+
+
 def test_isolation_needs_importable_input_factories(toy):
     definition, kernels = toy
     local = OpDefinition(OP, shapes=kernels.SHAPES, make_inputs=lambda shape, device: kernels.inputs(shape, device))
