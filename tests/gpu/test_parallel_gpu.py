@@ -46,3 +46,11 @@ def test_this_process_and_a_spawned_worker_on_the_same_gpu_tune_every_job_once_i
     assert sorted(started) == sorted((j.op, j.mode) for j in jobs)  # each job once
     stored = {(d.op, d.mode) for d, _ in tuning.database().decisions() if d.bucket == "*"}
     assert stored == {(j.op, j.mode) for j in jobs}
+
+
+def test_an_isolated_check_under_devices_runs_on_the_gpu_the_parent_tunes():
+    # The checking child sees only the parent's current GPU (isolate.child_env) as its device 0.
+    outcomes = tuning.tune_ops(["gemm.mm"], modes=["eager"], budget_s=1, isolate_timeout_s=120,
+                               devices=str(torch.cuda.device_count() - 1))
+    assert [(o.op, o.status) for o in outcomes] == [("gemm.mm", "tuned")]
+    assert all(c.status != "rejected" for c in outcomes[0].decision.candidates), outcomes[0].decision.candidates
