@@ -8,7 +8,7 @@ import json
 import logging
 import threading
 from dataclasses import dataclass, replace
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 from autosel import config, platforms
 from autosel.decisions import OP_LEVEL_BUCKET, Decision, DecisionKey, parse_bucket, versions_hash
@@ -163,20 +163,29 @@ def _decide_here(op: str, eligible: list[KernelSpec], platform: PlatformInfo, mo
                     "at it", op, mode, why, ", ".join(spec_list(eligible)), settings.budget_s, settings.db)
     try:
         return table_of(*tune_and_record(definition, eligible, platform=platform, mode=mode, db=db,
-                                         budget_s=settings.budget_s, force=retune))
+                                         budget_s=settings.budget_s, force=retune)[:2])
     except NoCandidateError as exc:
         raise NoCandidateError(f"{exc}; fix the kernels named, or pass backend=... to choose one") from None
+
+
+class Recorded(NamedTuple):
+    """What tune_and_record leaves in the DB: the op-level decision, its bucket decisions, and whether this call
+    timed them (False: another process recorded them while this one waited for the lease)."""
+
+    decision: Decision
+    buckets: tuple[Decision, ...]
+    tuned: bool
 
 
 def tune_and_record(definition: OpDefinition, eligible: list[KernelSpec], *, platform: PlatformInfo, mode: str,
                     db, budget_s: float, force: bool = False, shapes: list[dict] | None = None,
                     on_event: Callable | None = None, isolate_timeout_s: float | None = None,
-                    reference: Callable[..., Any] | None = None) -> tuple[Decision, tuple[Decision, ...]]:
+                    reference: Callable[..., Any] | None = None) -> Recorded:
     """Tune under the DB's lease for (platform, op, mode), so processes on one device time it once; record the
     op-level decision and its per-bucket decisions together. Whoever takes the lease looks the decision up
     again first: another process may have written it since this one missed (one measured on every given shape,
-    when `shapes` are given). reference: what the candidates are checked against, by default
-    reference_for(definition, eligible)."""
+    when `shapes` are given); then nothing is timed (Recorded.tuned is False). reference: what the candidates are
+    checked against, by default reference_for(definition, eligible)."""
     from autosel import __version__
     from autosel.timing import timer_for
     from autosel.tuner import Tuner
@@ -188,7 +197,7 @@ def tune_and_record(definition: OpDefinition, eligible: list[KernelSpec], *, pla
     with db.lease(platform.key, op, mode, budget_s=budget_s):  # expires, and waiters stop, with the budget
         found = None if force else _lookup(db, key, usable)
         if found is not None and (shapes is None or _decided_on(found[0], shapes)):
-            return found[:2]
+            return Recorded(*found[:2], tuned=False)
         tuner = Tuner(timer=timer_for(platform.torch_device, mode), device=platform.torch_device,
                       budget_s=budget_s, on_event=on_event, isolate_timeout_s=isolate_timeout_s)
         decision, buckets = tuner.tune_buckets(
@@ -199,7 +208,7 @@ def tune_and_record(definition: OpDefinition, eligible: list[KernelSpec], *, pla
     _forced_done.add(key)
     log.info("op %r (%s mode): %s chosen %s", op, mode, decision.winner,
              f"over {decision.runner_up}" if decision.runner_up else "(no runner-up measured to the end)")
-    return decision, tuple(buckets)
+    return Recorded(decision, tuple(buckets), tuned=True)
 
 
 def reference_for(definition: OpDefinition, eligible: list[KernelSpec]) -> Callable[..., Any]:
@@ -367,12 +376,14 @@ def run_job(job: TuneJob, *, platform: PlatformInfo, db, budget_s: float, force:
 
     reference = job.definition.reference if job.reference is None else job.reference.load()
     try:
-        decision, buckets = tune_and_record(job.definition, list(job.eligible), platform=platform, mode=job.mode,
-                                            db=db, budget_s=budget_s, force=force, shapes=list(job.shapes),
-                                            on_event=on_event, isolate_timeout_s=isolate_timeout_s,
-                                            reference=reference)
+        recorded = tune_and_record(job.definition, list(job.eligible), platform=platform, mode=job.mode, db=db,
+                                   budget_s=budget_s, force=force, shapes=list(job.shapes), on_event=on_event,
+                                   isolate_timeout_s=isolate_timeout_s, reference=reference)
     except TuningError as exc:
         if on_event is not None:
             on_event(TuneEvent("failed", job.op, detail=str(exc), mode=job.mode))
         return TuneOutcome(job.op, job.mode, "failed", None, str(exc), platform_key=job.platform_key)
-    return TuneOutcome(job.op, job.mode, "tuned", decision, "", buckets, job.platform_key)
+    if not recorded.tuned:
+        return TuneOutcome(job.op, job.mode, "stored", recorded.decision, "recorded by another process while this "
+                           "one waited to tune it", recorded.buckets, job.platform_key)
+    return TuneOutcome(job.op, job.mode, "tuned", recorded.decision, "", recorded.buckets, job.platform_key)

@@ -505,9 +505,20 @@ def test_a_process_that_takes_the_lease_after_another_tuned_runs_the_stored_deci
     tunes = []
     original = autosel.tuner.Tuner.tune_buckets
     monkeypatch.setattr(autosel.tuner.Tuner, "tune_buckets", lambda *a, **k: tunes.append(1) or original(*a, **k))
-    decision, _ = tuning.tune_and_record(reg.definition("toy.double"), reg.get("toy.double"), platform=CPU,
-                                         mode="eager", db=tuning.database(), budget_s=5)
-    assert decision.winner == stored.backend.value and tunes == []
+    recorded = tuning.tune_and_record(reg.definition("toy.double"), reg.get("toy.double"), platform=CPU,
+                                      mode="eager", db=tuning.database(), budget_s=5)
+    assert recorded.decision.winner == stored.backend.value and tunes == [] and not recorded.tuned
+
+
+def test_a_batch_job_another_process_recorded_meanwhile_is_reported_stored_not_tuned(reg):
+    # Used to break: `autosel tune` said "tuned" for a job whose decision it found when it took the lease.
+    toy(reg, B.TORCH, B.TRITON)
+    [job] = [j for j in tuning.plan_jobs(CPU, tuning.database(), ["toy.double"], modes=["eager"])
+             if isinstance(j, tuning.TuneJob)]
+    stored = selector.select_kernel("toy.double")  # "the other process" tunes and records after the plan
+    outcome = tuning.run_job(job, platform=CPU, db=tuning.database(), budget_s=5)
+    assert (outcome.status, outcome.decision.winner) == ("stored", stored.backend.value)
+    assert "another process" in outcome.detail
 
 
 def test_processes_selecting_the_same_ops_tune_each_once_and_all_run_the_stored_winner(tmp_path):
