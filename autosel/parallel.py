@@ -17,6 +17,7 @@ import logging
 import multiprocessing
 import os
 import pickle
+import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -185,7 +186,7 @@ def run_jobs(jobs: Sequence[TuneJob], workers: Sequence[Worker], *, settings: co
             if w.in_process_device is not None:
                 processes[w.name], here_end = _ThisProcess(), child_end
                 continue
-            processes[w.name] = context.Process(target=_work, name=f"autosel-tune-{w.name}", daemon=True,
+            processes[w.name] = context.Process(target=_work_spawned, name=f"autosel-tune-{w.name}", daemon=True,
                                                 args=(w.name, queues[w.platform.key], child_end, *options))
             with _environment(w.env):
                 processes[w.name].start()
@@ -304,6 +305,16 @@ def _work(name: str, jobs, parent, settings: config.Settings, budget_s: float, f
         parent.send(("took", index))
         parent.send(("done", index, _tune_one(name, payload, platform, db, on_event, budget_s=budget_s, force=force,
                                              isolate_timeout_s=isolate_timeout_s)))
+
+
+def _work_spawned(*args) -> None:
+    """A spawned worker's process. Ctrl-C reaches every process of the terminal's group: the worker then exits
+    with code 130 and no traceback (one per GPU would bury the message of the tune's own process, which stops
+    the tune); a job it was tuning is failed, naming that exit code."""
+    try:
+        _work(*args)
+    except KeyboardInterrupt:
+        sys.exit(130)
 
 
 def _work_here(worker: Worker, jobs, parent, *options, on_event: Callable[[object], None]) -> None:

@@ -269,6 +269,22 @@ def test_tune_failure_is_exit_1_after_the_table(reg):
     assert "backend=..." not in result.stderr and result.stderr.lower().count("fix the kernels") == 1
 
 
+@pytest.mark.parametrize("force", [False, True])
+def test_tune_interrupted_keeps_what_was_tuned_and_says_how_to_go_on(reg, force):
+    # Used to end in click's bare "Aborted!", saying nothing of what was kept.
+    toy(reg, B.TORCH, B.TRITON)  # registered first: tuned first
+    reg.register(KernelSpec("toy.stopped", B.TORCH, "toy_kernels:slow"))
+    reg.register(KernelSpec("toy.stopped", B.TRITON, "toy_kernels:interrupted"))  # Ctrl-C while it runs
+    import toy_kernels
+
+    reg.define(OpDefinition("toy.stopped", shapes=toy_kernels.SHAPES, make_inputs=toy_kernels.inputs))
+    result = run("tune", *["--force"] * force)
+    assert result.exit_code == 130
+    assert "Interrupted: the op/mode pairs finished before that are stored in" in result.stderr
+    assert ("without --force" in result.stderr) == force
+    assert [d.op for d, _ in tuning.database().decisions()] == ["toy.double"]
+
+
 def test_tune_shapes_file_tunes_only_its_ops_on_its_shapes(reg, tmp_path):
     toy(reg, B.TORCH, B.TRITON)
     toy(reg, B.TORCH, B.TRITON, op="toy.other")

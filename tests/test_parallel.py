@@ -150,6 +150,20 @@ def test_a_worker_that_dies_fails_its_job_and_the_others_take_the_rest(reg):
     assert (by_op["toy.small"].status, by_op["toy.large"].status) == ("tuned", "tuned")
 
 
+def test_a_worker_interrupted_by_ctrl_c_exits_quietly_and_its_job_fails_naming_that(reg, capfd):
+    # Used to print a whole traceback per worker: Ctrl-C reaches every process of the terminal's group.
+    reg.register(KernelSpec("toy.interrupted", B.TORCH, "toy_kernels:slow"))
+    reg.register(KernelSpec("toy.interrupted", B.TRITON, "toy_kernels:interrupted"))
+    import toy_kernels
+
+    reg.define(OpDefinition("toy.interrupted", shapes=[{"n": 4}] * 9, make_inputs=toy_kernels.inputs))
+    outcomes = parallel.run_jobs(plan(), cpu_workers("cpu-a", "cpu-b"), settings=config.settings(), budget_s=5)
+    by_op = {o.op: o for o in outcomes}
+    assert "died (exit code 130)" in by_op["toy.interrupted"].detail
+    assert (by_op["toy.small"].status, by_op["toy.large"].status) == ("tuned", "tuned")
+    assert "KeyboardInterrupt" not in capfd.readouterr().err
+
+
 def decision(op: str, tune_s: float, *, platform=HOST, created_at="2026-01-01T00:00:00+00:00",
              versions=None) -> Decision:
     return Decision(op=op, mode="eager", bucket="*", winner="triton", platform_key=platform.key,

@@ -52,6 +52,10 @@ def segfaults(x: torch.Tensor) -> torch.Tensor:
     return x
 
 
+def interrupted(x: torch.Tensor) -> torch.Tensor:
+    raise KeyboardInterrupt  # what Ctrl-C raises in a process running this kernel
+
+
 def hangs(x: torch.Tensor) -> torch.Tensor:
     import time
 

@@ -261,12 +261,18 @@ def tune(ops, shapes_file, record_file, db, force, budget_s, isolate, isolate_ti
         click.echo(f"Warning: {note}", err=True)
     database = _writable_db(settings, db, undone="nothing was timed")
     outcomes = []
-    with _TuneProgress(total) as progress:
-        for patterns, shapes, modes in runs:
-            outcomes += tuning.tune_ops(patterns, force=force, budget_s=budget_s, shapes=shapes, modes=modes,
-                                          on_event=progress.on_event, settings=settings,
-                                          isolate_timeout_s=isolate_timeout_s if isolate else None,
-                                          copy_found=db is not None, devices=devices)
+    try:
+        with _TuneProgress(total) as progress:
+            for patterns, shapes, modes in runs:
+                outcomes += tuning.tune_ops(patterns, force=force, budget_s=budget_s, shapes=shapes, modes=modes,
+                                            on_event=progress.on_event, settings=settings,
+                                            isolate_timeout_s=isolate_timeout_s if isolate else None,
+                                            copy_found=db is not None, devices=devices)
+    except KeyboardInterrupt:  # each op is recorded when it is done: say what is kept and how to go on
+        again = "the same command without --force" if force else "the same command"
+        click.echo(f"Interrupted: the op/mode pairs finished before that are stored in {settings.db}; {again} "
+                   "reuses them and tunes the rest.", err=True)
+        click.get_current_context().exit(130)
     if as_json:
         _echo_json({"db": str(settings.db), "platform_key": platform.key, "budget_s": budget_s,
                     "median": MEDIAN_NOTE, "outcomes": [
