@@ -10,6 +10,7 @@ import os
 import sqlite3
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -495,9 +496,10 @@ READ_ONLY_COMMANDS = [("show",), ("doctor",), ("report", "--out", "r.html"), ("e
                       ("prune", "--dry-run")]
 
 
-@pytest.mark.parametrize("command", READ_ONLY_COMMANDS, ids=lambda c: c[0])
+@pytest.mark.parametrize("command", READ_ONLY_COMMANDS + [("prune",)], ids=" ".join)
 def test_read_only_command_on_a_missing_db_is_an_error_and_creates_nothing(reg, tmp_path, monkeypatch, command):
-    # `autosel show --db nope/none.db` used to create the folder and an empty DB, and exit 0.
+    # `autosel show --db nope/none.db` used to create the folder and an empty DB, and exit 0; `autosel prune`
+    # (which writes) did so still, and said "Removed 0 stale decision(s)."
     monkeypatch.chdir(tmp_path)
     result = run(*command, "--db", "nope/none.db")
     assert result.exit_code == 1
@@ -512,9 +514,35 @@ def test_read_only_command_never_moves_a_file_that_is_not_a_tuning_db(reg, tmp_p
     monkeypatch.chdir(tmp_path)
     text = '{"op": "toy.double", "mode": "eager"}\n'
     (tmp_path / "mine.jsonl").write_text(text)
-    run(*command, "--db", tmp_path / "mine.jsonl")
+    result = run(*command, "--db", tmp_path / "mine.jsonl")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["mine.jsonl"]
     assert (tmp_path / "mine.jsonl").read_text() == text
+    # And it is an error naming the file: show listed the shipped rows alone and exited 0, export and report
+    # said to run `autosel tune` first. doctor, which describes, lists the file's problem among the layers.
+    if command == ("doctor",):
+        assert result.exit_code == 0 and "it is not an SQLite file (no SQLite header); not read" in result.stdout
+        return
+    assert result.exit_code == 1
+    assert result.stderr.splitlines()[-1] == (f"Error: --db {tmp_path / 'mine.jsonl'} cannot be read: it is not an "
+                                              "SQLite file (no SQLite header); pass a tuning DB that `autosel "
+                                              "tune --db` or `autosel export` wrote")
+
+
+def test_a_damaged_db_is_named_in_a_few_lines_with_what_to_do(reg, tmp_path):
+    # Its message held SQLite's every finding: 200 lines for a 100 kB file.
+    from autosel.db_tools import export_decisions
+
+    damaged = tmp_path / "damaged.db"
+    export_decisions([decision(op=f"toy.op{i}") for i in range(300)], damaged, fmt="sqlite")  # a finished file
+    data = bytearray(damaged.read_bytes())
+    data[4096::7] = b"\xab" * len(data[4096::7])  # every page after the first, damaged
+    damaged.write_bytes(bytes(data))
+    result = run("show", "--db", damaged)
+    assert result.exit_code == 1 and len(result.stderr.splitlines()) == 2  # the warning, then the error
+    assert result.stderr.splitlines()[-1].startswith(f"Error: --db {damaged} cannot be read: unreadable (quick_check")
+    assert result.stderr.endswith(f"`autosel prune --db {damaged}` moves it aside (kept, not deleted) and starts an "
+                                  "empty one\n")
+    assert damaged.read_bytes() == bytes(data)
 
 
 # --- doctor -----------------------------------------------------------------------------------------------
@@ -707,11 +735,22 @@ def test_export_with_nothing_to_export_writes_nothing(reg, tmp_path):
 
 def test_export_all_layers_with_nothing_to_export_does_not_suggest_all_layers(reg, tmp_path):
     # It said "run `autosel tune` first (or pass --all-layers)" to a command given --all-layers.
+    toy(reg, B.TORCH, B.TRITON)
     out = tmp_path / "decisions.jsonl"
-    result = run("export", "--out", out, "--op", "gemm.*", "--all-layers")
+    result = run("export", "--out", out, "--op", "toy.*", "--all-layers")
     assert result.exit_code == 1
-    assert result.stderr == (f"Error: no decisions for gemm.* in any layer, so {out} was not written; run `autosel "
+    assert result.stderr == (f"Error: no decisions for toy.* in any layer, so {out} was not written; run `autosel "
                              "tune` first\n")
+
+
+def test_export_of_an_op_glob_matching_nothing_names_the_known_ops(reg, tmp_path):
+    # It said "run `autosel tune` first", which tunes nothing for a misspelt op.
+    toy(reg, B.TORCH, B.TRITON)
+    store(decision(op="toy.stored"))
+    result = run("export", "--out", tmp_path / "d.jsonl", "--op", "nope*")
+    assert result.exit_code == 1
+    assert result.stderr == ("Error: no registered op or stored decision matches --op 'nope*'; known ops: "
+                             "toy.double, toy.stored\n")
 
 
 def test_merge_reports_conflicts_and_exits_1_when_left_out(reg, tmp_path):
@@ -775,6 +814,18 @@ def test_prune_removes_only_this_machines_stale_rows(reg):
     left = {(d.platform_key, tuple(d.versions.items())) for d, _ in
             tuning.database(cli._settings(None, full=False)).decisions()}
     assert left == {(CPU.key, ()), (OTHER_CPU.key, (("torch", "1.0"),))}
+
+
+def test_prune_names_the_bucket_of_each_row(reg):
+    # A stale op-level row and its bucket rows printed as identical lines.
+    toy(reg, B.TORCH, B.TRITON)
+    stale = decision(versions={"torch": "1.0"})
+    tuning.database(cli._settings(None, full=False)).record(stale, [replace(stale, bucket="[64]")])
+    dry = run("prune", "--dry-run")
+    assert [line.split(" winner")[0] for line in dry.stdout.splitlines()[:2]] == [
+        "Would remove: toy.double (eager)", "Would remove: toy.double (eager, bucket [64])"]
+    rows = json.loads(run("prune", "--dry-run", "--json").stdout)["rows"]
+    assert [r["bucket"] for r in rows] == ["*", "[64]"]
 
 
 # --- report -----------------------------------------------------------------------------------------------
@@ -961,8 +1012,9 @@ def test_prune_of_a_db_that_cannot_be_written_is_an_error(reg, tmp_path, kind):
     path = unwritable(tmp_path, kind)
     result = run("prune", "--db", path)
     assert (result.exit_code, result.stdout) == (1, "")
-    assert result.stderr.endswith("; nothing was removed. Pass --db a file path this process can write (a new file "
-                                  "is created)\n")
+    assert result.stderr.startswith(f"Error: --db {path}: no such file") if kind == "under a file" else (
+        result.stderr.endswith("; nothing was removed. Pass --db a file path this process can write (a new file "
+                               "is created)\n"))
 
 
 # --- check ------------------------------------------------------------------------------------------------

@@ -208,15 +208,33 @@ class Seconds(click.FloatRange):
         return seconds
 
 
-def _read_db(settings: config.Settings, db: str | None):
+def _read_db(settings: config.Settings, db: str | None, *, refuse_unread: bool = True):
     """The DB layers as a command that only reads sees them: nothing is created, migrated or moved aside.
-    An explicit --db that does not exist is an error naming it."""
+    An explicit --db that does not exist, or that cannot be read as a tuning DB, is an error naming it (rather
+    than a listing of the shipped rows alone, or advice to tune a file that is there); `autosel doctor`, whose
+    listing of the layers names the file's problem, passes refuse_unread=False."""
     from autosel.db import TuningDB
 
+    _require_file(settings, db)
+    database = TuningDB.open(settings.db, settings.db_path, read_only=True)
+    user = database.layers[0]
+    if refuse_unread and db and user.kind == "user" and user.schema_version is None:  # there, but not read
+        if "killed while writing" in (user.problem or ""):
+            remedy = f"`autosel prune --db {db}` opens it for writing, which recovers it (SQLite's crash recovery)"
+        elif user.problem and "not read" not in user.problem:  # an autosel DB, damaged
+            remedy = f"`autosel prune --db {db}` moves it aside (kept, not deleted) and starts an empty one"
+        else:
+            remedy = "pass a tuning DB that `autosel tune --db` or `autosel export` wrote"
+        raise click.ClickException(f"--db {db} cannot be read: {(user.problem or '').removesuffix('; not read')}; "
+                                   f"{remedy}")
+    return database
+
+
+def _require_file(settings: config.Settings, db: str | None) -> None:
+    """An explicit --db that does not exist is an error naming it, for a command that reads or prunes a DB."""
     if db and not settings.db.exists():
         raise click.ClickException(f"--db {db}: no such file ({settings.db}); check the path, or create the DB "
                                    f"with `autosel tune --db {db}`")
-    return TuningDB.open(settings.db, settings.db_path, read_only=True)
 
 
 def _matches(op: str, patterns: tuple[str, ...] | list[str]) -> bool:

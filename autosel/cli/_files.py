@@ -6,7 +6,9 @@ from pathlib import Path
 
 import click
 
-from autosel.cli import _echo_json, _format_of, _matches, _read_db, _refuse_overwrite, _settings, _writable_db, main
+from autosel.cli import (_check_globs, _echo_json, _format_of, _matches, _read_db, _refuse_overwrite, _require_file,
+                         _settings, _writable_db, main)
+from autosel.decisions import OP_LEVEL_BUCKET
 from autosel.inventory import Inventory
 
 
@@ -34,9 +36,13 @@ def export(out, fmt, ops, db, all_layers, force, as_json):
 
     fmt = _format_of(out, fmt)
     _refuse_overwrite(out, force)
+    from autosel import tuning
+
     settings = _settings(db, full=False)
-    pairs = [(d, layer) for d, layer in _read_db(settings, db).decisions()
-             if _matches(d.op, ops) and (all_layers or layer.kind != "shipped")]
+    stored = _read_db(settings, db).decisions()
+    tuning.load_plugins()
+    _check_globs(ops, set(tuning.registry.ops()) | {d.op for d, _ in stored}, "registered op or stored decision")
+    pairs = [(d, layer) for d, layer in stored if _matches(d.op, ops) and (all_layers or layer.kind != "shipped")]
     if not pairs:
         where, other = ("any layer", "") if all_layers else (f"the user DB {settings.db}", " (or pass --all-layers)")
         raise click.ClickException(f"no decisions{' for ' + ', '.join(ops) if ops else ''} in {where}, so {out} "
@@ -110,6 +116,7 @@ def prune(db, dry_run, as_json):
     from autosel import platforms, tuning
 
     settings = _settings(db, full=False)
+    _require_file(settings, db)  # else the write below would create it, and its folders, to remove nothing
     platform = platforms.current_platform()
     tuning.load_plugins()
     stale = Inventory(platform, tuning.registry).prunable
@@ -119,12 +126,14 @@ def prune(db, dry_run, as_json):
     removed = 0 if dry_run else database.prune(lambda d: stale(d) is None)
     if as_json:
         _echo_json({"dry_run": dry_run, "removed": removed, "rows": [
-            {"op": d.op, "mode": d.mode, "winner": d.winner, "layer": layer.path, "reason": reason}
+            {"op": d.op, "mode": d.mode, "bucket": d.bucket, "winner": d.winner, "layer": layer.path,
+             "reason": reason}
             for d, layer, reason in found]})
         return
     verb = "Would remove" if dry_run else "Removed"
     for d, layer, reason in found:
-        click.echo(f"{verb}: {d.op} ({d.mode}) winner {d.winner} from {layer.path}: {reason}")
+        bucket = "" if d.bucket == OP_LEVEL_BUCKET else f", bucket {d.bucket}"
+        click.echo(f"{verb}: {d.op} ({d.mode}{bucket}) winner {d.winner} from {layer.path}: {reason}")
     count = len(found) if dry_run else removed
     click.echo(f"{verb} {count} stale decision(s)" + (" (run without --dry-run to remove them)." if dry_run and count
                                                        else "."))

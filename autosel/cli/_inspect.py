@@ -136,7 +136,7 @@ def doctor(db, as_json):
         match = _settings(db, full=False).match
     except ConfigError:  # a bad AUTOSEL_MATCH is reported above as blocking; show what exact matching finds
         match = "exact"
-    database = _read_db(_settings(db, full=False, match=False), db)
+    database = _read_db(_settings(db, full=False, match=False), db, refuse_unread=False)  # its layers say why
     platform, entries = _entries(database, (), match=match)
     plugin_errors = dict(registry_module.plugin_errors)
     blocking += [f"plug-in {name!r} failed to load ({error}); its ops are not registered. Reinstall or fix "
