@@ -58,8 +58,10 @@ class Inventory:
         """Why a row no longer matches this machine (platform key or version vector), or None."""
         if decision.platform_key != self.platform.key:
             return f"tuned on {decision.platform_key}, this machine is {self.platform.key}"
-        specs, _, versions = self.current(decision.op)
-        if specs and decision.key.versions_hash != versions_hash(versions):
+        specs, eligible, versions = self.current(decision.op)
+        if not eligible:  # no backend runs here (torch not installed, say): no vector to judge the row by
+            return None
+        if decision.key.versions_hash != versions_hash(versions):
             return f"versions differ: {version_diff(decision.versions, versions)}"
         return None
 
@@ -80,6 +82,8 @@ class Inventory:
                 status, detail = "unknown op", f"op {decision.op!r} is not registered here (is its plug-in installed?)"
             elif stale:
                 status, detail = "stale", stale
+            elif not eligible:
+                status, detail = "unusable", "no backend of this op can run here (`autosel doctor` says why)"
             elif decision.winner not in eligible:
                 status, detail = "unusable", f"winner {decision.winner!r} is not eligible here (eligible: {eligible})"
             elif decision.key in used:

@@ -17,7 +17,7 @@ from autosel.spec import DeviceType
 log = logging.getLogger(__name__)
 
 # Backend packages whose versions can change a decision; recorded when installed (by metadata only).
-KNOWN_BACKEND_DISTRIBUTIONS = ("flashinfer-python", "sgl-kernel", "deep-gemm", "aiter")
+KNOWN_BACKEND_DISTRIBUTIONS = ("flashinfer-python", "sglang-kernel", "sgl-kernel", "deep-gemm", "aiter")
 
 
 def normalise_device_name(name: str) -> str:

@@ -7,6 +7,7 @@ user's own call, never inside the plug-in.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.metadata
 import logging
 import threading
@@ -47,9 +48,12 @@ class KernelRegistry:
                 if current == spec:
                     return current
                 # Silently replacing would make selection depend on import order.
+                differ = "; ".join(f"{name} {getattr(current, name)!r}, now {getattr(spec, name)!r}"
+                                   for name in (f.name for f in dataclasses.fields(spec))
+                                   if getattr(current, name) != getattr(spec, name))
                 return _conflict(current, ValueError(
                     f"Conflicting kernel registration for op {spec.op!r} backend {spec.backend.value!r}: "
-                    f"already registered with target {current.target!r}, now {spec.target!r}; "
+                    f"already registered with {differ}; "
                     "register each (op, backend) once, or register your kernel under an op name of your own "
                     "(e.g. 'myengine.rmsnorm')"
                 ))

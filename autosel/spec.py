@@ -67,7 +67,7 @@ class DeviceType(str, enum.Enum):
 # Import name -> the name to give pip, for the packages kernels commonly need.
 PIP_NAMES = {
     "flashinfer": "flashinfer-python",
-    "sgl_kernel": "sgl-kernel",
+    "sgl_kernel": "sglang-kernel",  # since 0.4; the old sgl-kernel (0.3.x) does not run with current torch
     "triton": "triton",
     "torch": "torch",
     "deep_gemm": "deep-gemm",

@@ -146,21 +146,24 @@ def _decide_here(op: str, eligible: list[KernelSpec], platform: PlatformInfo, mo
         if found is not None:
             return table_of(*found[:2])
     message = multiple_backends_message(op, platform, eligible)
+    definition = registry.definition(op)
+    if definition is None or not definition.shapes_for(platform):  # before AUTOSEL_TUNE=off: tuning cannot help
+        raise ValueError(message + HINT_NO_SHAPES)
     if settings.tune == "off":
         raise ValueError(message + HINT_TUNING_OFF)
-    definition = registry.definition(op)
-    if definition is None or not definition.shapes_for(platform):
-        raise ValueError(message + HINT_NO_SHAPES)
     if capturing_cuda_graph():
         raise TuningError(f"op {op!r} has no stored {mode}-mode decision and cannot be timed while a CUDA graph "
                           "is being captured; call get_kernel for it before capture, or run `autosel tune`")
     if (op, mode) not in _announced:  # a tune blocks the caller for tens of seconds: say so, once
         _announced.add((op, mode))
         why = ": AUTOSEL_TUNE=force is set" if retune else " has no stored decision for this machine"
+        first = db.layers[0]
+        kept = (f"stored in {settings.db}" if first.kind == "user" and first.writable else
+                f"kept in this process's memory only ({settings.db} cannot be written, as warned)")
         log.warning("op %r (%s mode)%s, so its backends (%s) are timed now: this call blocks for the checks and "
-                    "compilation plus up to AUTOSEL_BUDGET_S=%g s of timing, and the decision is stored in %s. To "
-                    "avoid the wait, run `autosel tune` before serving, or ship a tuning DB and point AUTOSEL_DB_PATH "
-                    "at it", op, mode, why, ", ".join(spec_list(eligible)), settings.budget_s, settings.db)
+                    "compilation plus up to AUTOSEL_BUDGET_S=%g s of timing, and the decision is %s. To avoid the "
+                    "wait, run `autosel tune` before serving, or ship a tuning DB and point AUTOSEL_DB_PATH at it",
+                    op, mode, why, ", ".join(spec_list(eligible)), settings.budget_s, kept)
     try:
         return table_of(*tune_and_record(definition, eligible, platform=platform, mode=mode, db=db,
                                          budget_s=settings.budget_s, force=retune)[:2])

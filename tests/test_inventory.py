@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from autosel.decisions import CandidateResult, Decision
 from autosel.inventory import Inventory
@@ -42,3 +42,17 @@ def test_bucket_rows_are_in_use_only_beside_the_op_level_row_in_use():
                       ("user", "[2]"): "in use"}
     detail = next(e.detail for e in entries if e.decision.bucket == "[1]")
     assert "its op-level row in this layer is shadowed" in detail
+
+
+def test_rows_of_an_op_with_no_backend_runnable_here_are_unusable_not_stale_and_never_pruned():
+    # Without torch installed every backend of the built-in ops is ineligible: their rows read "stale: versions
+    # differ: autosel 0.1.0 -> (none)", and `autosel prune` there deleted every one of them.
+    registry = KernelRegistry()
+    for spec in SPECS:
+        registry.register(KernelSpec(spec.op, spec.backend, spec.target, requires=("no_such_package_here",)))
+    inventory = Inventory(CPU, registry)
+    stored = replace(row("*", "torch"), versions={"torch": "2.13.0+cpu"})  # tuned where torch was installed
+    [entry] = inventory.entries([(stored, Layer("user.db", "user"))])
+    assert (entry.status, entry.detail) == ("unusable", "no backend of this op can run here (`autosel doctor` says "
+                                                        "why)")
+    assert inventory.prunable(stored) is None

@@ -225,3 +225,12 @@ def test_register_kernel_of_something_else_is_a_type_error():
 
     with pytest.raises(TypeError, match="register_kernel takes a KernelSpec, got 'x'"):
         register_kernel("x")
+
+
+def test_a_conflicting_registration_with_the_same_target_names_the_fields_that_differ():
+    # It said "already registered with target 'm:f', now 'm:f'": the same text twice, the difference unsaid.
+    reg = KernelRegistry()
+    reg.register(KernelSpec("g.b", B.TORCH, "m:f", requires=("torch",), description="pure torch"))
+    with pytest.raises(ValueError, match=r"already registered with requires \('torch',\), now \(\); description "
+                                         r"'pure torch', now ''; register each"):
+        reg.register(KernelSpec("g.b", B.TORCH, "m:f"))

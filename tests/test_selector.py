@@ -163,8 +163,11 @@ def test_several_eligible_with_tuning_off_raises_the_original_error_with_a_hint(
     assert str(info.value).startswith(original + " [autosel: AUTOSEL_TUNE=off")
 
 
-def test_several_eligible_without_shapes_raises_the_original_error_with_a_register_op_hint(reg):
+@pytest.mark.parametrize("tune", ["auto", "off"])
+def test_several_eligible_without_shapes_raises_the_original_error_with_a_register_op_hint(reg, monkeypatch, tune):
+    # With AUTOSEL_TUNE=off the hint was "run `autosel tune`", which cannot tune an op without shapes.
     toy(reg, B.TORCH, B.TRITON, shapes=False)
+    monkeypatch.setenv("AUTOSEL_TUNE", tune)
     with pytest.raises(ValueError) as info:
         selector.select_kernel("toy.double")
     message = str(info.value)
@@ -246,6 +249,24 @@ def test_a_tune_at_run_time_says_once_per_op_and_mode_what_it_times_and_how_to_a
         "timed now: this call blocks for the checks and compilation plus up to AUTOSEL_BUDGET_S=30 s of timing, "
         f"and the decision is stored in {tmp_path / 'user.db'}. To avoid the wait, run `autosel tune` before "
         "serving, or ship a tuning DB and point AUTOSEL_DB_PATH at it"))]
+
+
+def test_the_first_use_warning_says_the_decision_stays_in_memory_when_the_db_cannot_be_written(
+        reg, monkeypatch, caplog, tmp_path):
+    # It said "the decision is stored in X" right after the warning that X is left untouched.
+    import logging
+
+    toy(reg, B.TORCH, B.TRITON)
+    theirs = tmp_path / "theirs.txt"
+    theirs.write_text("not a tuning DB")
+    monkeypatch.setenv("AUTOSEL_DB", str(theirs))
+    monkeypatch.setattr(tuning, "_announced", set())
+    caplog.set_level(logging.WARNING)
+    with pytest.warns(RuntimeWarning, match="left untouched"):
+        selector.get_kernel("toy.double")
+    [said] = [r.getMessage() for r in caplog.records if r.name == "autosel.tuning"]
+    assert f"the decision is kept in this process's memory only ({theirs} cannot be written, as warned)" in said
+    assert theirs.read_text() == "not a tuning DB"
 
 
 def test_the_info_line_of_a_tune_without_a_runner_up_says_so_not_none(reg, caplog):

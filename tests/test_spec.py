@@ -55,8 +55,9 @@ def test_unavailable_reason_lists_every_unmet_capability():
 
 
 def test_missing_package_reason_names_the_pip_package():
+    # It named sgl-kernel, the old package (0.3.x), which does not run with current torch; sglang-kernel does.
     spec = KernelSpec("a.b", B.SGL_KERNEL, "sgl_kernel:rmsnorm", requires=("sgl_kernel",))
-    assert spec.unavailable_reason(CPU) == "package 'sgl_kernel' is not installed (pip install sgl-kernel)"
+    assert spec.unavailable_reason(CPU) == "package 'sgl_kernel' is not installed (pip install sglang-kernel)"
 
 
 def test_is_available_never_imports(monkeypatch):
