@@ -603,7 +603,8 @@ def test_doctor_says_when_a_stored_decision_is_in_use(reg):
     ("arch", "in use", f"near match: tuned on {OTHER_CPU.key}, this machine is {CPU.key}; versions differ: "
                        "torch 2.0 -> (none)"),
 ])
-def test_show_and_doctor_say_which_near_match_is_in_use_and_what_differs(reg, monkeypatch, match, status, detail):
+def test_show_doctor_and_report_say_which_near_match_is_in_use_and_what_differs(reg, monkeypatch, tmp_path, match,
+                                                                             status, detail):
     toy(reg, B.TORCH, B.TRITON)
     store(decision(platform=OTHER_CPU, versions={"torch": "2.0"}))
     monkeypatch.setenv("AUTOSEL_MATCH", match)
@@ -618,6 +619,11 @@ def test_show_and_doctor_say_which_near_match_is_in_use_and_what_differs(reg, mo
         assert op["stored"] == {} and op["selection"].startswith("none stored")
     text = run("show").stdout
     assert (f"in use: {detail}" in text) == (match == "arch") and ("AUTOSEL_MATCH=arch" in text) == (match == "arch")
+    # The report took every near row for stale: it read AUTOSEL_MATCH nowhere.
+    page = tmp_path / "report.html"
+    result = run("report", "--out", page)
+    assert (result.exit_code == 0) == (match == "arch")
+    assert (match == "arch") == ('class="badge in-use"' in (page.read_text() if page.exists() else ""))
 
 
 def test_a_bad_match_setting_stops_show_and_blocks_doctor(reg, monkeypatch):

@@ -279,8 +279,9 @@ def report(out, ops, db, include_all, force):
     from autosel.report import render_report
 
     _refuse_overwrite(out, force)
-    database = _read_db(_settings(db, full=False), db)
-    platform, entries = _entries(database, ops)
+    settings = _settings(db, full=False)
+    database = _read_db(settings, db)
+    platform, entries = _entries(database, ops, match=settings.match)  # "in use" as selection, show and doctor say
     chosen = entries if include_all else [e for e in entries if e.status == "in use"]
     if not chosen:
         raise click.ClickException(f"no decisions in use on this machine{' for ' + ', '.join(ops) if ops else ''}; "

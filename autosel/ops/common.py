@@ -23,7 +23,7 @@ def standard_specs(op: str, fn: str, *, triton: bool = True, flashinfer: str | N
         KernelSpec(op, KernelBackend.TORCH, f"autosel.ops.torch_impl:{fn}", requires=("torch",),
                    description="pure torch (the reference)"),
         KernelSpec(op, KernelBackend.TORCH_COMPILE, f"autosel.ops.compiled:{fn}", requires=("torch",),
-                   description="torch.compile(dynamic=True) of the reference"),
+                   description="torch.compile of the reference (dynamic shapes)"),
     ]
     if triton:
         specs.append(KernelSpec(op, KernelBackend.TRITON, f"autosel.ops.triton_kernels:{fn}", capabilities=GPU,
