@@ -22,7 +22,8 @@ from autosel.errors import AutoselError, ConfigError
 from autosel.chart import format_us
 from autosel.report import candidate_median_us
 
-# Heavy modules (torch, rich, the DB) are imported inside the commands: `autosel show` must not pay for torch.
+# Heavy modules (torch, rich, the DB) are imported inside the commands that need them: `autosel --help`, export
+# and merge never import torch (show, doctor, check, report and prune do, to detect this machine).
 
 RECORD_EXAMPLE = '{"op": "layernorm.rmsnorm", "shape": {"tokens": 64, "hidden": 4096}, "mode": "eager"}'
 MEDIAN_NOTE = "median: geometric mean over the shapes of each shape's median time per call"
