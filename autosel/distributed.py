@@ -2,9 +2,12 @@
 (the op-level winner and every bucket's), so every rank runs the same kernel by construction (docs/DESIGN.md
 section 7).
 
-The first selection of an op with several eligible backends is then a collective: every rank must make it,
-in the same order (engines select their kernels at model initialisation on every rank). It is not made
-while a CUDA graph is being captured, where a collective would be recorded into the graph.
+The first selection of an op with several eligible backends in each mode is then a collective: every rank must
+make it, in the same order (engines select their kernels at model initialisation on every rank). The agreed
+table is kept per (op, mode, platform), so later selections of it (select_kernel, get_kernel with another
+backend argument or an explicit mode, inside CUDA-graph capture too) are not collectives, until clear_cache()
+forgets it, which every rank must then do alike. No first agreement is made while a CUDA graph is being
+captured, where a collective would be recorded into the graph.
 
 With AUTOSEL_CHECK_RANKS=1 every other rank also looks up what its own DB would have chosen and warns where that
 differs from rank 0's table (`differences`), so an operator sees how far the ranks' own tunes disagree.
@@ -14,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import sys
+import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, TypeVar
 
@@ -39,12 +43,27 @@ def _world() -> tuple[int, int, object] | None:
     return (dist.get_rank(), world, dist) if world > 1 else None
 
 
-def agree(decide: Callable[[], T], *, what: str, in_capture: bool = False) -> T:
-    """Run `decide` on rank 0 and give its answer (any picklable value) to every rank. Any exception on rank 0
-    reaches every rank: the contract's KeyError and ValueError as themselves, anything else as a TuningError
-    naming it, so no rank is left waiting in the broadcast."""
-    world = None if in_capture else _world()
-    if world is None:
+_agreed: dict[tuple, object] = {}  # key -> the answer every rank received for it
+_agreed_lock = threading.Lock()
+
+
+def forget_agreements() -> None:
+    """Forget every agreed answer (selector.clear_cache): the next selection of each op is a collective again."""
+    with _agreed_lock:
+        _agreed.clear()
+
+
+def agree(decide: Callable[[], T], *, what: str, key: tuple, in_capture: bool = False) -> T:
+    """Run `decide` on rank 0 and give its answer (any picklable value) to every rank, once per `key`: later
+    calls with that key return the agreed answer without a collective. Any exception on rank 0 reaches every
+    rank: the contract's KeyError and ValueError as themselves, anything else as a TuningError naming it, so no
+    rank is left waiting in the broadcast; errors are not kept."""
+    world = _world()
+    if world is not None:
+        with _agreed_lock:
+            if key in _agreed:
+                return _agreed[key]  # type: ignore[return-value]
+    if world is None or in_capture:
         return decide()
     rank, size, dist = world
     message: list[object] = [None]
@@ -64,6 +83,8 @@ def agree(decide: Callable[[], T], *, what: str, in_capture: bool = False) -> T:
                     else f"{what}: rank 0 failed with {name}: {text} (decided on rank 0 of {size})")
     decision = payload[0]
     log.info("%s: rank %d of %d runs rank 0's decision", what, rank, size)
+    with _agreed_lock:
+        _agreed[key] = decision
     return decision
 
 

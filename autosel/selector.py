@@ -125,8 +125,13 @@ def _build(op: str, backend: KernelBackend | str | None, mode: str | None) -> Ca
 
 
 def clear_cache() -> None:
-    """Forget every resolved kernel; lookups in flight finish but do not repopulate the new cache."""
+    """Forget every resolved kernel; lookups in flight finish but do not repopulate the new cache. With several
+    ranks it also forgets the tables agreed with rank 0, so call it on every rank alike: the next selection of
+    each op is a collective again (autosel.distributed)."""
+    from autosel.distributed import forget_agreements
+
     global _cache, _generation
     with _cache_lock:
         _generation += 1
         _cache = {}
+    forget_agreements()

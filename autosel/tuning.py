@@ -80,7 +80,8 @@ def decide(op: str, eligible: list[KernelSpec], platform: PlatformInfo, mode: st
 
     what = f"op {op!r} ({mode} mode)"
     in_capture = capturing_cuda_graph()
-    table = agree(lambda: _decide_here(op, eligible, platform, mode, settings), what=what, in_capture=in_capture)
+    table = agree(lambda: _decide_here(op, eligible, platform, mode, settings), what=what, in_capture=in_capture,
+                  key=(op, mode, platform.key))
     check_eligible({table.default, *table.winners.values()}, {s.backend.value for s in eligible}, what=what)
     if settings.check_ranks:
         check_against_local(table, lambda: stored_table(op, eligible, platform, mode, settings), what=what,

@@ -54,14 +54,16 @@ def test_a_single_process_has_nothing_to_compare():
     assert check_against_local(table("torch"), local, what="op 'toy.op' (eager mode)") == []
 
 RANK = textwrap.dedent("""
-    import json, os
+    import datetime, json, os
+    import torch
     import torch.distributed as dist
     import toy_kernels
     from autosel import selector
     from autosel.spec import KernelSpec, KernelBackend as B, OpDefinition
 
     rank = int(os.environ["RANK"])
-    dist.init_process_group("gloo", init_method="file://" + os.environ["INIT_FILE"], rank=rank, world_size=2)
+    dist.init_process_group("gloo", init_method="file://" + os.environ["INIT_FILE"], rank=rank, world_size=2,
+                            timeout=datetime.timedelta(seconds=60))  # a mismatched collective fails, not hangs
     timed = toy_kernels.use_fresh_registry()
     reg = selector.registry
     reg.register(KernelSpec("toy.missing_shapes", B.TORCH, "toy_kernels:slow"))
@@ -69,6 +71,12 @@ RANK = textwrap.dedent("""
     if rank == 1:  # alone, with tuning off and an empty DB, this rank would raise "multiple backends"
         os.environ["AUTOSEL_TUNE"] = "off"
     winner = selector.select_kernel("toy.double").backend.value
+    again = None
+    if rank == 0:  # an agreed op's later selections are no collectives: rank 0 alone may make them
+        again = [selector.select_kernel("toy.double").backend.value,
+                 selector.get_kernel("toy.double", mode="eager").__name__]
+    ones = torch.ones(1)
+    dist.all_reduce(ones)  # the ranks' next collective: a broadcast made by rank 0 alone above would mismatch it
     try:
         selector.select_kernel("toy.missing_shapes")
         error = None
@@ -100,7 +108,7 @@ RANK = textwrap.dedent("""
         off = str(exc)
     print(json.dumps({"rank": rank, "winner": winner, "timed": len(timed), "error": error, "default": table.default,
                       "table": sorted([list(k), w] for k, w in table.winners.items()), "broken": broken,
-                      "off": off}))
+                      "off": off, "again": again, "all_reduce": ones.item()}))
     dist.destroy_process_group()
 """)
 
@@ -121,6 +129,8 @@ def test_every_rank_runs_rank_zeros_winner_and_gets_its_errors(tmp_path):
         logs.append([line for line in err.splitlines() if "on its own would differ" in line])
     # rank 0 tuned toy.double, toy.split and toy.broken; rank 1 none of them
     assert [(r["rank"], r["winner"], r["timed"]) for r in results] == [(0, "triton", 3), (1, "triton", 0)]
+    # Used to time out: every select_kernel, and get_kernel with another mode= or backend=, was a broadcast.
+    assert [(r["again"], r["all_reduce"]) for r in results] == [(["triton", "fast"], 2.0), (None, 2.0)]
     assert results[0]["error"].startswith("op 'toy.missing_shapes' has multiple backends usable")
     assert results[1]["error"] == results[0]["error"] + " (decided on rank 0 of 2)"
     # The whole bucket table is rank 0's: rank 1, with tuning off and an empty DB, dispatches alike.
