@@ -170,15 +170,20 @@ def recording(op: str, fn: Callable[..., Any], path, mode: str, shape_of: Callab
               ) -> Callable[..., Any]:
     """Wrap `fn` so each new shape of `op` (shape_of) is appended to `path` once per process, after a call
     that returned. Recording never breaks the call: a path that cannot be written is warned about once and
-    recording stops."""
+    recording stops. Calls that torch.compile traces are not recorded (is_compiling() is True while it traces,
+    so the file writes never enter the graph and fullgraph=True holds); eager calls are."""
     if shape_of is None:
-        log.warning("AUTOSEL_RECORD: op %r declares no shape_of, so its calls are not recorded", op)
+        log.warning("AUTOSEL_RECORD: op %r declares no shape_of (register_op(..., shape_of=fn): the call's "
+                    "arguments -> its shape dict), so its calls are not recorded", op)
         return fn
+    import torch
+
+    is_compiling = torch.compiler.is_compiling
 
     @functools.wraps(fn)
     def recorded(*args, **kwargs):
         result = fn(*args, **kwargs)
-        if str(path) not in _broken_paths:
+        if not is_compiling() and str(path) not in _broken_paths:
             _record(op, mode, shape_of, args, kwargs, path)
         return result
 

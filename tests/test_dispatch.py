@@ -129,7 +129,7 @@ def test_route_key_must_be_a_positional_index():
 
 
 @pytest.mark.compile
-def test_the_dispatcher_traces_under_torch_compile_fullgraph():
+def test_the_dispatcher_traces_under_torch_compile_fullgraph(tmp_path, fresh_record):
     torch = pytest.importorskip("torch")
 
     def double(x):
@@ -146,6 +146,14 @@ def test_the_dispatcher_traces_under_torch_compile_fullgraph():
         for n in (16, 65536, 1000):  # tuned, tuned, and a bucket first seen inside the compiled code
             x = torch.randn(n)
             assert torch.equal(compiled(x), x * 2 + 1)
+    # Under AUTOSEL_RECORD (used to be a graph break: json and file writes in the traced call): traced calls are
+    # not recorded, eager ones are.
+    record = tmp_path / "calls.jsonl"
+    recorded = recording("toy", fn, record, "eager", lambda x: {"n": x.numel()})
+    compiled = torch.compile(lambda x: recorded(x) + 1, fullgraph=True)
+    assert torch.equal(compiled(torch.ones(8)), torch.full((8,), 3.0)) and not record.exists()
+    recorded(torch.ones(8))
+    assert record.read_text() == '{"op": "toy", "shape": {"n": 8}, "mode": "eager"}\n'
 
 
 # --- AUTOSEL_RECORD -----------------------------------------------------------------------------------------
