@@ -35,6 +35,15 @@ def outputs_of(result: Any, args: Sequence[Any]) -> tuple:
     return (result,)
 
 
+def changed_inputs(after: Sequence[Any], reference_after: Sequence[Any]) -> list[int]:
+    """The positions of the tensor arguments that differ, bit for bit, between a candidate's arguments after its
+    call and the reference's after its call (both began as copies of one input)."""
+    import torch
+
+    return [i for i, (a, b) in enumerate(zip(after, reference_after))
+            if isinstance(a, torch.Tensor) and not torch.equal(a, b)]
+
+
 def clone_args(args: Sequence[Any]) -> tuple:
     import torch
 

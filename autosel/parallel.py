@@ -337,8 +337,4 @@ def _tune_one(name: str, payload: bytes, platform: PlatformInfo, db, on_event, *
         return f"could not be read on {name}: {type(exc).__name__}: {exc}"
     if job.platform_key != platform.key:  # the worker's own detection disagrees with the parent's: never mix kinds
         return _failed(job, f"worker {name} is a {platform.key}, not a {job.platform_key}")
-    try:
-        return run_job(job, platform=platform, db=db, on_event=on_event, **options)
-    except Exception as exc:  # anything else a tune raises fails this job, not the worker's others
-        log.exception("worker %s: tuning %s (%s mode) raised", name, job.op, job.mode)
-        return _failed(job, f"raised {type(exc).__name__} on {name}: {exc}")
+    return run_job(job, platform=platform, db=db, on_event=on_event, **options)  # a failure is its outcome

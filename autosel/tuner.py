@@ -88,7 +88,13 @@ def check_candidate(fn: Callable[..., Any], definition: OpDefinition, reference:
         torch.manual_seed(seed + index)
         args = _inputs(definition, shape, device)
         ref_args, call_args = checks.clone_args(args), checks.clone_args(args)
-        expected = checks.outputs_of(reference(*ref_args), ref_args)
+        try:
+            ref_result = reference(*ref_args)
+        except Exception as exc:  # no candidate can be judged: the op's error, not a candidate's
+            raise TuningError(f"op {definition.op!r}: its reference raised {type(exc).__name__}: {exc} at "
+                              f"{shape_text(shape)}; fix the reference (the op's torch backend, or register_op's "
+                              "reference=) or the shape") from exc
+        expected = checks.outputs_of(ref_result, ref_args)
         began = time.perf_counter()
         try:
             result = fn(*call_args)
@@ -102,6 +108,11 @@ def check_candidate(fn: Callable[..., Any], definition: OpDefinition, reference:
         report.errors[index] = (outcome.max_abs_err, outcome.max_rel_err)
         if not outcome.ok:
             report.reason = f"{outcome.reason} at {shape_text(shape)}"
+            return report
+        changed = checks.changed_inputs(call_args, ref_args) if ref_result is not None else []
+        if changed:  # the caller's tensors would change under it: a result written over an input, say
+            report.reason = (f"changed its input argument {', '.join(map(str, changed))}, which the reference leaves "
+                             f"as it is, at {shape_text(shape)}")
             return report
     return report
 
@@ -321,7 +332,11 @@ def settled_pairs(first_round: dict[str, list[float]], factor: float) -> set[tup
 
 def bucket_of(definition: OpDefinition, args: tuple) -> tuple:
     """definition.bucket of one call's arguments, checked to be a tuple of JSON scalars (it is stored as text)."""
-    key = definition.bucket(*args)
+    try:
+        key = definition.bucket(*args)
+    except Exception as exc:
+        raise TuningError(f"op {definition.op!r}: its bucket function raised {type(exc).__name__}: {exc}; it takes a "
+                          "call's arguments, as the kernels do, and returns a tuple") from exc
     if not isinstance(key, tuple) or not all(isinstance(v, (int, float, str, bool)) for v in key):
         raise TuningError(f"op {definition.op!r}: its bucket function returned {key!r}; it must return a tuple "
                           "of ints, floats, strings or bools (such as (tokens rounded to a power of two, hidden))")

@@ -375,7 +375,8 @@ def run_job(job: TuneJob, *, platform: PlatformInfo, db, budget_s: float, force:
             on_event: Callable | None = None, isolate_timeout_s: float | None = None) -> TuneOutcome:
     """Tune one planned job on this process's device and record it. A TuningError (every candidate rejected, a
     shape the op's factory cannot build) is a "failed" outcome, also sent to on_event as a "failed" TuneEvent so
-    that a progress display can close the job."""
+    that a progress display can close the job; so is any other exception (a plug-in's broken code), logged with
+    its traceback, so that one op does not end a batch tune."""
     from autosel.tuner import TuneEvent
 
     reference = job.definition.reference if job.reference is None else job.reference.load()
@@ -383,10 +384,13 @@ def run_job(job: TuneJob, *, platform: PlatformInfo, db, budget_s: float, force:
         recorded = tune_and_record(job.definition, list(job.eligible), platform=platform, mode=job.mode, db=db,
                                    budget_s=budget_s, force=force, shapes=list(job.shapes), on_event=on_event,
                                    isolate_timeout_s=isolate_timeout_s, reference=reference)
-    except TuningError as exc:
+    except Exception as exc:
+        detail = str(exc) if isinstance(exc, TuningError) else f"raised {type(exc).__name__}: {exc}"
+        if not isinstance(exc, TuningError):
+            log.exception("tuning %s (%s mode) raised", job.op, job.mode)
         if on_event is not None:
-            on_event(TuneEvent("failed", job.op, detail=str(exc), mode=job.mode))
-        return TuneOutcome(job.op, job.mode, "failed", None, str(exc), platform_key=job.platform_key)
+            on_event(TuneEvent("failed", job.op, detail=detail, mode=job.mode))
+        return TuneOutcome(job.op, job.mode, "failed", None, detail, platform_key=job.platform_key)
     if not recorded.tuned:
         return TuneOutcome(job.op, job.mode, "stored", recorded.decision, "recorded by another process while this "
                            "one waited to tune it", recorded.buckets, job.platform_key)

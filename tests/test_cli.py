@@ -270,6 +270,37 @@ def test_tune_failure_is_exit_1_after_the_table(reg):
     assert "backend=..." not in result.stderr and result.stderr.lower().count("fix the kernels") == 1
 
 
+def test_tune_goes_on_past_an_op_whose_code_raises_and_lists_it_failed(reg, monkeypatch):
+    # A plug-in's reference that raised, or any other exception in one op's tune, ended the whole batch with a
+    # traceback; the ops after it were never tuned.
+    import autosel.tuner
+    import toy_kernels
+
+    reg.register(KernelSpec("toy.badref", B.TORCH, "toy_kernels:slow"))
+    reg.register(KernelSpec("toy.badref", B.TRITON, "toy_kernels:fast"))
+    reg.define(OpDefinition("toy.badref", shapes=toy_kernels.SHAPES, make_inputs=toy_kernels.inputs,
+                            reference=toy_kernels.raises))
+    reg.register(KernelSpec("toy.buggy", B.TORCH, "toy_kernels:slow"))
+    reg.register(KernelSpec("toy.buggy", B.TRITON, "toy_kernels:fast"))
+    reg.define(OpDefinition("toy.buggy", shapes=toy_kernels.SHAPES, make_inputs=toy_kernels.inputs))
+    toy(reg, B.TORCH, B.TRITON)  # registered last: tuned after both
+    original = autosel.tuner.Tuner.tune_buckets
+
+    def tune_buckets(self, definition, *args, **kwargs):
+        if definition.op == "toy.buggy":
+            raise AttributeError("'NoneType' object has no attribute 'shape'")
+        return original(self, definition, *args, **kwargs)
+
+    monkeypatch.setattr(autosel.tuner.Tuner, "tune_buckets", tune_buckets)
+    result = run("tune", "--json")
+    assert result.exit_code == 1
+    status = {o["op"]: (o["status"], o["detail"]) for o in json.loads(result.stdout)["outcomes"]}
+    assert status["toy.double"] == ("tuned", "")
+    assert status["toy.badref"][0] == "failed" and status["toy.badref"][1].startswith(
+        "op 'toy.badref': its reference raised RuntimeError: illegal memory access (simulated) at n=")
+    assert status["toy.buggy"] == ("failed", "raised AttributeError: 'NoneType' object has no attribute 'shape'")
+
+
 @pytest.mark.parametrize("force", [False, True])
 def test_tune_interrupted_keeps_what_was_tuned_and_says_how_to_go_on(reg, force):
     # Used to end in click's bare "Aborted!", saying nothing of what was kept.

@@ -289,6 +289,33 @@ def test_wrong_raising_and_nan_candidates_are_rejected_with_reasons(toy):
     assert {b for b, _ in timer.calls} == {"torch"}  # rejected candidates are never timed
 
 
+def test_a_candidate_that_writes_over_its_input_is_rejected(toy):
+    # It passed: only the returned tensor was compared, and it could win while corrupting the caller's tensors.
+    definition, kernels = toy
+    decision = run(definition, kernels, specs(torch="fast", aot="doubles_in_place"), FakeTimer({"torch": 100.0}))
+    assert decision.winner == "torch"
+    assert decision.candidate("aot").reason == ("changed its input argument 0, which the reference leaves as it "
+                                                "is, at n=65536")
+
+
+def test_a_reference_or_bucket_function_that_raises_is_a_tuning_error_naming_the_op(toy):
+    # Both ended in the bare exception, naming neither the op nor the shape, and `autosel tune` stopped there.
+    definition, kernels = toy
+
+    def broken(x):
+        raise ZeroDivisionError("division by zero")
+
+    tuner = Tuner(timer=FakeTimer({"torch": 100.0, "triton": 50.0}), device="cpu")
+    with pytest.raises(TuningError, match=r"^op 'toy.double': its reference raised ZeroDivisionError: division by "
+                                          r"zero at n=65536; fix the reference"):
+        tuner.tune(definition, specs(torch="fast", triton="fast"), reference=broken, shapes=kernels.SHAPES,
+                   mode="eager", platform_key="cpu/test", versions={})
+    bucketed = dataclasses.replace(definition, bucket=broken)
+    with pytest.raises(TuningError, match=r"^op 'toy.double': its bucket function raised ZeroDivisionError"):
+        tuner.tune_buckets(bucketed, specs(torch="fast", triton="fast"), reference=kernels.fast,
+                           shapes=kernels.SHAPES, mode="eager", platform_key="cpu/test", versions={})
+
+
 def test_unloadable_candidate_is_rejected_not_raised(toy):
     definition, kernels = toy
     candidates = specs(torch="fast") + [KernelSpec(OP, B.TRITON, "no_such_module_xyz:fn")]

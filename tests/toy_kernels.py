@@ -52,6 +52,10 @@ def segfaults(x: torch.Tensor) -> torch.Tensor:
     return x
 
 
+def doubles_in_place(x: torch.Tensor) -> torch.Tensor:
+    return x.mul_(2)  # the right values, written over the caller's input
+
+
 def interrupted(x: torch.Tensor) -> torch.Tensor:
     raise KeyboardInterrupt  # what Ctrl-C raises in a process running this kernel
 
