@@ -2,13 +2,16 @@
 
 The process-wide `registry` runs the `autosel.ops` entry points before its first read or registration, so
 every reader sees the plug-ins' ops and a user's registration that conflicts with a plug-in's fails at the
-user's own call, never inside the plug-in.
+user's own call, never inside the plug-in. autosel's own entry point runs first, so a built-in op is never
+replaced by a plug-in that happens to be listed earlier.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import enum
 import importlib.metadata
+import inspect
 import logging
 import threading
 from collections import defaultdict
@@ -48,29 +51,35 @@ class KernelRegistry:
                 if current == spec:
                     return current
                 # Silently replacing would make selection depend on import order.
-                differ = "; ".join(f"{name} {getattr(current, name)!r}, now {getattr(spec, name)!r}"
-                                   for name in (f.name for f in dataclasses.fields(spec))
-                                   if getattr(current, name) != getattr(spec, name))
+                differ, _ = _differences(current, spec)
                 return _conflict(current, ValueError(
                     f"Conflicting kernel registration for op {spec.op!r} backend {spec.backend.value!r}: "
-                    f"already registered with {differ}; "
+                    f"already registered with {'; '.join(differ)}; "
                     "register each (op, backend) once, or register your kernel under an op name of your own "
                     "(e.g. 'myengine.rmsnorm')"
                 ))
             existing.append(spec)
+            _journal(self, spec)
             return spec
 
     def define(self, definition: OpDefinition) -> OpDefinition:
         self._loaded()
         with self._lock:
             current = self._ops.get(definition.op)
-            if current is not None and current != definition:
-                return _conflict(current, ValueError(
-                    f"Conflicting op definition for {definition.op!r}: register_op was already called for it; "
-                    "define each op once, or use an op name of your own (e.g. 'myengine.rmsnorm')"
-                ))
+            if current is not None:
+                return current if current == definition else _conflict(current, _op_conflict(current, definition))
             self._ops[definition.op] = definition
+            _journal(self, definition)
             return definition
+
+    def _forget(self, registered: KernelSpec | OpDefinition) -> None:
+        """Undo one registration (made by a plug-in whose hook then raised)."""
+        with self._lock:
+            if isinstance(registered, KernelSpec):
+                specs = self._specs.get(registered.op, [])
+                specs[:] = [s for s in specs if s is not registered]
+            elif self._ops.get(registered.op) is registered:
+                del self._ops[registered.op]
 
     def get(self, op: str) -> list[KernelSpec]:
         self._loaded()
@@ -105,8 +114,56 @@ class KernelRegistry:
 
 _plugins_loaded = False
 _plugins_lock = threading.RLock()  # re-entered by the hooks themselves: they register into the registry
-_loading = threading.local()  # .plugin: the entry point whose hook is running on this thread
+_loading = threading.local()  # .plugin, .added: the entry point whose hook runs on this thread, what it registered
 plugin_errors: dict[str, str] = {}
+
+
+def _differences(current, new) -> tuple[list[str], list[str]]:
+    """"field old, now new" for each dataclass field that differs, and the names of the fields whose two values
+    are one function made twice (a lambda or closure is created anew by each call, and equal only to itself)."""
+    parts, remade = [], []
+    for name in (f.name for f in dataclasses.fields(new)):
+        old, now = getattr(current, name), getattr(new, name)
+        if old == now:
+            continue
+        if inspect.isfunction(old) and inspect.isfunction(now) and old.__code__ == now.__code__:
+            remade.append(name)
+            parts.append(f"{name} the same code as a new function object ({_show(now)}), equal only to itself")
+            continue
+        shown = _show(old), _show(now)
+        if shown[0] == shown[1] and inspect.isfunction(old) and inspect.isfunction(now):  # two lambdas, say
+            shown = tuple(f"{text} (line {f.__code__.co_firstlineno})" for text, f in zip(shown, (old, now)))
+        parts.append(f"{name} {shown[0]}, now {shown[1]}")
+    return parts, remade
+
+
+def _show(value: Any) -> str:
+    if inspect.isfunction(value):  # its repr differs by address alone
+        return f"{value.__module__}:{value.__qualname__}"
+    if isinstance(value, enum.Enum):
+        return repr(value.value)
+    return repr(value)
+
+
+def _op_conflict(current: OpDefinition, new: OpDefinition) -> ValueError:
+    differ, remade = _differences(current, new)
+    advice = []
+    if remade:
+        kind, objects = ("a module-level function", "object") if len(remade) == 1 else ("module-level functions",
+                                                                                          "objects")
+        advice.append(f"define {' and '.join(remade)} as {kind} rather than a lambda or closure, so that calling "
+                      f"register_op again passes the same {objects} and is a no-op")
+    if len(differ) > len(remade):  # something other than a function made again differs
+        advice.append("define each op once, or use an op name of your own (e.g. 'myengine.rmsnorm')")
+    return ValueError(f"Conflicting op definition for {new.op!r}: register_op was already called for it with "
+                      f"{'; '.join(differ)}; {'; '.join(advice)}")
+
+
+def _journal(target: KernelRegistry, registered: KernelSpec | OpDefinition) -> None:
+    """Note a registration made inside a plug-in's hook, so that it can be undone if the hook raises."""
+    added = getattr(_loading, "added", None)
+    if added is not None:
+        added.append((target, registered))
 
 
 def _conflict(current, error: ValueError):
@@ -121,8 +178,15 @@ def _conflict(current, error: ValueError):
     return current
 
 
+def _is_autosels_own(entry: importlib.metadata.EntryPoint) -> bool:
+    dist = getattr(entry, "dist", None)
+    return dist is not None and (dist.name or "").lower() == "autosel"
+
+
 def load_plugins() -> None:
-    """Run every `autosel.ops` entry point once per process; a broken plug-in is logged, not fatal."""
+    """Run every `autosel.ops` entry point once per process, autosel's own first (the first registration of an
+    (op, backend) is kept, so the built-ins win whatever order importlib.metadata lists the packages in); a
+    broken plug-in is logged, not fatal, and what its hook registered before raising is undone."""
     global _plugins_loaded
     if _plugins_loaded:
         return
@@ -130,19 +194,27 @@ def load_plugins() -> None:
         if _plugins_loaded or hasattr(_loading, "plugin"):  # a hook registering: the load is under way
             return
         try:
-            for entry in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
-                _loading.plugin = entry.name
+            entries = importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)
+            for entry in sorted(entries, key=lambda e: not _is_autosels_own(e)):  # stable: others keep their order
+                _loading.plugin, _loading.added = entry.name, []
                 try:
                     hook: Any = entry.load()
                     if callable(hook):
                         hook()
                 except Exception as exc:  # one bad plug-in must not hide the others' kernels
-                    plugin_errors[entry.name] = f"{type(exc).__name__}: {exc}"
-                    log.warning("autosel.ops entry point %r (%s) failed: %s: %s; its ops are not registered",
-                                entry.name, entry.value, type(exc).__name__, exc)
+                    # Half a plug-in would leave ops without their definitions, or a reference without its op.
+                    for target, registered in reversed(_loading.added):
+                        target._forget(registered)
+                    failure = f"{type(exc).__name__}: {exc}"
+                    noted = plugin_errors.get(entry.name)
+                    plugin_errors[entry.name] = f"{failure}; {noted}" if noted else failure
+                    log.warning("autosel.ops entry point %r (%s) failed: %s; its ops are not registered (the %d "
+                                "registrations it made before failing are undone)",
+                                entry.name, entry.value, failure, len(_loading.added))
         finally:
-            if hasattr(_loading, "plugin"):
-                del _loading.plugin
+            for name in ("plugin", "added"):
+                if hasattr(_loading, name):
+                    delattr(_loading, name)
             _plugins_loaded = True
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -162,34 +163,83 @@ def test_user_registration_conflicting_with_a_builtin_fails_at_the_users_call(tm
     assert lines[1] == "6 {}"
 
 
-def test_a_plugin_whose_one_spec_conflicts_keeps_its_other_specs(tmp_path):
-    # One conflicting registration inside an entry point's hook used to abort the hook and lose its other specs.
+def _plugin(tmp_path, name: str, body: str) -> str:
+    """An installed package `name` whose `autosel.ops` entry point `name` runs `register()` from `body`; returns the
+    folder to put first on PYTHONPATH, so importlib.metadata lists it before autosel's own entry point."""
     site = tmp_path / "site"
-    info = site / "clashing-0.1.dist-info"
+    info = site / f"{name}-0.1.dist-info"
     info.mkdir(parents=True)
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: clashing\nVersion: 0.1\n")
-    (info / "entry_points.txt").write_text("[autosel.ops]\nclashing = clashing:register\n")
-    (site / "clashing.py").write_text(textwrap.dedent("""
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text(f"[autosel.ops]\n{name} = {name}:register\n")
+    (site / f"{name}.py").write_text(textwrap.dedent(body))
+    return str(site)
+
+
+def test_a_plugin_whose_one_spec_conflicts_keeps_its_other_specs_and_the_builtin_wins(tmp_path):
+    # One conflicting registration inside an entry point's hook used to abort the hook and lose its other specs;
+    # a plug-in listed before autosel's own entry point then replaced the built-in and 'builtin' was blamed.
+    site = _plugin(tmp_path, "clashing", """
         from autosel import KernelSpec, register_kernel
         def register():
             register_kernel(KernelSpec("layernorm.rmsnorm", "torch", "clashing:rmsnorm"))
             register_kernel(KernelSpec("clashing.neg", "torch", "operator:neg"))
-    """))
+    """)
     code = textwrap.dedent("""
-        import autosel, importlib
+        import autosel, importlib.metadata
         errors = importlib.import_module("autosel.registry").plugin_errors
+        print([e.name for e in importlib.metadata.entry_points(group="autosel.ops")])
         print(autosel.registry.ops())
         print(sorted(errors))
-        print(autosel.registry.get("layernorm.rmsnorm")[0].target in ("autosel.ops.torch_impl:rmsnorm",
-                                                                      "clashing:rmsnorm"))
+        print(autosel.registry.get_backend("layernorm.rmsnorm", "torch").target)
         print(list(errors.values())[0])
     """)
-    result = _python(code, tmp_path, extra_path=str(site))
+    result = _python(code, tmp_path, extra_path=site)
     lines = result.stdout.splitlines()
-    assert lines[0] == repr(sorted(BUILTIN_OPS + ["clashing.neg"])), result.stderr
-    assert lines[1] in ("['builtin']", "['clashing']")  # whichever entry point ran second met the conflict
-    assert lines[2] == "True"
-    assert "Conflicting kernel registration for op 'layernorm.rmsnorm' backend 'torch'" in lines[3]
+    assert lines[0] == "['clashing', 'builtin']", result.stderr  # the order this test is about
+    assert lines[1] == repr(sorted(BUILTIN_OPS + ["clashing.neg"]))
+    assert lines[2] == "['clashing']"
+    assert lines[3] == "autosel.ops.torch_impl:rmsnorm"
+    assert lines[4].startswith("ValueError: Conflicting kernel registration for op 'layernorm.rmsnorm' backend "
+                               "'torch': already registered with target 'autosel.ops.torch_impl:rmsnorm', now "
+                               "'clashing:rmsnorm'")
+
+
+def test_doctor_names_the_plugin_that_conflicts_with_a_builtin(tmp_path):
+    # `autosel doctor` said "Plug-in 'builtin' failed to load" when the offending plug-in was listed first.
+    site = _plugin(tmp_path, "badplug", """
+        from autosel import KernelSpec, register_kernel
+        def register():
+            register_kernel(KernelSpec("layernorm.rmsnorm", "torch", "badplug:k"))
+    """)
+    code = "import sys; from autosel.cli import main; sys.argv = ['autosel', 'doctor', '--json']; main()"
+    result = _python(code, tmp_path, extra_path=site)
+    report = json.loads(result.stdout)
+    assert list(report["plugin_errors"]) == ["badplug"], result.stderr
+    assert "now 'badplug:k'" in report["plugin_errors"]["badplug"]
+
+
+def test_a_plugin_whose_hook_raises_leaves_nothing_registered(tmp_path):
+    # Its log said "its ops are not registered" while the spec and op definition it made before raising stayed.
+    site = _plugin(tmp_path, "halfway", """
+        from autosel import KernelSpec, register_kernel, register_op
+        from autosel.ops import layernorm
+        def _inputs(shape, device):
+            return ()
+        def register():
+            register_kernel(KernelSpec("halfway.neg", "torch", "operator:neg"))
+            register_kernel(layernorm.SPECS[0])  # the built-in's own spec: a no-op, not undone with the rest
+            register_op("halfway.neg", shapes=[{"n": 1}], make_inputs=_inputs)
+            raise RuntimeError("no GPU library")
+    """)
+    code = textwrap.dedent("""
+        import autosel, importlib
+        print(autosel.registry.ops() == %r, autosel.registry.definition("halfway.neg"))
+        print(importlib.import_module("autosel.registry").plugin_errors)
+    """) % (BUILTIN_OPS,)
+    result = _python(code, tmp_path, extra_path=site)
+    lines = result.stdout.splitlines()
+    assert lines == ["True None", "{'halfway': 'RuntimeError: no GPU library'}"], result.stderr
+    assert "the 2 registrations it made before failing are undone" in result.stderr
 
 
 def _inputs(shape, device):
@@ -234,3 +284,35 @@ def test_a_conflicting_registration_with_the_same_target_names_the_fields_that_d
     with pytest.raises(ValueError, match=r"already registered with requires \('torch',\), now \(\); description "
                                          r"'pure torch', now ''; register each"):
         reg.register(KernelSpec("g.b", B.TORCH, "m:f"))
+
+
+def _register_twice(make_inputs_1, make_inputs_2, shapes_2=({"n": 1},)):
+    reg = KernelRegistry()
+    reg.define(OpDefinition("r.l", shapes=({"n": 1},), make_inputs=make_inputs_1))
+    with pytest.raises(ValueError) as info:
+        reg.define(OpDefinition("r.l", shapes=shapes_2, make_inputs=make_inputs_2))
+    return str(info.value)
+
+
+def _closure():
+    return lambda shape, device: ()
+
+
+def test_a_repeated_op_definition_with_a_lambda_made_again_says_to_use_a_module_level_function():
+    # It said only "register_op was already called for it": a lambda made again is unequal to the first one.
+    assert _register_twice(_closure(), _closure()) == (
+        "Conflicting op definition for 'r.l': register_op was already called for it with make_inputs the same "
+        f"code as a new function object ({__name__}:_closure.<locals>.<lambda>), equal only to itself; "
+        "define make_inputs as a module-level function rather than a lambda or closure, so that calling "
+        "register_op again passes the same object and is a no-op")
+
+
+def test_a_conflicting_op_definition_names_the_fields_that_differ():
+    # It named no field, so the two definitions had to be compared by hand.
+    other = lambda shape, device: ()  # noqa: E731
+    message = _register_twice(_inputs, other, shapes_2=({"n": 2},))
+    assert message == (
+        "Conflicting op definition for 'r.l': register_op was already called for it with shapes ({'n': 1},), "
+        f"now ({{'n': 2}},); make_inputs {__name__}:_inputs, now "
+        f"{__name__}:test_a_conflicting_op_definition_names_the_fields_that_differ.<locals>.<lambda>; "
+        "define each op once, or use an op name of your own (e.g. 'myengine.rmsnorm')")

@@ -139,7 +139,8 @@ def doctor(db, as_json):
     database = _read_db(_settings(db, full=False, match=False), db, refuse_unread=False)  # its layers say why
     platform, entries = _entries(database, (), match=match)
     plugin_errors = dict(registry_module.plugin_errors)
-    blocking += [f"plug-in {name!r} failed to load ({error}); its ops are not registered. Reinstall or fix "
+    blocking += [f"plug-in {name!r} failed to load ({error}); a plug-in that raised registers nothing, one whose "
+                 "registration conflicted keeps its others. Reinstall or fix "
                  "the package that declares it" for name, error in plugin_errors.items()]
     in_use = {(e.decision.op, e.decision.mode): e for e in entries
               if e.status == "in use" and e.decision.bucket == OP_LEVEL_BUCKET}
