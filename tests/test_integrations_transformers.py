@@ -89,6 +89,29 @@ def test_greedy_generation_gives_the_same_tokens(family):
     assert torch.equal(got, expected)
 
 
+@pytest.mark.parametrize("family, cache_implementation, overrides", [
+    ("llama", None, {}), ("llama", "static", {}), ("qwen3", None, {}),
+    ("mistral", None, dict(sliding_window=8)), ("mistral", "static", dict(sliding_window=8)),
+])
+def test_positions_past_max_position_embeddings_match_transformers(family, cache_implementation, overrides):
+    # The rope table ended at max_position_embeddings and a longer call read past it: an IndexError with the torch
+    # kernel, the whole process aborted with the torch.compile'd one, out-of-bounds reads on a GPU.
+    model = tiny(family, max_position_embeddings=16, **overrides)
+    ids, mask = batch()
+    long_ids, long_mask = torch.cat((ids, ids), dim=1), torch.cat((mask, mask), dim=1)  # 24 tokens
+    settings = dict(input_ids=ids, attention_mask=mask, max_new_tokens=8, do_sample=False, pad_token_id=0,
+                    cache_implementation=cache_implementation)  # positions up to 19
+    with torch.no_grad():
+        expected = model(input_ids=long_ids, attention_mask=long_mask).logits
+        expected_tokens = model.generate(**settings)
+        with patch_model(model, backend="torch"):
+            got = model(input_ids=long_ids, attention_mask=long_mask).logits
+            tokens = model.generate(**settings)
+    torch.testing.assert_close(got, expected, atol=TOLERANCE[torch.float32], rtol=TOLERANCE[torch.float32])
+    assert tokens.shape == (2, 12 + 8)
+    assert torch.equal(tokens, expected_tokens)
+
+
 @pytest.mark.parametrize("family, fuse, projections, counts", [
     # rmsnorm: input_layernorm per layer (+ post_attention_layernorm unfused, + q_norm and k_norm in Qwen3) + final
     ("llama", True, False, dict(rmsnorm=3, fused_add_rmsnorm=2, rope=2, silu_and_mul=2, gemm=0)),

@@ -220,22 +220,58 @@ def check_model(model) -> tuple[str, torch.nn.Module]:
     return family, inner
 
 
-def rope_cache(rotary_emb, head_dim: int) -> tuple[torch.Tensor | None, str]:
-    """The [positions, head_dim] fp32 [cos | sin] table that transformers' rotary_emb computes per call, else why not.
+class RopeTable:
+    """The model's [positions, head_dim] fp32 [cos | sin] table, shared by its attention layers, and grown when a call
+    can reach past it: transformers computes cos/sin per call from the positions, so it has no length limit.
 
     Built with transformers' own arithmetic (position * inv_freq in fp32, then cos/sin times attention_scaling),
     so the table equals transformers' cos/sin before it rounds them to the model's dtype; autosel's rope then
     rotates in fp32 and rounds once, where transformers rotates in the model's dtype: within bf16 tolerance."""
+
+    def __init__(self, inv_freq: torch.Tensor, scale: float, rows: int) -> None:
+        self.inv_freq, self.scale = inv_freq, scale
+        self.table = self.build(rows)
+
+    def build(self, rows: int) -> torch.Tensor:
+        positions = torch.arange(rows, device=self.inv_freq.device, dtype=torch.float32)
+        freqs = positions[:, None] * self.inv_freq.float()[None, :]
+        return torch.cat((freqs.cos() * self.scale, freqs.sin() * self.scale), dim=-1)
+
+    def covering(self, rows: int) -> torch.Tensor:
+        """The table with at least `rows` positions; it at least doubles when it grows, so that decoding past it
+        grows it a few times, not at every token."""
+        if rows <= self.table.shape[0]:
+            return self.table
+        if self.table.is_cuda and torch.cuda.is_current_stream_capturing():
+            raise IntegrationError(
+                f"a call reaches position {rows - 1}, past the {self.table.shape[0]} positions of autosel's rope "
+                "table, while a CUDA graph is being captured, and the table cannot grow inside a capture: run the "
+                "step once before capturing it (the usual warm-up), so that the table grows outside")
+        self.table = self.build(max(rows, 2 * self.table.shape[0]))
+        return self.table
+
+
+def rope_cache(rotary_emb, head_dim: int) -> tuple[RopeTable | None, str]:
+    """The rope table for `rotary_emb`'s frequencies, first sized to its max_seq_len_cached, else why not."""
     rope_type = getattr(rotary_emb, "rope_type", None)
     if not isinstance(rope_type, str) or "dynamic" in rope_type or rope_type == "longrope":
         return None, f"rope_type {rope_type!r} changes its frequencies with the sequence length"
     inv_freq = getattr(rotary_emb, "inv_freq", None)
     if inv_freq is None or inv_freq.numel() * 2 != head_dim:
         return None, f"the rotary embedding does not rotate the whole head (head_dim {head_dim})"
-    positions = torch.arange(rotary_emb.max_seq_len_cached, device=inv_freq.device, dtype=torch.float32)
-    freqs = positions[:, None] * inv_freq.float()[None, :]
-    scale = rotary_emb.attention_scaling
-    return torch.cat((freqs.cos() * scale, freqs.sin() * scale), dim=-1), ""
+    return RopeTable(inv_freq, rotary_emb.attention_scaling, rotary_emb.max_seq_len_cached), ""
+
+
+def positions_bound(cache, layer_idx: int, tokens: int) -> int:
+    """One past the largest position transformers gives a call of `tokens` tokens per sequence, read on the host
+    (a device read would synchronize, and break a CUDA graph capture): what the cache holds plus the call's
+    tokens; where the cache keeps that count on the device (StaticCache), all that the cache can hold."""
+    if cache is None:
+        return tokens
+    held = cache.get_seq_length(layer_idx)
+    if isinstance(held, torch.Tensor):
+        return max(cache.get_max_length(layer_idx), tokens)
+    return held + tokens
 
 
 def fuse_gate_up(mlp, steps: list) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -277,9 +313,12 @@ def layer_forward(layer, fused: Callable) -> Callable:
     return forward
 
 
-def attention_forward(attn, rope: Callable, table: torch.Tensor, sliding: Callable | None, qk_norm: bool) -> Callable:
+def attention_forward(attn, rope: Callable, table: RopeTable, sliding: Callable | None, qk_norm: bool) -> Callable:
     """transformers' attention with rope applied in place on q and k in [tokens, heads * head_dim] layout, at the
-    positions the model passes down (position_ids), instead of apply_rotary_pos_emb on the cos/sin it passes."""
+    positions the model passes down (position_ids), instead of apply_rotary_pos_emb on the cos/sin it passes.
+
+    position_ids a caller passes itself are trusted to stay below what the cache holds plus the call's tokens, as
+    every position transformers computes does (from the cache's length, or from the attention mask)."""
     head_dim = attn.head_dim
     fallback = sys.modules[type(attn).__module__].eager_attention_forward
 
@@ -292,7 +331,8 @@ def attention_forward(attn, rope: Callable, table: torch.Tensor, sliding: Callab
         value = attn.v_proj(hidden_states).view(hidden_shape).transpose(1, 2)
         tokens = input_shape.numel()
         positions = kwargs["position_ids"].expand(input_shape).reshape(tokens)
-        rope(positions, query.view(tokens, -1), key.view(tokens, -1), head_dim, table, True)
+        cos_sin = table.covering(positions_bound(cache, attn.layer_idx, input_shape[-1]))
+        rope(positions, query.view(tokens, -1), key.view(tokens, -1), head_dim, cos_sin, True)
         query, key = query.view(hidden_shape).transpose(1, 2), key.view(hidden_shape).transpose(1, 2)
         if cache is not None:
             key, value = cache.update(key, value, attn.layer_idx, kwargs=kwargs)
