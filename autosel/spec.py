@@ -6,10 +6,11 @@ import difflib
 import enum
 import importlib
 import importlib.util
+import json
 import math
 import re
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Iterable
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping
 
 if TYPE_CHECKING:
     from autosel.platforms import PlatformInfo
@@ -316,12 +317,34 @@ class OpDefinition:
         if not callable(self.shapes) and (isinstance(self.shapes, (str, bytes)) or not isinstance(self.shapes, Iterable)):
             raise TypeError(f"shapes for op {self.op!r} must be a list of dicts or a function of the platform, "
                             f"got {self.shapes!r}")
+        if isinstance(self.shapes, (list, tuple)):
+            check_shapes(self.op, self.shapes)
         check_tolerance("rtol", self.rtol, self.op)
         check_tolerance("atol", self.atol, self.op)
 
     def shapes_for(self, platform: "PlatformInfo") -> list[dict]:
-        shapes = self.shapes(platform) if callable(self.shapes) else self.shapes
-        return [dict(s) for s in shapes]
+        if not callable(self.shapes):
+            return [dict(s) for s in self.shapes]
+        return check_shapes(self.op, [dict(s) for s in self.shapes(platform)])
+
+
+def check_shapes(op: str, shapes) -> list:
+    """Each shape a dict of JSON values: shapes are stored as evidence (JSON) beside every decision, so a value JSON
+    cannot hold (a torch.dtype, say) would fail only once the whole tune had run."""
+    for index, shape in enumerate(shapes):
+        if not isinstance(shape, Mapping):
+            raise TypeError(f"shape {index} of op {op!r} must be a dict such as {{'tokens': 64, 'hidden': 4096}}, "
+                            f"got {shape!r}")
+        for key, value in shape.items():
+            try:
+                json.dumps({key: value})
+            except (TypeError, ValueError):
+                raise TypeError(f"shape {index} of op {op!r} holds {key}={value!r}, which cannot be stored as JSON; "
+                                "give shapes as numbers, strings and booleans (a dtype by its name, 'bfloat16', "
+                                "which make_inputs reads)") from None
+            if not isinstance(key, str):
+                raise TypeError(f"shape {index} of op {op!r} has the key {key!r}; shape keys are strings")
+    return list(shapes)
 
 
 def spec_list(specs: Iterable[KernelSpec]) -> list[str]:

@@ -7,7 +7,7 @@ import math
 import pytest
 
 from autosel.platforms import PlatformInfo
-from autosel.spec import CapabilityRequirement as Cap, DeviceType, KernelBackend as B, KernelSpec
+from autosel.spec import CapabilityRequirement as Cap, DeviceType, KernelBackend as B, KernelSpec, OpDefinition
 
 CPU = PlatformInfo("cpu")
 SM80 = PlatformInfo("cuda", 8, 0)
@@ -134,3 +134,15 @@ def test_bad_spec_values_are_type_or_value_errors_at_construction(make, error, m
 def test_a_device_given_as_text_is_parsed():
     # CapabilityRequirement("cuda") used to be accepted as a str and make select_kernel raise AttributeError.
     assert Cap("cuda") == Cap.CUDA and Cap("cuda").unmet_reason(CPU) == "needs cuda, device is cpu"
+
+
+def test_a_shape_value_json_cannot_store_is_refused_at_registration_naming_op_and_key():
+    # It was accepted, and the tune failed after every check and timing with a bare "Object of type dtype is not
+    # JSON serializable" (and `autosel tune` printed a traceback).
+    torch = pytest.importorskip("torch")
+    with pytest.raises(TypeError, match=r"^shape 1 of op 'x.y' holds dtype=torch.bfloat16, which cannot be stored as "
+                                        r"JSON; give shapes as numbers, strings and booleans"):
+        OpDefinition("x.y", shapes=[{"n": 4}, {"n": 8, "dtype": torch.bfloat16}], make_inputs=lambda s, d: ())
+    late = OpDefinition("x.y", shapes=lambda platform: [{"n": 4, "dtype": torch.float16}], make_inputs=lambda s, d: ())
+    with pytest.raises(TypeError, match=r"^shape 0 of op 'x.y' holds dtype=torch.float16"):
+        late.shapes_for(CPU)
