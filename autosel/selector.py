@@ -16,10 +16,14 @@ from autosel.spec import KernelBackend, KernelSpec, spec_list
 log = logging.getLogger(__name__)
 
 
-def resolve_mode(mode: str | None, platform: PlatformInfo, settings: config.Settings | None = None) -> str:
-    """The caller's mode, else graph while capturing, else AUTOSEL_MODE, else eager. Only CUDA has graphs."""
+def _check_mode(mode: str | None) -> None:
     if mode is not None and mode not in config.EXECUTION_MODES:
         raise ValueError(f"mode={mode!r} is not valid; allowed values: {', '.join(config.EXECUTION_MODES)}")
+
+
+def resolve_mode(mode: str | None, platform: PlatformInfo, settings: config.Settings | None = None) -> str:
+    """The caller's mode, else graph while capturing, else AUTOSEL_MODE, else eager. Only CUDA has graphs."""
+    _check_mode(mode)
     if platform.torch_device != "cuda":
         return "eager"
     if mode is not None:
@@ -44,6 +48,7 @@ def _choose(op: str, backend: KernelBackend | str | None, mode: str | None
     specs = registry.get(op)
     if not specs:
         raise KeyError(f"No kernels registered for op {op!r}")
+    _check_mode(mode)  # with backend= too, where no mode is resolved: a typo would pass unseen
     if backend is not None:
         backend = KernelBackend.parse(backend)
         for spec in specs:

@@ -420,6 +420,14 @@ def test_mode_is_eager_on_cpu_and_validated():
         selector.resolve_mode("fast", SM90)
 
 
+@pytest.mark.parametrize("backend", [None, "torch"])
+def test_a_bad_mode_is_refused_with_an_explicit_backend_too(reg, backend):
+    # get_kernel(op, "torch", mode="graf") was accepted: with backend= no mode was ever resolved.
+    toy(reg, B.TORCH, B.TRITON)
+    with pytest.raises(ValueError, match="mode='graf' is not valid; allowed values: eager, graph"):
+        selector.get_kernel("toy.double", backend, mode="graf")
+
+
 def test_record_appends_each_shape_bucket_once_per_process(reg, monkeypatch, tmp_path):
     import json
 
