@@ -166,10 +166,15 @@ def _decide_here(op: str, eligible: list[KernelSpec], platform: PlatformInfo, mo
                     "wait, run `autosel tune` before serving, or ship a tuning DB and point AUTOSEL_DB_PATH at it",
                     op, mode, why, ", ".join(spec_list(eligible)), settings.budget_s, kept)
     try:
-        return table_of(*tune_and_record(definition, eligible, platform=platform, mode=mode, db=db,
-                                         budget_s=settings.budget_s, force=retune)[:2])
+        recorded = tune_and_record(definition, eligible, platform=platform, mode=mode, db=db,
+                                   budget_s=settings.budget_s, force=retune)
     except NoCandidateError as exc:
         raise NoCandidateError(f"{exc}; fix the kernels named, or pass backend=... to choose one") from None
+    rejected = [c for c in recorded.decision.candidates if c.status == "rejected"]
+    if recorded.tuned and rejected:  # a broken kernel must not vanish unsaid: `autosel tune` shows it in its table
+        log.warning("op %r (%s mode): %s never run%s here: %s", op, mode, ", ".join(c.backend for c in rejected),
+                    "s" if len(rejected) == 1 else "", "; ".join(f"{c.backend} {c.reason}" for c in rejected))
+    return table_of(recorded.decision, recorded.buckets)
 
 
 class Recorded(NamedTuple):

@@ -185,9 +185,16 @@ def test_bad_tune_mode_names_the_variable_and_allowed_values(reg, monkeypatch):
 
 # --- the new row: several eligible -> the measured winner --------------------------------------------------
 
-def test_several_eligible_picks_the_fastest_correct_kernel_and_stores_it(reg):
+def test_several_eligible_picks_the_fastest_correct_kernel_and_stores_it(reg, caplog):
+    import logging
+
     toy(reg, B.TORCH, B.AOT, B.JIT, B.TRITON, B.CUTE_DSL)
+    caplog.set_level(logging.WARNING, logger="autosel")
     assert selector.select_kernel("toy.double").backend == B.TRITON
+    # The rejected ones are said at run time too: they were dropped unsaid, seen only in `autosel show`.
+    [said] = [m for m in caplog.messages if "never run here" in m]
+    assert said.startswith("op 'toy.double' (eager mode): aot, jit, cute_dsl never run here: aot ")
+    assert "jit raised RuntimeError: illegal memory access" in said and "cute_dsl " in said
     decision, layer = tuning.database().decisions("toy.double")[0]
     assert decision.winner == "triton" and layer.kind == "user"
     reasons = {c.backend: (c.status, c.reason or "") for c in decision.candidates}
