@@ -84,12 +84,13 @@ def _here(op, mode, specs, definition, db, platform, match, buckets) -> Coverage
         return Coverage(op, mode, True, f"no decision needed: {only} is the only usable backend here", winner=only)
     if not eligible:
         return Coverage(op, mode, False, "no backend is eligible here; only explicit backend=... calls work")
-    usable = {s.backend.value for s in eligible}.__contains__
+    names = [s.backend.value for s in eligible]
+    usable, fits = set(names).__contains__, (lambda decision: not decision.untimed(names))
     versions = version_vector(platform, eligible)
     key = decision_key(op, eligible, platform, mode, versions)
-    hit, near = db.lookup(key, usable=usable), None
+    hit, near = db.lookup(key, usable=usable, fits=fits), None
     if hit is None and match != "exact":
-        hit = db.lookup_near(key, usable=usable, match=match)
+        hit = db.lookup_near(key, usable=usable, match=match, fits=fits)
         near = hit and near_detail(hit[0], platform.key, versions)
     if hit is None:
         stored = [d for d, _ in db.decisions(op) if d.mode == mode and d.bucket == OP_LEVEL_BUCKET]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, Iterable
 
 OP_LEVEL_BUCKET = "*"  # the bucket of the op-level decision, stored beside the per-bucket ones
 
@@ -128,6 +128,13 @@ class Decision:
 
     def candidate(self, backend: str) -> CandidateResult | None:
         return next((c for c in self.candidates if c.backend == backend), None)
+
+    def untimed(self, eligible: Iterable[str]) -> list[str]:
+        """The backends among `eligible` that this decision never considered (registered or installed since): a
+        decision that did not time a backend eligible here is a miss, so the new backend gets timed. A row stored
+        without its candidates cannot tell, and misses nothing."""
+        considered = {c.backend for c in self.candidates}
+        return [b for b in eligible if considered and b not in considered]
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -86,6 +86,9 @@ class Inventory:
                 status, detail = "unusable", "no backend of this op can run here (`autosel doctor` says why)"
             elif decision.winner not in eligible:
                 status, detail = "unusable", f"winner {decision.winner!r} is not eligible here (eligible: {eligible})"
+            elif decision.bucket == OP_LEVEL_BUCKET and (untimed := decision.untimed(eligible)):
+                status, detail = "stale", (f"never timed {', '.join(untimed)}, eligible here (registered or "
+                                           "installed since): `autosel tune` times it")
             elif decision.key in used:
                 status, detail = "shadowed", f"the {used[decision.key]} layer's row is used instead"
             else:
@@ -108,7 +111,8 @@ class Inventory:
             d = e.decision
             rank = near_rank(d.platform_key, self.platform.key, self.match)
             if (e.status == "stale" and d.bucket == OP_LEVEL_BUCKET and rank is not None
-                    and (d.op, d.mode) not in exact and d.winner in self.current(d.op)[1]):
+                    and (d.op, d.mode) not in exact and d.winner in self.current(d.op)[1]
+                    and not d.untimed(self.current(d.op)[1])):
                 candidates.append((rank, layers.index(e.layer_path), e))
         candidates.sort(key=lambda item: item[2].decision.created_at, reverse=True)
         chosen: dict[tuple, tuple] = {}

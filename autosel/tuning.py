@@ -94,25 +94,28 @@ def stored_table(op: str, eligible: list[KernelSpec], platform: PlatformInfo, mo
     """What this process's own DB layers hold for `op` (under AUTOSEL_MATCH), as a bucket table; None when they
     hold nothing. Never tunes: a rank's own answer for AUTOSEL_CHECK_RANKS."""
     versions = version_vector(platform, eligible)
-    found = _lookup(database(settings), decision_key(op, eligible, platform, mode, versions),
-                    {s.backend.value for s in eligible}.__contains__, match=settings.match, versions=versions,
-                    say=False)
+    found = _lookup(database(settings), decision_key(op, eligible, platform, mode, versions), eligible,
+                    match=settings.match, versions=versions, say=False)
     return None if found is None else table_of(*found[:2])
 
 
 _near_said: set[tuple] = set()  # near-match rows this process has said it uses
 
 
-def _lookup(db, key: DecisionKey, usable: Callable[[str], bool], *, match: str = "exact",
+def _lookup(db, key: DecisionKey, eligible: list[KernelSpec], *, match: str = "exact",
             versions: dict[str, str] | None = None, say: bool = True
             ) -> tuple[Decision, tuple[Decision, ...], Any] | None:
-    """The stored op-level decision, the bucket rows of its layer and that layer, or None. match: AUTOSEL_MATCH; "device" or
-    "arch" take the closest near row when no exact one is stored, and say so once unless `say` is false (versions:
-    this machine's, for saying what differs)."""
-    hit = db.lookup(key, usable=usable)
+    """The stored op-level decision, the bucket rows of its layer and that layer, or None. A row whose winner is
+    not eligible here, or that never timed a backend eligible here (Decision.untimed), is passed over. match:
+    AUTOSEL_MATCH; "device" or "arch" take the closest near row when no exact one is stored, and say so once
+    unless `say` is false (versions: this machine's, for saying what differs)."""
+    names = [s.backend.value for s in eligible]
+    usable = set(names).__contains__
+    fits = lambda decision: not decision.untimed(names)  # noqa: E731
+    hit = db.lookup(key, usable=usable, fits=fits)
     near = hit is None and match != "exact"
     if near:
-        hit = db.lookup_near(key, usable=usable, match=match)
+        hit = db.lookup_near(key, usable=usable, match=match, fits=fits)
     if hit is None:
         return None
     buckets = tuple(db.buckets(hit[0], hit[1], usable=usable))
@@ -137,13 +140,12 @@ def _say_near(key: DecisionKey, decision: Decision, layer, buckets: int, match: 
 
 def _decide_here(op: str, eligible: list[KernelSpec], platform: PlatformInfo, mode: str,
                  settings: config.Settings) -> BucketTable:
-    usable = {s.backend.value for s in eligible}.__contains__
     versions = version_vector(platform, eligible)
     key = decision_key(op, eligible, platform, mode, versions)
     db = database(settings)
     retune = settings.tune == "force" and key not in _forced_done
     if not retune:
-        found = _lookup(db, key, usable, match=settings.match, versions=versions)
+        found = _lookup(db, key, eligible, match=settings.match, versions=versions)
         if found is not None:
             return table_of(*found[:2])
     message = multiple_backends_message(op, platform, eligible)
@@ -202,9 +204,8 @@ def tune_and_record(definition: OpDefinition, eligible: list[KernelSpec], *, pla
     op = definition.op
     versions = version_vector(platform, eligible)  # read once: it asks the installed packages' metadata
     key = decision_key(op, eligible, platform, mode, versions)
-    usable = {s.backend.value for s in eligible}.__contains__
     with db.lease(platform.key, op, mode, budget_s=budget_s):  # expires, and waiters stop, with the budget
-        found = None if force else _lookup(db, key, usable)
+        found = None if force else _lookup(db, key, eligible)
         if found is not None and (shapes is None or _decided_on(found[0], shapes)):
             return Recorded(*found[:2], tuned=False)
         tuner = Tuner(timer=timer_for(platform.torch_device, mode), device=platform.torch_device,
@@ -339,11 +340,10 @@ def plan_jobs(platform: PlatformInfo, db, patterns: list[str] | None = None, *, 
     planned: list[TuneOutcome | TuneJob] = []
     for op, eligible in contested_ops(platform, patterns):
         definition = registry.definition(op)
-        usable = {s.backend.value for s in eligible}.__contains__
         for mode in modes or modes_for(platform):
             key = decision_key(op, eligible, platform, mode)
             given = (shapes or {}).get(op)
-            found = None if force else _lookup(db, key, usable)
+            found = None if force else _lookup(db, key, eligible)
             if found is not None and given and not _decided_on(found[0], given):
                 found = None  # decided on other shapes: the caller asked for these to be timed
             if found is not None:

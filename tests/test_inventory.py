@@ -24,7 +24,8 @@ SPECS = [KernelSpec("toy.op", B.TORCH, "toy_kernels:fast"), KernelSpec("toy.op",
 
 def row(bucket: str, winner: str) -> Decision:
     return Decision(op="toy.op", mode="eager", bucket=bucket, winner=winner, platform_key=CPU.key,
-                    versions=version_vector(CPU, SPECS), candidates=(CandidateResult("torch", "ok"),), margin=0.05)
+                    versions=version_vector(CPU, SPECS),
+                    candidates=(CandidateResult("torch", "ok"), CandidateResult("triton", "ok")), margin=0.05)
 
 
 def test_bucket_rows_are_in_use_only_beside_the_op_level_row_in_use():
@@ -56,3 +57,16 @@ def test_rows_of_an_op_with_no_backend_runnable_here_are_unusable_not_stale_and_
     assert (entry.status, entry.detail) == ("unusable", "no backend of this op can run here (`autosel doctor` says "
                                                         "why)")
     assert inventory.prunable(stored) is None
+
+
+def test_a_decision_that_never_timed_a_backend_eligible_here_is_stale_with_its_buckets():
+    # A backend registered after the tune (a plug-in's new kernel) was never timed: the row stayed "in use".
+    registry = KernelRegistry()
+    for spec in SPECS + [KernelSpec("toy.op", B.JIT, "toy_kernels:fast")]:
+        registry.register(spec)
+    entries = Inventory(CPU, registry).entries([(row("*", "torch"), Layer("user.db", "user")),
+                                                (row("[1]", "triton"), Layer("user.db", "user"))])
+    assert [(e.status, e.detail.split(":")[0]) for e in entries] == [
+        ("stale", "never timed jit, eligible here (registered or installed since)"),
+        ("shadowed", "its op-level row in this layer is stale; get_kernel reads bucket rows beside the op-level "
+                     "decision it uses")]

@@ -298,6 +298,17 @@ def test_stored_winner_that_is_no_longer_eligible_is_a_miss(reg, monkeypatch):
         selector.select_kernel("toy.double")
 
 
+def test_a_backend_registered_after_the_decision_is_timed_at_the_next_selection(reg):
+    # It was never timed: the stored decision (made without it) kept being used, and `autosel tune` said "stored".
+    toy(reg, B.TORCH, B.CUTE_DSL)  # cute_dsl returns NaN: torch wins, with cute_dsl rejected
+    assert selector.select_kernel("toy.double").backend == B.TORCH
+    reg.register(KernelSpec("toy.double", B.TRITON, "toy_kernels:fast"))  # a plug-in's new, 64x faster kernel
+    selector.clear_cache()
+    assert selector.select_kernel("toy.double").backend == B.TRITON
+    [(decision, _)] = [(d, layer) for d, layer in tuning.database().decisions("toy.double") if d.bucket == "*"]
+    assert {c.backend for c in decision.candidates} == {"torch", "cute_dsl", "triton"}
+
+
 def test_decision_made_in_one_process_is_used_by_the_next(tmp_path):
     script = textwrap.dedent("""
         import json
