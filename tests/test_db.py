@@ -496,6 +496,26 @@ def test_lease_second_process_waits_for_the_holder(tmp_path):
     db.close()
 
 
+def test_a_thread_waiting_on_its_own_process_s_lease_is_not_told_to_end_that_process(tmp_path, caplog):
+    # It said "end pid N" naming its own pid.
+    import logging
+    import threading
+
+    db = open_db(tmp_path / "user.db")
+    caplog.set_level(logging.WARNING)
+    with db.lease("nvidia-sm_90", "norm.rms", "eager") as took:
+        assert took
+        waiter = threading.Thread(target=lambda: db.lease("nvidia-sm_90", "norm.rms", "eager",
+                                                          poll_s=0.05).__enter__())
+        waiter.start()
+        time.sleep(0.5)
+        db.record(decision())
+    waiter.join(timeout=30)
+    [line] = [r.getMessage() for r in caplog.records if "waiting for the tuning lease" in r.getMessage()]
+    assert "held by another thread of this process since" in line and "end pid" not in line
+    db.close()
+
+
 def test_lease_of_a_killed_process_is_taken_over_at_once(tmp_path):
     path = tmp_path / "user.db"
     open_db(path).close()
