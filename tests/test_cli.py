@@ -393,7 +393,9 @@ def test_tune_shapes_of_only_unknown_ops_name_them_and_the_registered_ops(reg, t
     assert result.exit_code == 1
     # It also printed a warning saying the same ("its shapes are skipped") above the error.
     assert result.stderr.splitlines() == [f"Error: op 'toy.dubble' in {args[1]} is not registered here; "
-                                          "registered ops: toy.double"]
+                                          "registered ops: toy.double; the command line sees the ops that autosel "
+                                          "and its plug-ins register (an `autosel.ops` entry point, README), not "
+                                          "those a script registers"]
 
 
 def test_tune_shapes_of_a_known_and_an_unknown_op_tunes_one_and_warns_of_the_other(reg, tmp_path):
@@ -405,7 +407,8 @@ def test_tune_shapes_of_a_known_and_an_unknown_op_tunes_one_and_warns_of_the_oth
     assert result.exit_code == 0, result.output
     assert [o["status"] for o in json.loads(result.stdout)["outcomes"]] == ["tuned"]
     assert result.stderr.startswith("Warning: op 'toy.dubble' is not registered here; its shapes are skipped "
-                                    "(registered ops: toy.double)\n")
+                                    "(registered ops: toy.double); the command line sees the ops that autosel and "
+                                    "its plug-ins register")
 
 
 @pytest.mark.parametrize("how", ["--shapes", "--from-record"])

@@ -18,6 +18,10 @@ from autosel.decisions import format_lead
 from autosel.chart import format_us
 from autosel.report import candidate_median_us
 
+# An op registered by a script at run time is not in `autosel tune`'s process: say where its ops must come from.
+SCRIPT_OPS = ("; the command line sees the ops that autosel and its plug-ins register (an `autosel.ops` entry "
+              "point, README), not those a script registers")
+
 
 # --- tune -------------------------------------------------------------------------------------------------
 
@@ -141,7 +145,7 @@ def _plan(tuning, platform, ops: tuple[str, ...], shapes_by_mode) -> tuple[list,
                 targets.append(op)
             elif not tuning.registry.has(op):
                 notes.append(f"op {op!r} is not registered here; its shapes are skipped (registered ops: "
-                             f"{', '.join(tuning.registry.ops()) or 'none'})")
+                             f"{', '.join(tuning.registry.ops()) or 'none'}){SCRIPT_OPS}")
             else:
                 notes.append(f"op {op!r} has fewer than two backends eligible here; nothing to tune")
         if targets:
@@ -180,7 +184,7 @@ def _nothing_to_tune(tuning, platform, ops: tuple[str, ...], named: list[str] | 
     if unknown:
         return (f"op{'s' * (len(unknown) > 1)} {', '.join(map(repr, unknown))} in {source} "
                 f"{'are' if len(unknown) > 1 else 'is'} not registered here; registered ops: "
-                f"{', '.join(registered) or 'none'}")
+                f"{', '.join(registered) or 'none'}{SCRIPT_OPS}")
     lone = []
     for op in registered:
         if _matches(op, ops) and (named is None or op in named):
