@@ -223,6 +223,16 @@ def test_patching_twice_or_with_a_bad_mode_raises():
         patch_model(model, mode="fast")
 
 
+def test_an_explicit_backend_that_cannot_run_here_fails_at_patch_time_and_leaves_the_model_unchanged():
+    # It patched, and the first forward failed far from its cause ("Torch not compiled with CUDA enabled").
+    model = tiny("llama")
+    before = replaced_forwards(model)
+    with pytest.raises(IntegrationError, match=r"^backend='triton' cannot run layernorm.rmsnorm on this machine "
+                                               r"\(needs cuda, device is cpu"):
+        patch_model(model, backend="triton")
+    assert replaced_forwards(model) == before and getattr(model, "_autosel_patch", None) is None
+
+
 def test_dynamic_rope_is_left_to_transformers_and_said_so():
     model = tiny("llama", rope_parameters={"rope_type": "dynamic", "factor": 2.0, "rope_theta": 10000.0})
     expected = logits(model)

@@ -131,6 +131,11 @@ def patch_model(model, *, backend: str | None = None, mode: str | None = None, f
 
     def kernel(kind: str) -> Callable:
         op = OPS[kind]
+        if backend is not None:  # an explicit backend is not checked against the device (the contract): here it
+            reason = autosel.select_kernel(op, backend).unavailable_reason(platforms.current_platform())
+            if reason:  # would fail at the first forward, far from its cause
+                raise IntegrationError(f"backend={backend!r} cannot run {op} on this machine ({reason}); patch "
+                                       "without backend= to let autosel choose among the eligible backends")
         kernels[op] = autosel.get_kernel(op, backend, mode=mode)
         if graph_from_tokens is not None:
             graph = autosel.get_kernel(op, backend, mode="graph")
