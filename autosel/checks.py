@@ -35,13 +35,20 @@ def outputs_of(result: Any, args: Sequence[Any]) -> tuple:
     return (result,)
 
 
-def changed_inputs(after: Sequence[Any], reference_after: Sequence[Any]) -> list[int]:
-    """The positions of the tensor arguments that differ, bit for bit, between a candidate's arguments after its
-    call and the reference's after its call (both began as copies of one input)."""
+def side_effects(before: Sequence[Any], after: Sequence[Any], reference_after: Sequence[Any]
+                 ) -> tuple[list[int], list[int]]:
+    """For an op that returns its result: (the tensor arguments the reference left as they were and the candidate
+    changed, the ones the reference wrote), by position; all three began as copies of one input. The first must
+    be empty; the second are compared with the reference's values like outputs. Byte for byte, so a NaN left in
+    place counts as unchanged."""
     import torch
 
-    return [i for i, (a, b) in enumerate(zip(after, reference_after))
-            if isinstance(a, torch.Tensor) and not torch.equal(a, b)]
+    def same(a, b) -> bool:
+        return torch.equal(a.reshape(-1).contiguous().view(torch.uint8), b.reshape(-1).contiguous().view(torch.uint8))
+
+    tensors = [i for i, x in enumerate(before) if isinstance(x, torch.Tensor)]
+    written = [i for i in tensors if not same(before[i], reference_after[i])]
+    return [i for i in tensors if i not in written and not same(before[i], after[i])], written
 
 
 def clone_args(args: Sequence[Any]) -> tuple:

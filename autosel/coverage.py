@@ -92,6 +92,10 @@ def _here(op, mode, specs, definition, db, platform, match, buckets) -> Coverage
     if hit is None and match != "exact":
         hit = db.lookup_near(key, usable=usable, match=match, fits=fits)
         near = hit and near_detail(hit[0], platform.key, versions)
+    if hit is None and (older := db.lookup(key, usable=usable)) is not None:
+        return Coverage(op, mode, False, f"the stored {mode} decision ({older[0].winner}, {older[1].kind} DB "
+                        f"{older[1].path}) never timed {', '.join(older[0].untimed(names))}, eligible here since: "
+                        "re-tune the op (selection keeps it only with AUTOSEL_TUNE=off)")
     if hit is None:
         stored = [d for d, _ in db.decisions(op) if d.mode == mode and d.bucket == OP_LEVEL_BUCKET]
         why = _closest_miss(stored, platform.key, versions)

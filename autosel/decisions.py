@@ -134,7 +134,9 @@ class Decision:
         decision that did not time a backend eligible here is a miss, so the new backend gets timed. A row stored
         without its candidates cannot tell, and misses nothing."""
         considered = {c.backend for c in self.candidates}
-        return [b for b in eligible if considered and b not in considered]
+        if not considered:
+            return []
+        return [b for b in eligible if b not in considered]
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -336,14 +336,14 @@ def check_shapes(op: str, shapes) -> list:
             raise TypeError(f"shape {index} of op {op!r} must be a dict such as {{'tokens': 64, 'hidden': 4096}}, "
                             f"got {shape!r}")
         for key, value in shape.items():
+            if not isinstance(key, str):
+                raise TypeError(f"shape {index} of op {op!r} has the key {key!r}; shape keys are strings")
             try:
-                json.dumps({key: value})
+                json.dumps(value)
             except (TypeError, ValueError):
                 raise TypeError(f"shape {index} of op {op!r} holds {key}={value!r}, which cannot be stored as JSON; "
                                 "give shapes as numbers, strings and booleans (a dtype by its name, 'bfloat16', "
                                 "which make_inputs reads)") from None
-            if not isinstance(key, str):
-                raise TypeError(f"shape {index} of op {op!r} has the key {key!r}; shape keys are strings")
     return list(shapes)
 
 

@@ -109,12 +109,28 @@ def check_candidate(fn: Callable[..., Any], definition: OpDefinition, reference:
         if not outcome.ok:
             report.reason = f"{outcome.reason} at {shape_text(shape)}"
             return report
-        changed = checks.changed_inputs(call_args, ref_args) if ref_result is not None else []
-        if changed:  # the caller's tensors would change under it: a result written over an input, say
-            report.reason = (f"changed its input argument {', '.join(map(str, changed))}, which the reference leaves "
-                             f"as it is, at {shape_text(shape)}")
-            return report
+        if ref_result is not None:  # an in-place op's written arguments are its outputs, compared above
+            report.reason = _side_effect_failure(definition, args, call_args, ref_args, shape)
+            if report.reason:
+                return report
     return report
+
+
+def _side_effect_failure(definition: OpDefinition, args, call_args, ref_args, shape: dict) -> str | None:
+    """Why a candidate's effect on its arguments differs from the reference's, or None: it changed one the
+    reference leaves alone (a result written over an input, say), or left one the reference writes wrong."""
+    changed, written = checks.side_effects(args, call_args, ref_args)
+    if changed:
+        return (f"changed its input argument {', '.join(map(str, changed))}, which the reference leaves as it is, "
+                f"at {shape_text(shape)}")
+    if not written:
+        return None
+    outcome = checks.compare(tuple(call_args[i] for i in written), tuple(ref_args[i] for i in written),
+                             rtol=definition.rtol, atol=definition.atol)
+    if not outcome.ok:
+        return (f"its input argument {', '.join(map(str, written))}, which the reference writes, after the call: "
+                f"{outcome.reason} at {shape_text(shape)}")
+    return None
 
 
 def _inputs(definition: OpDefinition, shape: dict, device: str) -> tuple:

@@ -103,15 +103,18 @@ _near_said: set[tuple] = set()  # near-match rows this process has said it uses
 
 
 def _lookup(db, key: DecisionKey, eligible: list[KernelSpec], *, match: str = "exact",
-            versions: dict[str, str] | None = None, say: bool = True
+            versions: dict[str, str] | None = None, say: bool = True, every_backend: bool = True
             ) -> tuple[Decision, tuple[Decision, ...], Any] | None:
     """The stored op-level decision, the bucket rows of its layer and that layer, or None. A row whose winner is
-    not eligible here, or that never timed a backend eligible here (Decision.untimed), is passed over. match:
-    AUTOSEL_MATCH; "device" or "arch" take the closest near row when no exact one is stored, and say so once
-    unless `say` is false (versions: this machine's, for saying what differs)."""
+    not eligible here is passed over, and so, unless every_backend is false, is one that never timed a backend
+    eligible here (Decision.untimed). match: AUTOSEL_MATCH; "device" or "arch" take the closest near row when no
+    exact one is stored, and say so once unless `say` is false (versions: this machine's, for saying what
+    differs)."""
     names = [s.backend.value for s in eligible]
     usable = set(names).__contains__
-    fits = lambda decision: not decision.untimed(names)  # noqa: E731
+
+    def fits(decision: Decision) -> bool:
+        return not every_backend or not decision.untimed(names)
     hit = db.lookup(key, usable=usable, fits=fits)
     near = hit is None and match != "exact"
     if near:
@@ -138,6 +141,18 @@ def _say_near(key: DecisionKey, decision: Decision, layer, buckets: int, match: 
                 near_detail(decision, key.platform_key, versions))
 
 
+_untimed_said: set[tuple[str, str]] = set()  # (op, mode) whose older decision this process has said it keeps
+
+
+def _say_untimed(op: str, mode: str, decision: Decision, eligible: list[KernelSpec], why: str) -> None:
+    if (op, mode) in _untimed_said:
+        return
+    _untimed_said.add((op, mode))
+    log.warning("op %r (%s mode): the stored decision (%s) never timed %s, eligible here since it was made; %s "
+                "keeps it without timing them. Run `autosel tune` to time every eligible backend", op, mode,
+                decision.winner, ", ".join(decision.untimed(s.backend.value for s in eligible)), why)
+
+
 def _decide_here(op: str, eligible: list[KernelSpec], platform: PlatformInfo, mode: str,
                  settings: config.Settings) -> BucketTable:
     versions = version_vector(platform, eligible)
@@ -148,6 +163,12 @@ def _decide_here(op: str, eligible: list[KernelSpec], platform: PlatformInfo, mo
         found = _lookup(db, key, eligible, match=settings.match, versions=versions)
         if found is not None:
             return table_of(*found[:2])
+    if settings.tune == "off" or capturing_cuda_graph():  # nothing may be timed now: a row that only misses a
+        older = _lookup(db, key, eligible, match=settings.match, versions=versions, every_backend=False)  # newer
+        if older is not None:  # backend still decides, rather than fail a served model at its start
+            _say_untimed(op, mode, older[0], eligible, "AUTOSEL_TUNE=off" if settings.tune == "off" else
+                         "CUDA-graph capture")
+            return table_of(*older[:2])
     message = multiple_backends_message(op, platform, eligible)
     definition = registry.definition(op)
     if definition is None or not definition.shapes_for(platform):  # before AUTOSEL_TUNE=off: tuning cannot help
@@ -174,8 +195,8 @@ def _decide_here(op: str, eligible: list[KernelSpec], platform: PlatformInfo, mo
         raise NoCandidateError(f"{exc}; fix the kernels named, or pass backend=... to choose one") from None
     rejected = [c for c in recorded.decision.candidates if c.status == "rejected"]
     if recorded.tuned and rejected:  # a broken kernel must not vanish unsaid: `autosel tune` shows it in its table
-        log.warning("op %r (%s mode): %s never run%s here: %s", op, mode, ", ".join(c.backend for c in rejected),
-                    "s" if len(rejected) == 1 else "", "; ".join(f"{c.backend} {c.reason}" for c in rejected))
+        log.warning("op %r (%s mode): rejected %s: %s", op, mode, ", ".join(c.backend for c in rejected),
+                    "; ".join(f"{c.backend} {c.reason}" for c in rejected))
     return table_of(recorded.decision, recorded.buckets)
 
 
@@ -384,18 +405,21 @@ def run_job(job: TuneJob, *, platform: PlatformInfo, db, budget_s: float, force:
     its traceback, so that one op does not end a batch tune."""
     from autosel.tuner import TuneEvent
 
-    reference = job.definition.reference if job.reference is None else job.reference.load()
-    try:
-        recorded = tune_and_record(job.definition, list(job.eligible), platform=platform, mode=job.mode, db=db,
-                                   budget_s=budget_s, force=force, shapes=list(job.shapes), on_event=on_event,
-                                   isolate_timeout_s=isolate_timeout_s, reference=reference)
-    except Exception as exc:
-        detail = str(exc) if isinstance(exc, TuningError) else f"raised {type(exc).__name__}: {exc}"
-        if not isinstance(exc, TuningError):
-            log.exception("tuning %s (%s mode) raised", job.op, job.mode)
+    def failed(detail: str) -> TuneOutcome:
         if on_event is not None:
             on_event(TuneEvent("failed", job.op, detail=detail, mode=job.mode))
         return TuneOutcome(job.op, job.mode, "failed", None, detail, platform_key=job.platform_key)
+
+    try:
+        reference = job.definition.reference if job.reference is None else job.reference.load()
+        recorded = tune_and_record(job.definition, list(job.eligible), platform=platform, mode=job.mode, db=db,
+                                   budget_s=budget_s, force=force, shapes=list(job.shapes), on_event=on_event,
+                                   isolate_timeout_s=isolate_timeout_s, reference=reference)
+    except TuningError as exc:
+        return failed(str(exc))
+    except Exception as exc:  # a plug-in's broken code (a reference that cannot load, say): this op fails alone
+        log.exception("tuning %s (%s mode) raised", job.op, job.mode)
+        return failed(f"raised {type(exc).__name__}: {exc}")
     if not recorded.tuned:
         return TuneOutcome(job.op, job.mode, "stored", recorded.decision, "recorded by another process while this "
                            "one waited to tune it", recorded.buckets, job.platform_key)

@@ -280,6 +280,9 @@ def test_tune_goes_on_past_an_op_whose_code_raises_and_lists_it_failed(reg, monk
     reg.register(KernelSpec("toy.badref", B.TRITON, "toy_kernels:fast"))
     reg.define(OpDefinition("toy.badref", shapes=toy_kernels.SHAPES, make_inputs=toy_kernels.inputs,
                             reference=toy_kernels.raises))
+    reg.register(KernelSpec("toy.unloadable", B.TORCH, "no_such_module_xyz:ref"))  # the reference: cannot load
+    reg.register(KernelSpec("toy.unloadable", B.TRITON, "toy_kernels:fast"))
+    reg.define(OpDefinition("toy.unloadable", shapes=toy_kernels.SHAPES, make_inputs=toy_kernels.inputs))
     reg.register(KernelSpec("toy.buggy", B.TORCH, "toy_kernels:slow"))
     reg.register(KernelSpec("toy.buggy", B.TRITON, "toy_kernels:fast"))
     reg.define(OpDefinition("toy.buggy", shapes=toy_kernels.SHAPES, make_inputs=toy_kernels.inputs))
@@ -299,6 +302,7 @@ def test_tune_goes_on_past_an_op_whose_code_raises_and_lists_it_failed(reg, monk
     assert status["toy.badref"][0] == "failed" and status["toy.badref"][1].startswith(
         "op 'toy.badref': its reference raised RuntimeError: illegal memory access (simulated) at n=")
     assert status["toy.buggy"] == ("failed", "raised AttributeError: 'NoneType' object has no attribute 'shape'")
+    assert status["toy.unloadable"][0] == "failed" and "no_such_module_xyz" in status["toy.unloadable"][1]
 
 
 @pytest.mark.parametrize("force", [False, True])

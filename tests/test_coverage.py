@@ -70,3 +70,16 @@ def test_another_model_counts_only_with_arch(tmp_path, registry):
     [arch] = covered(tmp_path, registry, row(H100, "triton"), match="arch")
     assert not exact.ok and exact.detail == f"no usable graph decision for {H200} (stored for: {H100})"
     assert arch.ok and arch.near == f"near match: tuned on {H100}, the target is {H200}"
+
+
+def test_a_decision_that_never_timed_a_backend_eligible_here_is_not_counted_and_names_it(tmp_path, registry):
+    # A backend registered after the tune (a plug-in's) was never timed: check counted the row as usable.
+    old = Decision(op="toy.op", mode="eager", bucket="*", winner="torch", platform_key=HERE.key, versions={},
+                   candidates=(CandidateResult("torch", "ok", score=1.0),), margin=0.05,
+                   created_at="2026-01-01T00:00:00+00:00")
+    export_decisions([old], tmp_path / "ship.db", fmt="sqlite", overwrite=True)
+    with TuningDB.open(None, [tmp_path / "ship.db"], include_package=False, read_only=True) as db:
+        [found] = coverage.check(["toy.op"], db=db, registry=registry, platform=HERE, modes=["eager"])
+    assert not found.ok
+    assert found.detail.startswith("the stored eager decision (torch, shipped DB ") and found.detail.endswith(
+        "never timed triton, eligible here since: re-tune the op (selection keeps it only with AUTOSEL_TUNE=off)")

@@ -192,8 +192,8 @@ def test_several_eligible_picks_the_fastest_correct_kernel_and_stores_it(reg, ca
     caplog.set_level(logging.WARNING, logger="autosel")
     assert selector.select_kernel("toy.double").backend == B.TRITON
     # The rejected ones are said at run time too: they were dropped unsaid, seen only in `autosel show`.
-    [said] = [m for m in caplog.messages if "never run here" in m]
-    assert said.startswith("op 'toy.double' (eager mode): aot, jit, cute_dsl never run here: aot ")
+    [said] = [m for m in caplog.messages if "rejected" in m]
+    assert said.startswith("op 'toy.double' (eager mode): rejected aot, jit, cute_dsl: aot ")
     assert "jit raised RuntimeError: illegal memory access" in said and "cute_dsl " in said
     decision, layer = tuning.database().decisions("toy.double")[0]
     assert decision.winner == "triton" and layer.kind == "user"
@@ -307,6 +307,23 @@ def test_a_backend_registered_after_the_decision_is_timed_at_the_next_selection(
     assert selector.select_kernel("toy.double").backend == B.TRITON
     [(decision, _)] = [(d, layer) for d, layer in tuning.database().decisions("toy.double") if d.bucket == "*"]
     assert {c.backend for c in decision.candidates} == {"torch", "cute_dsl", "triton"}
+
+
+def test_with_tuning_off_a_decision_that_misses_only_a_newer_backend_is_kept_with_a_warning(reg, monkeypatch,
+                                                                                           caplog):
+    # A served image (AUTOSEL_TUNE=off) must not fail at start because a plug-in added a backend to a shipped op.
+    import logging
+
+    toy(reg, B.TORCH, B.CUTE_DSL)
+    assert selector.select_kernel("toy.double").backend == B.TORCH
+    reg.register(KernelSpec("toy.double", B.TRITON, "toy_kernels:fast"))
+    selector.clear_cache()
+    monkeypatch.setenv("AUTOSEL_TUNE", "off")
+    monkeypatch.setattr(tuning, "_untimed_said", set())
+    caplog.set_level(logging.WARNING, logger="autosel")
+    assert selector.select_kernel("toy.double").backend == B.TORCH
+    assert ("op 'toy.double' (eager mode): the stored decision (torch) never timed triton, eligible here since it "
+            "was made; AUTOSEL_TUNE=off keeps it without timing them") in " ".join(caplog.messages)
 
 
 def test_decision_made_in_one_process_is_used_by_the_next(tmp_path):

@@ -298,6 +298,19 @@ def test_a_candidate_that_writes_over_its_input_is_rejected(toy):
                                                 "is, at n=65536")
 
 
+def test_an_input_the_reference_writes_is_compared_with_its_values_not_required_unchanged(toy):
+    # The first version of the input check required every input to equal the reference's bit for bit after the
+    # call, so a candidate that skipped the reference's write was told it had changed an input it never touched.
+    definition, kernels = toy
+    tuner = Tuner(timer=FakeTimer({"torch": 100.0, "triton": 50.0}), device="cpu")
+    decision = tuner.tune(definition, specs(torch="doubles_and_counts_in_input", triton="fast"),
+                          reference=kernels.doubles_and_counts_in_input, shapes=kernels.SHAPES, mode="eager",
+                          platform_key="cpu/test", versions={})
+    reason = decision.candidate("triton").reason
+    assert reason.startswith("its input argument 0, which the reference writes, after the call: ") and "n=65536" in reason
+    assert decision.winner == "torch"
+
+
 def test_a_reference_or_bucket_function_that_raises_is_a_tuning_error_naming_the_op(toy):
     # Both ended in the bare exception, naming neither the op nor the shape, and `autosel tune` stopped there.
     definition, kernels = toy

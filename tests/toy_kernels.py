@@ -56,6 +56,13 @@ def doubles_in_place(x: torch.Tensor) -> torch.Tensor:
     return x.mul_(2)  # the right values, written over the caller's input
 
 
+def doubles_and_counts_in_input(x: torch.Tensor) -> torch.Tensor:
+    """A reference with a side effect: returns x * 2 and writes x + 1 over its input."""
+    y = x * 2
+    x.add_(1)
+    return y
+
+
 def interrupted(x: torch.Tensor) -> torch.Tensor:
     raise KeyboardInterrupt  # what Ctrl-C raises in a process running this kernel
 
