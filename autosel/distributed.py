@@ -43,28 +43,48 @@ def _world() -> tuple[int, int, object] | None:
     return (dist.get_rank(), world, dist) if world > 1 else None
 
 
-_agreed: dict[tuple, object] = {}  # key -> the answer every rank received for it
+_agreed: dict[tuple, object] = {}  # (process group, key) -> the answer every rank received for it
+_flights: dict[tuple, threading.Lock] = {}  # one broadcast per key at a time on this rank
 _agreed_lock = threading.Lock()
+_generation = 0  # forget_agreements() during a broadcast: its answer is not kept
 
 
 def forget_agreements() -> None:
     """Forget every agreed answer (selector.clear_cache): the next selection of each op is a collective again."""
+    global _generation
     with _agreed_lock:
         _agreed.clear()
+        _generation += 1
 
 
 def agree(decide: Callable[[], T], *, what: str, key: tuple, in_capture: bool = False) -> T:
-    """Run `decide` on rank 0 and give its answer (any picklable value) to every rank, once per `key`: later
-    calls with that key return the agreed answer without a collective. Any exception on rank 0 reaches every
-    rank: the contract's KeyError and ValueError as themselves, anything else as a TuningError naming it, so no
-    rank is left waiting in the broadcast; errors are not kept."""
+    """Run `decide` on rank 0 and give its answer (any picklable value) to every rank, once per `key` and process
+    group: later calls return the agreed answer without a collective, and threads of one rank asking at once
+    make one broadcast (the others wait for its answer), so every rank makes the same collectives. Any exception
+    on rank 0 reaches every rank: the contract's KeyError and ValueError as themselves, anything else as a
+    TuningError naming it, so no rank is left waiting in the broadcast; errors are not kept."""
     world = _world()
-    if world is not None:
-        with _agreed_lock:
-            if key in _agreed:
-                return _agreed[key]  # type: ignore[return-value]
-    if world is None or in_capture:
+    if world is None:
         return decide()
+    key = (id(world[2].group.WORLD), *key)  # a new process group (an elastic restart) agrees afresh
+    with _agreed_lock:
+        if key in _agreed:
+            return _agreed[key]  # type: ignore[return-value]
+        flight, generation = _flights.setdefault(key, threading.Lock()), _generation
+    if in_capture:
+        return decide()
+    with flight:
+        with _agreed_lock:
+            if key in _agreed:  # another thread of this rank agreed while this one waited
+                return _agreed[key]  # type: ignore[return-value]
+        decision = _broadcast(decide, what, world)
+        with _agreed_lock:
+            if generation == _generation:
+                _agreed[key] = decision
+        return decision
+
+
+def _broadcast(decide: Callable[[], T], what: str, world: tuple) -> T:
     rank, size, dist = world
     message: list[object] = [None]
     if rank == 0:
@@ -83,8 +103,6 @@ def agree(decide: Callable[[], T], *, what: str, key: tuple, in_capture: bool = 
                     else f"{what}: rank 0 failed with {name}: {text} (decided on rank 0 of {size})")
     decision = payload[0]
     log.info("%s: rank %d of %d runs rank 0's decision", what, rank, size)
-    with _agreed_lock:
-        _agreed[key] = decision
     return decision
 
 

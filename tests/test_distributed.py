@@ -174,3 +174,45 @@ def test_a_ranks_own_answer_is_looked_up_and_never_tuned(monkeypatch):
     toy_kernels.plant("toy.double", "torch", {(16,): "triton"})
     assert tuning.stored_table("toy.double", eligible, platform, "eager", config.settings()) == BucketTable(
         "toy.double", "eager", "torch", {(16,): "triton"})
+
+
+class FakeGroupOf2:
+    """torch.distributed as rank 0 of 2 sees it, counting broadcasts; each takes a moment, as a real one does."""
+
+    group = type("group", (), {"WORLD": object()})
+
+    def __init__(self):
+        self.broadcasts = 0
+
+    def broadcast_object_list(self, message, src):
+        import time
+
+        self.broadcasts += 1
+        time.sleep(0.2)
+
+
+def test_threads_of_one_rank_agreeing_on_one_op_make_one_broadcast_and_a_clear_during_it_keeps_nothing(monkeypatch):
+    # Two threads of a rank could both broadcast where another rank made one: the ranks' collectives then differed.
+    import threading
+
+    from autosel import distributed
+
+    fake = FakeGroupOf2()
+    monkeypatch.setattr(distributed, "_world", lambda: (0, 2, fake))
+    monkeypatch.setattr(distributed, "_agreed", {})
+    answers = []
+    threads = [threading.Thread(target=lambda: answers.append(distributed.agree(lambda: "triton", what="op",
+                                                                                key=("toy.op", "eager"))))
+               for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert (answers, fake.broadcasts) == (["triton"] * 4, 1)
+    # A clear_cache() while an agreement is broadcast: the answer is returned, not kept.
+    clearing = threading.Timer(0.05, distributed.forget_agreements)
+    clearing.start()
+    assert distributed.agree(lambda: "torch", what="op", key=("toy.other", "eager")) == "torch"
+    clearing.join()
+    assert distributed.agree(lambda: "torch", what="op", key=("toy.other", "eager")) == "torch"
+    assert fake.broadcasts == 3
