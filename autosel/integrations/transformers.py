@@ -236,6 +236,7 @@ class RopeTable:
     def __init__(self, inv_freq: torch.Tensor, scale: float, rows: int) -> None:
         self.inv_freq, self.scale = inv_freq, scale
         self.table = self.build(rows)
+        self.retired: list[torch.Tensor] = []  # outgrown tables: a CUDA graph captured earlier still reads them
 
     def build(self, rows: int) -> torch.Tensor:
         positions = torch.arange(rows, device=self.inv_freq.device, dtype=torch.float32)
@@ -247,11 +248,12 @@ class RopeTable:
         grows it a few times, not at every token."""
         if rows <= self.table.shape[0]:
             return self.table
-        if self.table.is_cuda and torch.cuda.is_current_stream_capturing():
+        if self.table.is_cuda and not torch.compiler.is_compiling() and torch.cuda.is_current_stream_capturing():
             raise IntegrationError(
                 f"a call reaches position {rows - 1}, past the {self.table.shape[0]} positions of autosel's rope "
                 "table, while a CUDA graph is being captured, and the table cannot grow inside a capture: run the "
                 "step once before capturing it (the usual warm-up), so that the table grows outside")
+        self.retired.append(self.table)
         self.table = self.build(max(rows, 2 * self.table.shape[0]))
         return self.table
 
