@@ -123,6 +123,8 @@ def _listen(channel: _Channel, timeout_s: float) -> tuple[str | None, bool]:
     answer = channel.read(time.monotonic() + timeout_s)
     if answer == "timeout":
         return f"hung: no answer from its check within {timeout_s:g} s (killed)", True
+    if answer is not None and "op_error" in answer:  # the op's own reference or inputs failed: no candidate's fault
+        raise TuningError(answer["op_error"])
     return (None if answer is None else answer["reason"] or ""), True
 
 
@@ -145,8 +147,12 @@ def _child() -> None:
     except BaseException as exc:  # an import that exits is the candidate's failure too
         say({"reason": f"could not load {request['target']!r}: {type(exc).__name__}: {exc}"})
         return
-    report = check_candidate(fn, definition, reference, request["shapes"], device=request["device"],
-                             seed=request["seed"])
+    try:
+        report = check_candidate(fn, definition, reference, request["shapes"], device=request["device"],
+                                 seed=request["seed"])
+    except TuningError as exc:
+        say({"op_error": str(exc)})
+        return
     if report.reason is None:
         report.reason = _call_again(fn, definition, request)
     say({"reason": report.reason})

@@ -500,6 +500,17 @@ def test_isolation_records_crashes_and_hangs_and_the_others_go_on(toy):
     assert decision.candidate("jit").reason == "in isolation: hung: no answer from its check within 12 s (killed)"
 
 
+def test_a_reference_that_raises_in_isolation_is_the_op_s_error_not_every_candidate_s(toy):
+    # In the child it ended the check with a traceback: every candidate was rejected "in isolation: exited ...",
+    # and the tune failed blaming the candidates.
+    definition, kernels = toy
+    tuner = Tuner(timer=FakeTimer({"torch": 100.0, "triton": 50.0}), device="cpu", isolate_timeout_s=30)
+    with pytest.raises(TuningError, match=r"^op 'toy.double': its reference raised RuntimeError: illegal memory "
+                                          r"access \(simulated\) at n="):
+        tuner.tune(definition, specs(torch="fast", triton="fast"), reference=kernels.raises, shapes=kernels.SHAPES,
+                   mode="eager", platform_key="cpu/test", versions={})
+
+
 def test_isolation_turns_any_end_of_the_child_into_a_reason(toy):
     # Each of these used to crash the tune: exit status 0 (IndexError reading the answer), a kernel's stdout
     # without a newline (JSONDecodeError), and a segfault from the 4th call (in the parent's timing).
