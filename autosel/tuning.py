@@ -155,39 +155,30 @@ def _say_untimed(op: str, mode: str, decision: Decision, eligible: list[KernelSp
 
 def _decide_here(op: str, eligible: list[KernelSpec], platform: PlatformInfo, mode: str,
                  settings: config.Settings) -> BucketTable:
+    """This process's answer: the stored decision, else (where timing is allowed) a tune now."""
     versions = version_vector(platform, eligible)
     key = decision_key(op, eligible, platform, mode, versions)
     db = database(settings)
     retune = settings.tune == "force" and key not in _forced_done
+    older = None
     if not retune:
         found = _lookup(db, key, eligible, match=settings.match, versions=versions)
         if found is not None:
             return table_of(*found[:2])
-    if settings.tune == "off" or capturing_cuda_graph():  # nothing may be timed now: a row that only misses a
-        older = _lookup(db, key, eligible, match=settings.match, versions=versions, every_backend=False)  # newer
-        if older is not None:  # backend still decides, rather than fail a served model at its start
-            _say_untimed(op, mode, older[0], eligible, "AUTOSEL_TUNE=off" if settings.tune == "off" else
-                         "CUDA-graph capture")
-            return table_of(*older[:2])
-    message = multiple_backends_message(op, platform, eligible)
-    definition = registry.definition(op)
-    if definition is None or not definition.shapes_for(platform):  # before AUTOSEL_TUNE=off: tuning cannot help
-        raise ValueError(message + HINT_NO_SHAPES)
-    if settings.tune == "off":
-        raise ValueError(message + HINT_TUNING_OFF)
-    if capturing_cuda_graph():
-        raise TuningError(f"op {op!r} has no stored {mode}-mode decision and cannot be timed while a CUDA graph "
-                          "is being captured; call get_kernel for it before capture, or run `autosel tune`")
+        older = _lookup(db, key, eligible, match=settings.match, versions=versions, every_backend=False, say=False)
+    # Where nothing may be timed now, a row that misses only a newer backend decides, rather than fail a served
+    # model at its start.
+    if older is not None and (settings.tune == "off" or capturing_cuda_graph()):
+        _say_untimed(op, mode, older[0], eligible, "AUTOSEL_TUNE=off" if settings.tune == "off" else
+                     "CUDA-graph capture")
+        return table_of(*older[:2])
+    definition = _tunable(op, eligible, platform, mode, settings)
     if (op, mode) not in _announced:  # a tune blocks the caller for tens of seconds: say so, once
         _announced.add((op, mode))
-        why = ": AUTOSEL_TUNE=force is set" if retune else " has no stored decision for this machine"
-        first = db.layers[0]
-        kept = (f"stored in {settings.db}" if first.kind == "user" and first.writable else
-                f"kept in this process's memory only ({settings.db} cannot be written, as warned)")
-        log.warning("op %r (%s mode)%s, so its backends (%s) are timed now: this call blocks for the checks and "
-                    "compilation plus up to AUTOSEL_BUDGET_S=%g s of timing, and the decision is %s. To avoid the "
-                    "wait, run `autosel tune` before serving, or ship a tuning DB and point AUTOSEL_DB_PATH at it",
-                    op, mode, why, ", ".join(spec_list(eligible)), settings.budget_s, kept)
+        why = (": AUTOSEL_TUNE=force is set" if retune else
+               f"'s stored decision never timed {', '.join(older[0].untimed(spec_list(eligible)))}, eligible here "
+               "since" if older is not None else " has no stored decision for this machine")
+        _announce_tune(op, mode, why, eligible, settings, db)
     try:
         recorded = tune_and_record(definition, eligible, platform=platform, mode=mode, db=db,
                                    budget_s=settings.budget_s, force=retune)
@@ -198,6 +189,32 @@ def _decide_here(op: str, eligible: list[KernelSpec], platform: PlatformInfo, mo
         log.warning("op %r (%s mode): rejected %s: %s", op, mode, ", ".join(c.backend for c in rejected),
                     "; ".join(f"{c.backend} {c.reason}" for c in rejected))
     return table_of(recorded.decision, recorded.buckets)
+
+
+def _tunable(op: str, eligible: list[KernelSpec], platform: PlatformInfo, mode: str,
+             settings: config.Settings) -> OpDefinition:
+    """The op's definition when it may be timed now; else the contract's error (the original multiple-backends
+    ValueError with a hint, or a TuningError inside CUDA-graph capture)."""
+    message = multiple_backends_message(op, platform, eligible)
+    definition = registry.definition(op)
+    if definition is None or not definition.shapes_for(platform):  # before AUTOSEL_TUNE=off: tuning cannot help
+        raise ValueError(message + HINT_NO_SHAPES)
+    if settings.tune == "off":
+        raise ValueError(message + HINT_TUNING_OFF)
+    if capturing_cuda_graph():
+        raise TuningError(f"op {op!r} has no stored {mode}-mode decision and cannot be timed while a CUDA graph "
+                          "is being captured; call get_kernel for it before capture, or run `autosel tune`")
+    return definition
+
+
+def _announce_tune(op: str, mode: str, why: str, eligible: list[KernelSpec], settings: config.Settings, db) -> None:
+    first = db.layers[0]
+    kept = (f"stored in {settings.db}" if first.kind == "user" and first.writable else
+            f"kept in this process's memory only ({settings.db} cannot be written, as warned)")
+    log.warning("op %r (%s mode)%s, so its backends (%s) are timed now: this call blocks for the checks and "
+                "compilation plus up to AUTOSEL_BUDGET_S=%g s of timing, and the decision is %s. To avoid the "
+                "wait, run `autosel tune` before serving, or ship a tuning DB and point AUTOSEL_DB_PATH at it",
+                op, mode, why, ", ".join(spec_list(eligible)), settings.budget_s, kept)
 
 
 class Recorded(NamedTuple):

@@ -298,13 +298,19 @@ def test_stored_winner_that_is_no_longer_eligible_is_a_miss(reg, monkeypatch):
         selector.select_kernel("toy.double")
 
 
-def test_a_backend_registered_after_the_decision_is_timed_at_the_next_selection(reg):
+def test_a_backend_registered_after_the_decision_is_timed_at_the_next_selection(reg, monkeypatch, caplog):
     # It was never timed: the stored decision (made without it) kept being used, and `autosel tune` said "stored".
+    import logging
+
     toy(reg, B.TORCH, B.CUTE_DSL)  # cute_dsl returns NaN: torch wins, with cute_dsl rejected
     assert selector.select_kernel("toy.double").backend == B.TORCH
     reg.register(KernelSpec("toy.double", B.TRITON, "toy_kernels:fast"))  # a plug-in's new, 64x faster kernel
     selector.clear_cache()
+    monkeypatch.setattr(tuning, "_announced", set())
+    caplog.set_level(logging.WARNING, logger="autosel")
     assert selector.select_kernel("toy.double").backend == B.TRITON
+    assert ("op 'toy.double' (eager mode)'s stored decision never timed triton, eligible here since, so its "
+            "backends (torch, cute_dsl, triton) are timed now") in " ".join(caplog.messages)
     [(decision, _)] = [(d, layer) for d, layer in tuning.database().decisions("toy.double") if d.bucket == "*"]
     assert {c.backend for c in decision.candidates} == {"torch", "cute_dsl", "triton"}
 
