@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import sys
 import threading
+import weakref
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, TypeVar
 
@@ -43,10 +44,19 @@ def _world() -> tuple[int, int, object] | None:
     return (dist.get_rank(), world, dist) if world > 1 else None
 
 
-_agreed: dict[tuple, object] = {}  # (process group, key) -> the answer every rank received for it
-_flights: dict[tuple, threading.Lock] = {}  # one broadcast per key at a time on this rank
+_agreed: dict[tuple, object] = {}  # key -> the answer every rank received for it, in the current process group
+_flights: dict[tuple, "_Flight"] = {}  # key -> the broadcast of it under way on this rank
 _agreed_lock = threading.Lock()
+_broadcast_lock = threading.Lock()  # one broadcast at a time on this rank, whatever its key
 _generation = 0  # forget_agreements() during a broadcast: its answer is not kept
+_group: Callable[[], object] = lambda: None  # a weak reference to the process group the answers were agreed in
+
+
+class _Flight:
+    """One broadcast under way: threads of this rank asking for the same key wait for its answer (or error)."""
+
+    def __init__(self) -> None:
+        self.done, self.answer, self.error = threading.Event(), None, None
 
 
 def forget_agreements() -> None:
@@ -59,29 +69,49 @@ def forget_agreements() -> None:
 
 def agree(decide: Callable[[], T], *, what: str, key: tuple, in_capture: bool = False) -> T:
     """Run `decide` on rank 0 and give its answer (any picklable value) to every rank, once per `key` and process
-    group: later calls return the agreed answer without a collective, and threads of one rank asking at once
-    make one broadcast (the others wait for its answer), so every rank makes the same collectives. Any exception
-    on rank 0 reaches every rank: the contract's KeyError and ValueError as themselves, anything else as a
-    TuningError naming it, so no rank is left waiting in the broadcast; errors are not kept."""
+    group: later calls return the agreed answer without a collective, and threads of one rank asking for one key
+    at once make one broadcast (the others take its answer). Broadcasts of different keys on one rank go one at
+    a time, each naming its op: a rank that received another op's answer than it asked for (ranks selecting in
+    different orders) raises rather than run it. Any exception on rank 0 reaches every rank: the contract's
+    KeyError and ValueError as themselves, anything else as a TuningError naming it, so no rank is left waiting
+    in the broadcast; errors are not kept."""
+    global _group
     world = _world()
     if world is None:
         return decide()
-    key = (id(world[2].group.WORLD), *key)  # a new process group (an elastic restart) agrees afresh
+    group = world[2].group.WORLD
     with _agreed_lock:
+        if _group() is not group:  # a new process group (an elastic restart): nothing agreed in the old one holds
+            _agreed.clear()
+            _group = weakref.ref(group)
         if key in _agreed:
             return _agreed[key]  # type: ignore[return-value]
-        flight, generation = _flights.setdefault(key, threading.Lock()), _generation
-    if in_capture:
-        return decide()
-    with flight:
-        with _agreed_lock:
-            if key in _agreed:  # another thread of this rank agreed while this one waited
-                return _agreed[key]  # type: ignore[return-value]
-        decision = _broadcast(decide, what, world)
+        if in_capture:
+            return decide()
+        flight = _flights.get(key)
+        mine = flight is None
+        if mine:
+            flight = _flights[key] = _Flight()
+            generation = _generation
+    if not mine:
+        flight.done.wait()
+        if flight.error is not None:
+            raise flight.error
+        return flight.answer  # type: ignore[return-value]
+    try:
+        with _broadcast_lock:
+            flight.answer = _broadcast(decide, what, world)
         with _agreed_lock:
             if generation == _generation:
-                _agreed[key] = decision
-        return decision
+                _agreed[key] = flight.answer
+        return flight.answer  # type: ignore[return-value]
+    except BaseException as exc:
+        flight.error = exc
+        raise
+    finally:
+        with _agreed_lock:
+            _flights.pop(key, None)
+        flight.done.set()
 
 
 def _broadcast(decide: Callable[[], T], what: str, world: tuple) -> T:
@@ -89,13 +119,17 @@ def _broadcast(decide: Callable[[], T], what: str, world: tuple) -> T:
     message: list[object] = [None]
     if rank == 0:
         try:
-            message[0] = ("ok", decide())
+            message[0] = ("ok", what, decide())
         except BaseException as exc:  # every failure travels, or the other ranks wait forever
-            message[0] = ("error", type(exc).__name__, str(exc.args[0] if exc.args else exc))
+            message[0] = ("error", what, type(exc).__name__, str(exc.args[0] if exc.args else exc))
             dist.broadcast_object_list(message, src=0)
             raise
     dist.broadcast_object_list(message, src=0)
-    kind, *payload = message[0]
+    kind, sent_for, *payload = message[0]
+    if sent_for != what:
+        raise TuningError(f"{what}: rank {rank} of {size} received rank 0's decision for {sent_for} instead: the "
+                          "ranks select their kernels in different orders; select them on every rank in the same "
+                          "order, from one thread")
     if kind == "error":
         name, text = payload
         error = {"KeyError": KeyError, "ValueError": ValueError}.get(name, TuningError)

@@ -16,6 +16,7 @@ import autosel.tuner
 from autosel import config, platforms, tuning
 from autosel.dispatch import BucketTable
 from autosel.distributed import RankDifference, check_against_local, differences
+from autosel.errors import TuningError
 from autosel.registry import KernelRegistry
 from autosel.spec import KernelBackend as B, KernelSpec
 
@@ -177,29 +178,45 @@ def test_a_ranks_own_answer_is_looked_up_and_never_tuned(monkeypatch):
 
 
 class FakeGroupOf2:
-    """torch.distributed as rank 0 of 2 sees it, counting broadcasts; each takes a moment, as a real one does."""
+    """torch.distributed as rank 0 of 2 sees it, counting broadcasts; each takes a moment, as a real one does.
+    during: called inside the next broadcast. received: what the other ranks' broadcast carries instead of
+    rank 0's message (a rank other than 0 sees that)."""
 
-    group = type("group", (), {"WORLD": object()})
+    def __init__(self, rank: int = 0):
+        self.rank, self.broadcasts, self.during, self.received = rank, 0, None, None
+        self.group = type("group", (), {"WORLD": type("ProcessGroup", (), {})()})
 
-    def __init__(self):
-        self.broadcasts = 0
+    def world(self):
+        return (self.rank, 2, self)
 
     def broadcast_object_list(self, message, src):
         import time
 
         self.broadcasts += 1
+        if self.during is not None:
+            self.during()
+        if self.received is not None:
+            message[0] = self.received
         time.sleep(0.2)
 
 
-def test_threads_of_one_rank_agreeing_on_one_op_make_one_broadcast_and_a_clear_during_it_keeps_nothing(monkeypatch):
+@pytest.fixture
+def fake_world(monkeypatch):
+    from autosel import distributed
+
+    fake = FakeGroupOf2()
+    monkeypatch.setattr(distributed, "_world", lambda: fake.world())
+    monkeypatch.setattr(distributed, "_agreed", {})
+    monkeypatch.setattr(distributed, "_flights", {})
+    return fake
+
+
+def test_threads_of_one_rank_agreeing_on_one_op_make_one_broadcast(fake_world):
     # Two threads of a rank could both broadcast where another rank made one: the ranks' collectives then differed.
     import threading
 
     from autosel import distributed
 
-    fake = FakeGroupOf2()
-    monkeypatch.setattr(distributed, "_world", lambda: (0, 2, fake))
-    monkeypatch.setattr(distributed, "_agreed", {})
     answers = []
     threads = [threading.Thread(target=lambda: answers.append(distributed.agree(lambda: "triton", what="op",
                                                                                 key=("toy.op", "eager"))))
@@ -208,11 +225,36 @@ def test_threads_of_one_rank_agreeing_on_one_op_make_one_broadcast_and_a_clear_d
         t.start()
     for t in threads:
         t.join()
-    assert (answers, fake.broadcasts) == (["triton"] * 4, 1)
-    # A clear_cache() while an agreement is broadcast: the answer is returned, not kept.
-    clearing = threading.Timer(0.05, distributed.forget_agreements)
-    clearing.start()
-    assert distributed.agree(lambda: "torch", what="op", key=("toy.other", "eager")) == "torch"
-    clearing.join()
-    assert distributed.agree(lambda: "torch", what="op", key=("toy.other", "eager")) == "torch"
-    assert fake.broadcasts == 3
+    assert (answers, fake_world.broadcasts) == (["triton"] * 4, 1)
+
+
+def test_an_agreement_cleared_during_its_broadcast_is_returned_not_kept(fake_world):
+    from autosel import distributed
+
+    fake_world.during = distributed.forget_agreements  # clear_cache() while the broadcast is under way
+    assert distributed.agree(lambda: "torch", what="op", key=("toy.op", "eager")) == "torch"
+    fake_world.during = None
+    assert distributed.agree(lambda: "torch", what="op", key=("toy.op", "eager")) == "torch"
+    assert fake_world.broadcasts == 2  # not kept: asked again, agreed again
+    assert distributed.agree(lambda: "torch", what="op", key=("toy.op", "eager")) == "torch"
+    assert fake_world.broadcasts == 2  # kept this time
+
+
+def test_a_new_process_group_agrees_afresh(fake_world):
+    # Keyed by id() of the group, a restarted group could reuse an old answer on one rank only.
+    from autosel import distributed
+
+    distributed.agree(lambda: "torch", what="op", key=("toy.op", "eager"))
+    fake_world.group.WORLD = type("ProcessGroup", (), {})()  # destroy_process_group, init_process_group
+    distributed.agree(lambda: "torch", what="op", key=("toy.op", "eager"))
+    assert fake_world.broadcasts == 2
+
+
+def test_a_rank_that_receives_another_op_s_decision_raises_instead_of_running_it(fake_world):
+    # Ranks selecting in different orders paired one op's broadcast with another's: a rank ran the wrong table.
+    from autosel import distributed
+
+    fake_world.rank, fake_world.received = 1, ("ok", "op 'toy.other' (eager mode)", "triton")
+    with pytest.raises(TuningError, match=r"^op 'toy.op' \(eager mode\): rank 1 of 2 received rank 0's decision "
+                                          r"for op 'toy.other' \(eager mode\) instead"):
+        distributed.agree(lambda: "torch", what="op 'toy.op' (eager mode)", key=("toy.op", "eager"))
