@@ -171,7 +171,7 @@ class TuningDB:
     def lookup(self, key: DecisionKey, usable: Callable[[str], bool] = lambda backend: True,
                fits: Callable[[Decision], bool] = lambda decision: True) -> tuple[Decision, Layer] | None:
         """The first layer's decision for exactly this key whose winner is usable here and that `fits` (timed every
-        backend eligible here: decisions.timed_all); None is a miss."""
+        backend eligible here: Decision.untimed); None is a miss."""
         where = "WHERE " + " AND ".join(f"{c} = ?" for c in KEY_COLUMNS)
         params = (key.platform_key, key.op, key.mode, key.bucket, key.versions_hash)
         with self._lock:

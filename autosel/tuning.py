@@ -94,8 +94,10 @@ def stored_table(op: str, eligible: list[KernelSpec], platform: PlatformInfo, mo
     """What this process's own DB layers hold for `op` (under AUTOSEL_MATCH), as a bucket table; None when they
     hold nothing. Never tunes: a rank's own answer for AUTOSEL_CHECK_RANKS."""
     versions = version_vector(platform, eligible)
-    found = _lookup(database(settings), decision_key(op, eligible, platform, mode, versions), eligible,
-                    match=settings.match, versions=versions, say=False)
+    key, db = decision_key(op, eligible, platform, mode, versions), database(settings)
+    found = _lookup(db, key, eligible, match=settings.match, versions=versions, say=False)
+    if found is None and _why_not_timed(op, platform, settings):  # what _decide_here would run
+        found = _lookup(db, key, eligible, match=settings.match, versions=versions, say=False, every_backend=False)
     return None if found is None else table_of(*found[:2])
 
 
@@ -148,9 +150,9 @@ def _say_untimed(op: str, mode: str, decision: Decision, eligible: list[KernelSp
     if (op, mode) in _untimed_said:
         return
     _untimed_said.add((op, mode))
-    log.warning("op %r (%s mode): the stored decision (%s) never timed %s, eligible here since it was made; %s "
-                "keeps it without timing them. Run `autosel tune` to time every eligible backend", op, mode,
-                decision.winner, ", ".join(decision.untimed(s.backend.value for s in eligible)), why)
+    log.warning("op %r (%s mode): the stored decision (%s) never timed %s, eligible here since it was made; it "
+                "is kept, since nothing can be timed now (%s). Run `autosel tune` to time every eligible backend",
+                op, mode, decision.winner, ", ".join(decision.untimed(s.backend.value for s in eligible)), why)
 
 
 def _decide_here(op: str, eligible: list[KernelSpec], platform: PlatformInfo, mode: str,
@@ -166,18 +168,20 @@ def _decide_here(op: str, eligible: list[KernelSpec], platform: PlatformInfo, mo
         if found is not None:
             return table_of(*found[:2])
         older = _lookup(db, key, eligible, match=settings.match, versions=versions, every_backend=False, say=False)
-    # Where nothing may be timed now, a row that misses only a newer backend decides, rather than fail a served
+    # Where nothing can be timed now, a row that misses only a newer backend decides, rather than fail a served
     # model at its start.
-    if older is not None and (settings.tune == "off" or capturing_cuda_graph()):
-        _say_untimed(op, mode, older[0], eligible, "AUTOSEL_TUNE=off" if settings.tune == "off" else
-                     "CUDA-graph capture")
+    why_not = _why_not_timed(op, platform, settings)
+    if older is not None and why_not:
+        _say_untimed(op, mode, older[0], eligible, why_not)
+        if (older[0].platform_key, older[0].key.versions_hash) != (key.platform_key, key.versions_hash):
+            _say_near(key, older[0], older[2], len(older[1]), settings.match, versions)
         return table_of(*older[:2])
     definition = _tunable(op, eligible, platform, mode, settings)
     if (op, mode) not in _announced:  # a tune blocks the caller for tens of seconds: say so, once
         _announced.add((op, mode))
         why = (": AUTOSEL_TUNE=force is set" if retune else
                f"'s stored decision never timed {', '.join(older[0].untimed(spec_list(eligible)))}, eligible here "
-               "since" if older is not None else " has no stored decision for this machine")
+               "since it was made" if older is not None else " has no stored decision for this machine")
         _announce_tune(op, mode, why, eligible, settings, db)
     try:
         recorded = tune_and_record(definition, eligible, platform=platform, mode=mode, db=db,
@@ -189,6 +193,16 @@ def _decide_here(op: str, eligible: list[KernelSpec], platform: PlatformInfo, mo
         log.warning("op %r (%s mode): rejected %s: %s", op, mode, ", ".join(c.backend for c in rejected),
                     "; ".join(f"{c.backend} {c.reason}" for c in rejected))
     return table_of(recorded.decision, recorded.buckets)
+
+
+def _why_not_timed(op: str, platform: PlatformInfo, settings: config.Settings) -> str:
+    """Why `op` cannot be timed here and now ("" when it can)."""
+    definition = registry.definition(op)
+    if definition is None or not definition.shapes_for(platform):
+        return "no representative shapes"
+    if settings.tune == "off":
+        return "AUTOSEL_TUNE=off"
+    return "CUDA-graph capture" if capturing_cuda_graph() else ""
 
 
 def _tunable(op: str, eligible: list[KernelSpec], platform: PlatformInfo, mode: str,
@@ -434,7 +448,7 @@ def run_job(job: TuneJob, *, platform: PlatformInfo, db, budget_s: float, force:
                                    isolate_timeout_s=isolate_timeout_s, reference=reference)
     except TuningError as exc:
         return failed(str(exc))
-    except Exception as exc:  # a plug-in's broken code (a reference that cannot load, say): this op fails alone
+    except (Exception, SystemExit) as exc:  # a plug-in's broken code (a reference that cannot load): this op alone
         log.exception("tuning %s (%s mode) raised", job.op, job.mode)
         return failed(f"raised {type(exc).__name__}: {exc}")
     if not recorded.tuned:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from autosel.checks import compare, outputs_of, tolerances
+from autosel.checks import compare, outputs_of, side_effects, tolerances
 
 
 @pytest.mark.parametrize("dtype, rtol, atol", [
@@ -44,3 +44,14 @@ def test_in_place_ops_are_compared_by_their_tensor_arguments():
     x, y = torch.zeros(2), torch.ones(2)
     assert outputs_of(None, (x, 3, y)) == (x, y)
     assert outputs_of((x, y), ()) == (x, y)
+
+
+def test_side_effects_tell_an_argument_the_candidate_changed_from_one_the_reference_writes():
+    torch = pytest.importorskip("torch")
+    nan = torch.tensor([float("nan"), 1.0])
+    before = (torch.ones(4, 4).t(), torch.zeros(()), nan, torch.ones(2, dtype=torch.bfloat16), 3)
+    after = (before[0].clone().add_(1), before[1].clone(), nan.clone(), before[3].clone(), 3)  # 0: changed
+    reference_after = (before[0].clone(), before[1].clone(), nan.clone(), before[3].clone() * 2, 3)  # 3: written
+    assert side_effects(before, after, reference_after) == ([0], [3])  # a NaN left in place is unchanged
+    conj = torch.tensor([1 + 2j]).conj()
+    assert side_effects((conj,), (conj.clone(),), (conj.clone(),)) == ([], [])

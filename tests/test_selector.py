@@ -309,8 +309,8 @@ def test_a_backend_registered_after_the_decision_is_timed_at_the_next_selection(
     monkeypatch.setattr(tuning, "_announced", set())
     caplog.set_level(logging.WARNING, logger="autosel")
     assert selector.select_kernel("toy.double").backend == B.TRITON
-    assert ("op 'toy.double' (eager mode)'s stored decision never timed triton, eligible here since, so its "
-            "backends (torch, cute_dsl, triton) are timed now") in " ".join(caplog.messages)
+    assert ("op 'toy.double' (eager mode)'s stored decision never timed triton, eligible here since it was made, "
+            "so its backends (torch, cute_dsl, triton) are timed now") in " ".join(caplog.messages)
     [(decision, _)] = [(d, layer) for d, layer in tuning.database().decisions("toy.double") if d.bucket == "*"]
     assert {c.backend for c in decision.candidates} == {"torch", "cute_dsl", "triton"}
 
@@ -329,7 +329,17 @@ def test_with_tuning_off_a_decision_that_misses_only_a_newer_backend_is_kept_wit
     caplog.set_level(logging.WARNING, logger="autosel")
     assert selector.select_kernel("toy.double").backend == B.TORCH
     assert ("op 'toy.double' (eager mode): the stored decision (torch) never timed triton, eligible here since it "
-            "was made; AUTOSEL_TUNE=off keeps it without timing them") in " ".join(caplog.messages)
+            "was made; it is kept, since nothing can be timed now (AUTOSEL_TUNE=off)") in " ".join(caplog.messages)
+
+
+def test_an_op_without_shapes_keeps_a_decision_that_misses_only_a_newer_backend(reg, monkeypatch):
+    # It raised "multiple backends ... no representative shapes", though a usable row was stored.
+    toy(reg, B.TORCH, B.CUTE_DSL)
+    assert selector.select_kernel("toy.double").backend == B.TORCH
+    reg.register(KernelSpec("toy.double", B.TRITON, "toy_kernels:fast"))
+    selector.clear_cache()
+    monkeypatch.setattr(reg, "definition", lambda op: None)  # no shapes to time the new backend on
+    assert selector.select_kernel("toy.double").backend == B.TORCH
 
 
 def test_decision_made_in_one_process_is_used_by_the_next(tmp_path):
