@@ -184,3 +184,27 @@ def test_an_eager_prefill_with_graph_from_tokens_runs_the_graph_decisions_on_lon
             within_bf16(got, expected[n])
             ran_triton = "triton_kernels.py" in files
             assert ran_triton == (n >= 256), f"{n} tokens: autosel code that ran: {sorted(files)}"
+
+
+def test_a_rope_table_outgrown_after_a_capture_still_serves_the_captured_graph():
+    # Growing replaced the table and freed the old one, which a graph captured before still read: its replays
+    # would read whatever the allocator put there next.
+    from autosel.integrations.transformers import RopeTable
+
+    table = RopeTable(torch.arange(1, 5, device="cuda", dtype=torch.float32) / 8, 1.0, 16)
+    positions = torch.arange(8, device="cuda")
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):  # warm-up outside the capture, as every graph user does
+        table.covering(8).index_select(0, positions)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = table.covering(8).index_select(0, positions)
+    graph.replay()
+    expected = out.clone()
+    table.covering(64)  # a later eager call reaches past it
+    scribble = [torch.full((16, 8), float("nan"), device="cuda") for _ in range(8)]  # reuse any freed memory
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, expected) and len(scribble) == 8
