@@ -117,6 +117,7 @@ def _lookup(db, key: DecisionKey, eligible: list[KernelSpec], *, match: str = "e
 
     def fits(decision: Decision) -> bool:
         return not every_backend or not decision.untimed(names)
+
     hit = db.lookup(key, usable=usable, fits=fits)
     near = hit is None and match != "exact"
     if near:
