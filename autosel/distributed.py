@@ -86,13 +86,13 @@ def agree(decide: Callable[[], T], *, what: str, key: tuple, in_capture: bool = 
             _group = weakref.ref(group)
         if key in _agreed:
             return _agreed[key]  # type: ignore[return-value]
-        if in_capture:
-            return decide()
-        flight = _flights.get(key)
-        mine = flight is None
+        flight = None if in_capture else _flights.get(key)
+        mine = flight is None and not in_capture
         if mine:
             flight = _flights[key] = _Flight()
             generation = _generation
+    if in_capture:  # no collective may be recorded into the graph: this rank's own answer
+        return decide()
     if not mine:
         flight.done.wait()
         if flight.error is not None:
