@@ -20,7 +20,7 @@ import pickle
 import sys
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from multiprocessing.connection import wait
 from typing import Callable, Iterator, Sequence
 
@@ -236,9 +236,9 @@ def _serve(jobs, outcomes, kind_of, processes, pipes, on_event) -> None:
                 gone[name] = processes[name].exitcode
                 if name in current:
                     i = current.pop(name)
-                    outcomes[i] = _failed(jobs[i], f"its worker {name} died (exit code {gone[name]}) while tuning "
-                                                   "it; --isolate (isolate_timeout_s=) makes a crashing candidate "
-                                                   "a rejection reason instead")
+                    outcomes[i] = replace(_failed(jobs[i], f"its worker {name} died (exit code {gone[name]}) while "
+                                                           "tuning it; --isolate (isolate_timeout_s=) makes a crashing "
+                                                           "candidate a rejection reason instead"), device=name)
                 continue
             if kind == "ready":
                 log.debug("worker %s is up, %.1f s after the workers started", name, time.monotonic() - began)
@@ -248,7 +248,8 @@ def _serve(jobs, outcomes, kind_of, processes, pipes, on_event) -> None:
                 on_event(rest[0], name)
             elif kind == "done":
                 current.pop(name, None)
-                outcomes[rest[0]] = _failed(jobs[rest[0]], rest[1]) if isinstance(rest[1], str) else rest[1]
+                outcome = _failed(jobs[rest[0]], rest[1]) if isinstance(rest[1], str) else rest[1]
+                outcomes[rest[0]] = replace(outcome, device=name)
 
 
 class _ThisProcess:

@@ -300,7 +300,8 @@ def reference_spec(definition: OpDefinition) -> KernelSpec | None:
 class TuneOutcome:
     """One (op, mode) of a batch tune: a fresh decision, a stored one reused, or why there is none.
     buckets: the per-bucket decisions beside it (empty for an op without a bucket function).
-    platform_key: the platform it was decided for (several with tune_ops(devices=...) on a host whose GPUs differ)."""
+    platform_key: the platform it was decided for (several with tune_ops(devices=...) on a host whose GPUs differ).
+    device: with devices=..., the GPU whose worker tuned it ("cuda:1"); "" otherwise."""
 
     op: str
     mode: str
@@ -309,6 +310,7 @@ class TuneOutcome:
     detail: str = ""
     buckets: tuple[Decision, ...] = ()
     platform_key: str = ""
+    device: str = ""
 
 
 @dataclass(frozen=True)

@@ -68,6 +68,9 @@ def test_two_workers_tune_every_job_once_into_the_one_db_and_report_a_failing_on
     started = sorted(event.op for _, event in events if event.kind == "started")
     assert started == ["toy.broken", "toy.large", "toy.small"]  # each job once
     assert [event.op for _, event in events if event.kind == "failed"] == ["toy.broken"]
+    # Each outcome names the worker that tuned it, the one whose events started it.
+    by_started = {event.op: worker for worker, event in events if event.kind == "started"}
+    assert [o.device for o in outcomes] == [by_started[o.op] for o in outcomes]
 
 
 def test_tune_ops_over_devices_decides_as_the_one_process_tune_does(reg, monkeypatch, tmp_path):
@@ -265,5 +268,7 @@ def test_the_command_spreads_the_tune_shows_each_worker_and_exits_1_for_a_failed
                                           if " on cpu-" in line and line.endswith(")") and "chosen" in line}
     assert "Error: 1 of 3 op/mode pairs could not be tuned: toy.broken (eager): op 'toy.broken': its make_inputs " \
            "raised RuntimeError" in result.stderr
-    assert [line.split()[:3] for line in result.stdout.splitlines() if line.strip().startswith("toy.")] == [
-        ["toy.broken", "eager", "failed"], ["toy.large", "eager", "tuned"], ["toy.small", "eager", "tuned"]]
+    rows = [line.split()[:4] for line in result.stdout.splitlines() if line.strip().startswith("toy.")]
+    assert [(op, mode, status) for op, mode, _, status in rows] == [
+        ("toy.broken", "eager", "failed"), ("toy.large", "eager", "tuned"), ("toy.small", "eager", "tuned")]
+    assert {device for _, _, device, _ in rows} <= {"cpu-a", "cpu-b"}  # the device column: which worker tuned it

@@ -281,17 +281,18 @@ def tune(ops, shapes_file, record_file, db, force, budget_s, isolate, isolate_ti
         _echo_json({"db": str(settings.db), "platform_key": platform.key, "budget_s": budget_s,
                     "median": MEDIAN_NOTE, "outcomes": [
                         {"op": o.op, "mode": o.mode, "platform_key": o.platform_key, "status": o.status,
-                         "detail": o.detail,
+                         "detail": o.detail, "device": o.device or None,
                          **(_decision_summary(o.decision) if o.decision else {}),
                          "buckets": [{"bucket": b.bucket, "winner": b.winner} for b in o.buckets],
                          "buckets_differ": _differ(o),
                          "decision": o.decision.to_dict() if o.decision else None} for o in outcomes]})
     elif outcomes:
         kinds = len({o.platform_key for o in outcomes}) > 1  # GPUs of several models: say whose row it is
-        table = _table("op", "mode", *["platform"] * kinds, "status", "winner", "median", "runner-up", "margin",
-                       "buckets", "rejected")
+        spread = devices is not None  # which GPU tuned each pair ("-": stored, nothing tuned)
+        table = _table("op", "mode", *["platform"] * kinds, *["device"] * spread, "status", "winner", "median",
+                       "runner-up", "margin", "buckets", "rejected")
         for o in outcomes:
-            d, platform_cell = o.decision, [o.platform_key] * kinds
+            d, platform_cell = o.decision, [o.platform_key] * kinds + [o.device or "-"] * spread
             if d is None:
                 table.add_row(o.op, o.mode, *platform_cell, o.status, "-", "-", "-", "-", "-", o.detail)
                 continue
