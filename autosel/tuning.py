@@ -177,7 +177,7 @@ def _decide_here(op: str, eligible: list[KernelSpec], platform: PlatformInfo, mo
         if (older[0].platform_key, older[0].key.versions_hash) != (key.platform_key, key.versions_hash):
             _say_near(key, older[0], older[2], len(older[1]), settings.match, versions)
         return table_of(*older[:2])
-    definition = _tunable(op, eligible, platform, mode, settings)
+    definition = _tunable(op, eligible, platform, mode, why_not)
     if (op, mode) not in _announced:  # a tune blocks the caller for tens of seconds: say so, once
         _announced.add((op, mode))
         why = (": AUTOSEL_TUNE=force is set" if retune else
@@ -196,30 +196,31 @@ def _decide_here(op: str, eligible: list[KernelSpec], platform: PlatformInfo, mo
     return table_of(recorded.decision, recorded.buckets)
 
 
+NO_SHAPES, TUNING_OFF, CAPTURE = "no representative shapes", "AUTOSEL_TUNE=off", "CUDA-graph capture"
+
+
 def _why_not_timed(op: str, platform: PlatformInfo, settings: config.Settings) -> str:
-    """Why `op` cannot be timed here and now ("" when it can)."""
-    definition = registry.definition(op)
-    if definition is None or not definition.shapes_for(platform):
-        return "no representative shapes"
-    if settings.tune == "off":
-        return "AUTOSEL_TUNE=off"
-    return "CUDA-graph capture" if capturing_cuda_graph() else ""
-
-
-def _tunable(op: str, eligible: list[KernelSpec], platform: PlatformInfo, mode: str,
-             settings: config.Settings) -> OpDefinition:
-    """The op's definition when it may be timed now; else the contract's error (the original multiple-backends
-    ValueError with a hint, or a TuningError inside CUDA-graph capture)."""
-    message = multiple_backends_message(op, platform, eligible)
+    """Why `op` cannot be timed here and now (NO_SHAPES, TUNING_OFF, CAPTURE, in that order), "" when it can."""
     definition = registry.definition(op)
     if definition is None or not definition.shapes_for(platform):  # before AUTOSEL_TUNE=off: tuning cannot help
-        raise ValueError(message + HINT_NO_SHAPES)
+        return NO_SHAPES
     if settings.tune == "off":
+        return TUNING_OFF
+    return CAPTURE if capturing_cuda_graph() else ""
+
+
+def _tunable(op: str, eligible: list[KernelSpec], platform: PlatformInfo, mode: str, why_not: str) -> OpDefinition:
+    """The op's definition when it may be timed now (why_not, from _why_not_timed, is ""); else the contract's
+    error: the original multiple-backends ValueError with a hint, or a TuningError inside CUDA-graph capture."""
+    message = multiple_backends_message(op, platform, eligible)
+    if why_not == NO_SHAPES:
+        raise ValueError(message + HINT_NO_SHAPES)
+    if why_not == TUNING_OFF:
         raise ValueError(message + HINT_TUNING_OFF)
-    if capturing_cuda_graph():
+    if why_not == CAPTURE:
         raise TuningError(f"op {op!r} has no stored {mode}-mode decision and cannot be timed while a CUDA graph "
                           "is being captured; call get_kernel for it before capture, or run `autosel tune`")
-    return definition
+    return registry.definition(op)
 
 
 def _announce_tune(op: str, mode: str, why: str, eligible: list[KernelSpec], settings: config.Settings, db) -> None:

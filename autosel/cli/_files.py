@@ -32,12 +32,11 @@ def export(out, fmt, ops, db, all_layers, force, as_json):
       autosel export --db build.db --out tuning_db/nvidia-h200-sm_90.db
       autosel export --out decisions.jsonl --op 'gemm.*'
     """
+    from autosel import tuning
     from autosel.db_tools import export_decisions
 
     fmt = _format_of(out, fmt)
     _refuse_overwrite(out, force)
-    from autosel import tuning
-
     settings = _settings(db, full=False)
     stored = _read_db(settings, db).decisions()
     tuning.load_plugins()
