@@ -12,10 +12,10 @@ Shape sets: set1 is the set the nearest-bucket rule and the representative shape
 kept to reproduce the published table; set2 (the default) was chosen after them and first run in device call
 A; set3 was made after that run; set4 after the representative shapes at the eager crossovers were chosen on sets
 2 and 3 (docs/BENCHMARKS.md section 2b); set5 after the Triton rmsnorm's row tiles were chosen on set4's figures
-(a kernel since reverted; set5 then judged its warps rule, the vendors' PDL off and the direct Triton launches),
-and is in no rule's, shape's or kernel change's sample yet:
+(a kernel since reverted; set5 then judged its warps rule, the vendors' PDL off and the direct Triton launches);
+set6 was made in stop 22 before any run of it, and is in no rule's, shape's or kernel change's sample yet:
 
-    python tools/heldout_bench.py --out DIR --shapes set5
+    python tools/heldout_bench.py --out DIR --shapes set6
 
 Writes DIR/heldout.md (the tables) and DIR/heldout.json (every median).
 """
@@ -110,7 +110,17 @@ SET4 = _held_out(TOKENS_4, rmsnorm=(2304, 5376), fused=(3840, 12288), silu=(1228
 TOKENS_5 = (4, 13, 56, 250, 850, 1400, 2000, 3300, 5500, 11000)
 SET5 = _held_out(TOKENS_5, rmsnorm=(2880, 1536), fused=(6656, 1152), silu=(8960, 18432), gelu=(6912, 10240),
                  rope=((12, 2), (32, 32)), mm=((17920, 1536), (5120, 13824)))
-SETS = {"set1": SET1, "set2": SET2, "set3": SET3, "set4": SET4, "set5": SET5}
+# set6: shapes of no earlier set and no representative shape, made in stop 22 before any run of it, to judge on fresh
+# shapes everything since set5's last run (flashinfer's compiled functions called directly, the untimed-backend
+# and input-mutation rules). Token counts none of sets 1-5's (buckets 8, 16, 64, 128, 512, 1024, 2048, 4096, 8192,
+# 16384), and widths of other models: hidden 960 (SmolLM2-360M) and 6400 (Hunyuan-Large) for rmsnorm, 1024
+# (Qwen3-0.6B) and 4544 (Falcon-7B's width) for fused_add_rmsnorm; intermediate 4864 (Qwen2.5-0.5B) and 22016
+# (Qwen-7B) for silu, 16384 (Gemma-2B) and 24576 (Gemma-7B) for gelu; rope 14/2 heads (Qwen2.5-0.5B) and 56/8
+# (Yi-34B); GEMMs of Qwen2.5-0.5B qkv (1152, 896) and Llama-3-70B down (8192, 28672).
+TOKENS_6 = (10, 17, 72, 180, 480, 1300, 2700, 3900, 6500, 15000)
+SET6 = _held_out(TOKENS_6, rmsnorm=(960, 6400), fused=(1024, 4544), silu=(4864, 22016), gelu=(16384, 24576),
+                 rope=((14, 2), (56, 8)), mm=((1152, 896), (8192, 28672)))
+SETS = {"set1": SET1, "set2": SET2, "set3": SET3, "set4": SET4, "set5": SET5, "set6": SET6}
 
 
 def table_for(op: str, mode: str) -> BucketTable:
@@ -186,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--mode", action="append", choices=("eager", "graph"), help="default: every mode here")
     parser.add_argument("--shapes", choices=sorted(SETS), default="set2",
                         help="held-out shape set (default set2; set1: the shapes of docs/BENCHMARKS.md section 2; "
-                             "set5: out of sample for every rule, representative shape and kernel change so far)")
+                             "set6: out of sample for every rule, representative shape and kernel change so far)")
     args = parser.parse_args(argv)
     held_out = SETS[args.shapes]
     args.out.mkdir(parents=True, exist_ok=True)
