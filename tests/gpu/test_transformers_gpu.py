@@ -208,3 +208,27 @@ def test_a_rope_table_outgrown_after_a_capture_still_serves_the_captured_graph()
     graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(out, expected) and len(scribble) == 8
+
+
+def test_a_rope_table_grown_under_reduce_overhead_compile_serves_the_right_rows():
+    # torch.compile(mode="reduce-overhead") records CUDA graphs of the compiled code and reuses their memory at
+    # the next replay: a table grown inside the compiled code must still hold its rows after later replays.
+    from autosel.integrations.transformers import RopeTable
+
+    inv_freq = torch.arange(1, 5, device="cuda", dtype=torch.float32) / 8
+    table = RopeTable(inv_freq, 1.0, 16)
+    expected = RopeTable(inv_freq, 1.0, 256).table
+
+    def rows(positions, bound: int):
+        return table.covering(bound).index_select(0, positions) * 1.0
+
+    step = torch.compile(rows, mode="reduce-overhead")
+    for bound in (8, 8, 8, 64, 64, 8, 8, 100, 100, 8, 64):
+        positions = torch.arange(bound, device="cuda")
+        out = step(positions, bound)
+        torch.cuda.synchronize()
+        # compiled cos/sin may differ from eager's in the last bit; memory reused under the table would not be close
+        torch.testing.assert_close(out, expected[:bound], rtol=1e-5, atol=1e-5, msg=f"bound {bound}")
+    grown = table.table.shape[0]
+    assert grown >= 100
+    torch.testing.assert_close(table.table, expected[:grown], rtol=1e-5, atol=1e-5)
