@@ -113,6 +113,22 @@ def test_positions_past_max_position_embeddings_match_transformers(family, cache
     assert torch.equal(tokens, expected_tokens)
 
 
+@pytest.mark.compile
+def test_a_call_past_the_rope_table_in_compiled_code_builds_its_rows_and_stores_none():
+    # Stored from compiled code, a grown table lived in the CUDA graphs' memory under mode="reduce-overhead" and
+    # the next replay overwrote it (tests/gpu/test_transformers_gpu.py); fullgraph=True: no graph break for it.
+    from autosel.integrations.transformers import RopeTable
+
+    inv_freq = torch.arange(1, 5, dtype=torch.float32) / 8
+    table, expected = RopeTable(inv_freq, 1.0, 16), RopeTable(inv_freq, 1.0, 64).table
+    step = torch.compile(lambda positions, bound: table.covering(bound).index_select(0, positions), fullgraph=True)
+    for bound in (8, 40, 8):
+        torch.testing.assert_close(step(torch.arange(bound), bound), expected[:bound], rtol=1e-5, atol=1e-5)
+    assert table.table.shape[0] == 16 and not table.retired
+    assert table.covering(40).shape[0] == 40 and table.retired  # eager calls grow the stored table
+    torch.testing.assert_close(table.table, expected[:40], rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("family, fuse, projections, counts", [
     # rmsnorm: input_layernorm per layer (+ post_attention_layernorm unfused, + q_norm and k_norm in Qwen3) + final
     ("llama", True, False, dict(rmsnorm=3, fused_add_rmsnorm=2, rope=2, silu_and_mul=2, gemm=0)),

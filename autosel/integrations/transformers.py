@@ -248,7 +248,12 @@ class RopeTable:
         grows it a few times, not at every token."""
         if rows <= self.table.shape[0]:
             return self.table
-        if self.table.is_cuda and not torch.compiler.is_compiling() and torch.cuda.is_current_stream_capturing():
+        if torch.compiler.is_compiling():
+            # Code torch.compile traces builds the rows it needs per call and keeps them out of self.table: under
+            # mode="reduce-overhead" a tensor made in the graph lives in its CUDA graphs' memory, which the next
+            # replay overwrote, so a stored table read garbage (call 22-2). Eager calls grow the stored table.
+            return self.build(rows)
+        if self.table.is_cuda and torch.cuda.is_current_stream_capturing():
             raise IntegrationError(
                 f"a call reaches position {rows - 1}, past the {self.table.shape[0]} positions of autosel's rope "
                 "table, while a CUDA graph is being captured, and the table cannot grow inside a capture: run the "
