@@ -5,6 +5,12 @@ read and one dict lookup (with a route key; else the op's bucket function and a 
 call. A call never times, never reads the DB, never
 takes a lock. A bucket that was not tuned goes once through `BucketTable.route` (the nearest tuned bucket,
 else the op-level winner) and is then remembered in the lookup dict.
+
+Under torch.compile the dispatcher is traced through another function (`traced`, registered with
+torch.compiler.substitute_in_graph): the lookup dict specialised the compiled code on every token count it met
+(torch.compile's recompile limit, 8, then failed `fullgraph=True` at the ninth), where `traced` compares the
+call's token count with the edges of the runs of token buckets that share a winner, so compiled code is
+specialised once per run.
 """
 
 from __future__ import annotations
@@ -13,6 +19,8 @@ import functools
 import json
 import logging
 import math
+import operator
+import sys
 import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
@@ -20,6 +28,37 @@ from typing import Any, Callable, Mapping
 from autosel.decisions import is_number, key_order
 
 log = logging.getLogger(__name__)
+
+
+def token_bucket(tokens: int) -> int:
+    """A token count rounded to the nearest power of two (up from 4/3 of the one below, near the geometric
+    midpoint 1.41): the bucket of a call, and the token count a recorded call is tuned under. A representative
+    shape at a power of two then sits inside its bucket, not at its edge. rope's bucket function inlines it."""
+    tokens = int(tokens)
+    return 1 << ((tokens + (tokens >> 1)).bit_length() - 1) if tokens > 1 else 1
+
+
+class TracedTokens:
+    """A call's token count, in a bucket key in place of its token bucket, from a bucket function's `traced`
+    variant (what torch.compile traces): the traced dispatcher compares it with the edges of the runs of token
+    buckets that share a winner (token_runs), so compiled code is specialised per run, not per token count."""
+
+    __slots__ = ("count",)
+
+    def __init__(self, count) -> None:
+        self.count = count
+
+
+def first_tokens(bucket: int) -> int:
+    """The least token count whose token_bucket is `bucket` (a power of two)."""
+    if bucket <= 1:
+        return 0
+    tokens = -(-2 * bucket // 3)
+    while tokens + (tokens >> 1) < bucket:
+        tokens += 1
+    while tokens > 2 and (tokens - 1) + ((tokens - 1) >> 1) >= bucket:
+        tokens -= 1
+    return tokens
 
 
 def log_gaps(a: tuple, b: tuple) -> list[float] | None:
@@ -74,6 +113,66 @@ class BucketTable:
             return self.winners[key]
         near = self.nearest(key)
         return self.winners[near] if near is not None else self.default
+
+
+def token_runs(table: BucketTable, before: tuple, after: tuple) -> tuple[tuple[int, str], ...]:
+    """For the bucket keys (*before, token bucket, *after), the backend each token count runs, as runs: (the
+    least token count of the run, backend), largest first. Past twice the largest tuned token bucket no tuned
+    bucket is near (NEAREST_WITHIN), so the last run goes on for ever."""
+    at = len(before)
+    tuned = [k[at] for k in table.winners if len(k) == at + 1 + len(after) and is_number(k[at])]
+    top, bucket, runs = max(tuned, default=1), 1, []
+    while bucket <= 4 * top:
+        backend = table.route((*before, bucket, *after))
+        if not runs or runs[-1][1] != backend:
+            runs.append((first_tokens(bucket), backend))
+        bucket *= 2
+    return tuple(reversed(runs))
+
+
+def _trace_as_runs(dispatch: Callable[..., Any], table: BucketTable, kernels: Mapping[str, Callable[..., Any]],
+                   bucket: Callable[..., tuple]) -> None:
+    """Have torch.compile trace `traced` wherever it meets `dispatch`. Nothing without torch (nothing to compile).
+
+    `traced` calls the bucket function's `traced` attribute when it has one: the same key with the token count
+    as TracedTokens(count) in place of its token bucket (the built-in ops' bucket functions have it). Without
+    one, the compiled code is specialised on whatever the bucket function reads, as any Python code is."""
+    if "torch" not in sys.modules:
+        return
+    import torch
+
+    substitute = getattr(torch.compiler, "substitute_in_graph", None)
+    if substitute is None:  # torch before 2.5: the lookup is traced, once per token count
+        return
+
+    # Run in Python on constants while tracing, their answers enter no graph; and `traced` may close over
+    # functions, dicts and strings only (dynamo wraps what it meets there, and cannot wrap a BucketTable).
+    @torch.compiler.assume_constant_result
+    def route(key: tuple) -> str:
+        return table.route(key)
+
+    @torch.compiler.assume_constant_result
+    def runs(before: tuple, after: tuple) -> tuple[tuple[int, str], ...]:
+        return token_runs(table, before, after)
+
+    kernels = dict(kernels)
+
+    key_of = getattr(bucket, "traced", bucket)
+
+    def traced(*args, **kwargs):
+        # operator.index of a size torch.compile traces symbolically (a width, with dynamic=True) specialises the
+        # code on it, as int() does not: routes are looked up on constants.
+        key = tuple(operator.index(part) if type(part) is int else part for part in key_of(*args, **kwargs))
+        at = next((i for i, part in enumerate(key) if isinstance(part, TracedTokens)), None)
+        if at is None:  # a bucket function without a traced variant: specialised on its whole key
+            return kernels[route(key)](*args, **kwargs)
+        tokens = key[at].count
+        for start, backend in runs(key[:at], key[at + 1:]):
+            if tokens >= start:
+                return kernels[backend](*args, **kwargs)
+        raise AssertionError("token_runs ends with a run from 0 tokens")
+
+    substitute(dispatch, skip_signature_check=True)(traced)
 
 
 # Distinct shapes a dispatcher with a route key remembers; past this, calls compute their bucket every time.
@@ -136,6 +235,7 @@ def dispatcher(table: BucketTable, kernels: Mapping[str, Callable[..., Any]], bu
                 shapes = (args[first].shape, args[second].shape)
                 return (route(shapes) or learn(args, shapes))(*args)
 
+    _trace_as_runs(dispatch, table, kernels, bucket)
     dispatch.__name__ = dispatch.__qualname__ = f"autosel_dispatch[{table.op}]"
     dispatch.__doc__ = (f"autosel's dispatcher for {table.op} ({table.mode} mode): each shape bucket runs its "
                         f"own winner; op-level winner {table.default}.")

@@ -156,6 +156,56 @@ def test_the_dispatcher_traces_under_torch_compile_fullgraph(tmp_path, fresh_rec
     assert record.read_text() == '{"op": "toy", "shape": {"n": 8}, "mode": "eager"}\n'
 
 
+def test_token_runs_are_the_routes_of_every_token_bucket_and_start_at_its_least_count():
+    from autosel.dispatch import first_tokens, token_bucket, token_runs
+
+    table = BucketTable("toy", "eager", "a", {(1, 64): "a", (512, 64): "b", (4096, 64): "b", (16384, 64): "a"})
+    runs = token_runs(table, (), (64,))
+    assert runs == ((first_tokens(16384), "a"), (first_tokens(256), "b"), (0, "a"))
+    backend_of = lambda t: next(b for start, b in runs if t >= start)  # noqa: E731
+    assert all(backend_of(t) == table.route((token_bucket(t), 64)) for t in range(0, 70000, 7))
+    assert [first_tokens(1 << k) for k in range(5)] == [0, 2, 3, 6, 11] and token_bucket(10) == 8
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("dynamic", [None, True])  # torch.compile's default; every size symbolic, widths too
+@pytest.mark.parametrize("op", ["layernorm.rmsnorm", "gemm.mm", "embeddings.rope"])
+def test_under_torch_compile_a_dispatcher_compiles_once_per_run_of_buckets_not_per_token_count(op, dynamic):
+    # Looked up by exact shape, the traced dispatcher specialised on every token count: with fullgraph=True the
+    # ninth count failed on torch.compile's recompile limit. Each call must also run the kernel an eager call does.
+    torch = pytest.importorskip("torch")
+    from autosel.ops.embeddings import rope_bucket
+    from autosel.ops.common import rows_bucket
+    from autosel.ops.gemm import mm_bucket
+
+    width = {"layernorm.rmsnorm": (64,), "gemm.mm": (32, 64), "embeddings.rope": (64, True)}[op]
+    table = BucketTable(op, "eager", "a", {(1, *width): "a", (512, *width): "b", (4096, *width): "b",
+                                           (16384, *width): "a"})
+    bucket, route_key = {"layernorm.rmsnorm": (rows_bucket, 0), "gemm.mm": (mm_bucket, (0, 1)),
+                         "embeddings.rope": (rope_bucket, None)}[op]
+    if op == "embeddings.rope":
+        kernels = {"a": lambda p, q, k, h, c, neox: q * 2, "b": lambda p, q, k, h, c, neox: q * 3}
+        args = lambda t: (torch.arange(t), torch.ones(t, 64), torch.ones(t, 16), 8, None, True)  # noqa: E731
+    elif op == "gemm.mm":
+        kernels = {"a": lambda a, b: a.sum(1, keepdim=True) * 2, "b": lambda a, b: a.sum(1, keepdim=True) * 3}
+        args = lambda t: (torch.ones(t, 64), torch.ones(32, 64))  # noqa: E731
+    else:
+        kernels = {"a": lambda x, w, eps: x * 2, "b": lambda x, w, eps: x * 3}
+        args = lambda t: (torch.ones(t, 64), torch.ones(64), 1e-6)  # noqa: E731
+    fn = dispatcher(table, kernels, bucket, route_key)
+    graphs = []
+
+    def count(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda *a: fn(*a) + 1, backend=count, fullgraph=True, dynamic=dynamic)
+    for t in (1, 3, 7, 20, 100, 170, 171, 300, 1000, 2500, 5000, 10922, 10923, 12000, 17000, 40000, 2, 250, 9000):
+        assert torch.equal(compiled(*args(t)), fn(*args(t)) + 1), t
+    assert len(graphs) <= 4  # (the first count compiled as a constant,) then one graph per run: a, b, a
+
+
 # --- AUTOSEL_RECORD -----------------------------------------------------------------------------------------
 
 @pytest.fixture

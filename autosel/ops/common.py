@@ -6,6 +6,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
+from autosel.dispatch import TracedTokens, token_bucket
 from autosel.spec import CapabilityRequirement, KernelBackend, KernelSpec
 
 # Where autosel's Triton kernels run: CUDA and ROCm (torch exposes both as "cuda").
@@ -54,24 +55,23 @@ def next_power_of_2(n: int) -> int:
     return 1 << max(0, n - 1).bit_length()
 
 
-def token_bucket(tokens: int) -> int:
-    """A token count rounded to the nearest power of two (up from 4/3 of the one below, near the geometric
-    midpoint 1.41): the bucket of a call, and the token count a recorded call is tuned under. A representative
-    shape at a power of two then sits inside its bucket, not at its edge. The bucket functions inline it."""
-    tokens = int(tokens)
-    return 1 << ((tokens + (tokens >> 1)).bit_length() - 1) if tokens > 1 else 1
-
-
-def rows_bucket(x, *rest, **kwargs) -> tuple:
-    """The bucket of a call on the rows of `x` ([tokens, width] or [..., width]): (token_bucket(tokens), width).
-    It runs on every dispatched call: one shape read and plain integer arithmetic."""
+def _rows_key(x, tokens_key) -> tuple:
     shape = x.shape
     if len(shape) == 2:
         tokens, width = shape
     else:
         width = shape[-1]
         tokens = x.numel() // max(width, 1)
-    return (1 << ((tokens + (tokens >> 1)).bit_length() - 1) if tokens > 1 else 1, width)  # token_bucket
+    return tokens_key(tokens), width
+
+
+def rows_bucket(x, *rest, **kwargs) -> tuple:
+    """The bucket of a call on the rows of `x` ([tokens, width] or [..., width]): (token_bucket(tokens), width).
+    A dispatcher runs it once per distinct shape (route_key=0), or per call given by keyword."""
+    return _rows_key(x, token_bucket)
+
+
+rows_bucket.traced = lambda x, *rest, **kwargs: _rows_key(x, TracedTokens)  # what torch.compile traces
 
 
 def dtype_name(tensor: Any) -> str:

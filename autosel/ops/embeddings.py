@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from autosel.dispatch import TracedTokens
 from autosel.ops.common import DTYPES, ShapesByDevice, dtype_name, dtype_of, standard_specs, token_bucket
 from autosel.spec import OpDefinition
 
@@ -52,6 +53,13 @@ def rope_bucket(positions, query, key, head_size=None, cos_sin_cache=None, is_ne
     shape = query.shape
     tokens = shape[0]
     return (1 << ((tokens + (tokens >> 1)).bit_length() - 1) if tokens > 1 else 1, shape[-1], is_neox)
+
+
+def _rope_traced_key(positions, query, key, head_size=None, cos_sin_cache=None, is_neox=True) -> tuple:
+    return TracedTokens(query.shape[0]), query.shape[-1], is_neox
+
+
+rope_bucket.traced = _rope_traced_key  # what torch.compile traces
 
 
 SPECS = standard_specs("embeddings.rope", "rope",

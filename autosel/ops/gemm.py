@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from autosel.dispatch import TracedTokens
 from autosel.ops.common import DTYPES, ShapesByDevice, dtype_name, dtype_of, standard_specs, token_bucket
 from autosel.spec import OpDefinition
 
@@ -30,12 +31,19 @@ def mm_shape(a, b) -> dict:
     return {"m": token_bucket(a.shape[0]), "n": b.shape[0], "k": a.shape[1], "dtype": dtype_name(a)}
 
 
-def mm_bucket(a, b) -> tuple:
-    """(token_bucket(m), n, k): the token count and the weight's shape."""
+def _mm_key(a, b, tokens_key) -> tuple:
     n, k = b.shape
     shape = a.shape
-    m = shape[0] if len(shape) == 2 else a.numel() // k
-    return (1 << ((m + (m >> 1)).bit_length() - 1) if m > 1 else 1, n, k)  # token_bucket(m)
+    return tokens_key(shape[0] if len(shape) == 2 else a.numel() // k), n, k
+
+
+def mm_bucket(a, b) -> tuple:
+    """(token_bucket(m), n, k): the token count and the weight's shape. Run once per distinct pair of shapes
+    (route_key=(0, 1))."""
+    return _mm_key(a, b, token_bucket)
+
+
+mm_bucket.traced = lambda a, b: _mm_key(a, b, TracedTokens)  # what torch.compile traces
 
 
 SPECS = standard_specs("gemm.mm", "mm")
