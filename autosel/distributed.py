@@ -44,6 +44,11 @@ def _world() -> tuple[int, int, object] | None:
     return (dist.get_rank(), world, dist) if world > 1 else None
 
 
+def in_process_group() -> bool:
+    """True when a process group of more than one rank is up: a decision made now is rank 0's."""
+    return _world() is not None
+
+
 _agreed: dict[tuple, object] = {}  # key -> the answer every rank received for it, in the current process group
 _flights: dict[tuple, "_Flight"] = {}  # key -> the broadcast of it under way on this rank
 _agreed_lock = threading.Lock()
@@ -84,6 +89,7 @@ def agree(decide: Callable[[], T], *, what: str, key: tuple, in_capture: bool = 
         if _group() is not group:  # a new process group (an elastic restart): nothing agreed in the old one holds
             _agreed.clear()
             _group = weakref.ref(group)
+            _say_chosen_alone(world)
         if key in _agreed:
             return _agreed[key]  # type: ignore[return-value]
         flight = None if in_capture else _flights.get(key)
@@ -112,6 +118,18 @@ def agree(decide: Callable[[], T], *, what: str, key: tuple, in_capture: bool = 
         with _agreed_lock:
             _flights.pop(key, None)
         flight.done.set()
+
+
+def _say_chosen_alone(world: tuple) -> None:
+    """Warn once per process group about kernels get_kernel resolved before the group was up: this rank's own
+    choices, cached, which the other ranks may not share."""
+    from autosel import selector
+
+    if selector.chosen_alone:
+        log.warning("rank %d of %d: get_kernel resolved %s before the process group was up, from this rank's own "
+                    "decisions, and keeps them (the other ranks may run others); call autosel.clear_cache() on "
+                    "every rank after init_process_group, or select kernels only after it", world[0], world[1],
+                    ", ".join(repr(op) for op in sorted(selector.chosen_alone)))
 
 
 def _broadcast(decide: Callable[[], T], what: str, world: tuple) -> T:

@@ -60,7 +60,9 @@ class KernelRegistry:
                 ))
             existing.append(spec)
             _journal(self, spec)
-            return spec
+        for listener in _listeners:
+            listener(spec.op)
+        return spec
 
     def define(self, definition: OpDefinition) -> OpDefinition:
         self._loaded()
@@ -116,6 +118,14 @@ _plugins_loaded = False
 _plugins_lock = threading.RLock()  # re-entered by the hooks themselves: they register into the registry
 _loading = threading.local()  # .plugin, .added: the entry point whose hook runs on this thread, what it registered
 plugin_errors: dict[str, str] = {}
+
+
+_listeners: list[Callable[[str], None]] = []
+
+
+def on_register(listener: Callable[[str], None]) -> None:
+    """Call `listener(op)` after each new spec any registry takes (the selector forgets that op's kernels)."""
+    _listeners.append(listener)
 
 
 def _differences(current, new) -> tuple[list[str], list[str]]:

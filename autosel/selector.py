@@ -9,8 +9,9 @@ from typing import Any, Callable
 
 from autosel import config, platforms
 from autosel.dispatch import BucketTable, dispatcher, recording
+from autosel.distributed import in_process_group
 from autosel.platforms import PlatformInfo, capturing_cuda_graph
-from autosel.registry import load_plugins, registry
+from autosel.registry import load_plugins, on_register, registry
 from autosel.spec import KernelBackend, KernelSpec, spec_list
 
 log = logging.getLogger(__name__)
@@ -104,7 +105,7 @@ def get_kernel(op: str, backend: KernelBackend | str | None = None, *, mode: str
     fn = _build(op, backend, key[2])
     with _cache_lock:
         if generation == _generation:  # a clear_cache() during the lookup wins: do not store a stale entry
-            _cache[key] = fn
+            fn = _cache.setdefault(key, fn)  # threads that built it at once all return the first one stored
     return fn
 
 
@@ -117,6 +118,8 @@ def _build(op: str, backend: KernelBackend | str | None, mode: str | None) -> Ca
     else:
         _, table, eligible = choice
         mode_name = table.mode
+        if not in_process_group():
+            chosen_alone.add(op)
         named = {table.default, *table.winners.values()}
         kernels = {s.backend.value: s.load() for s in eligible if s.backend.value in named}
         if definition is not None and definition.bucket is not None:
@@ -129,14 +132,35 @@ def _build(op: str, backend: KernelBackend | str | None, mode: str | None) -> Ca
     return fn
 
 
+# Ops whose cached kernel came from a decision made with no process group up: this rank's own choice, kept until
+# clear_cache(); autosel.distributed warns about them when a process group first agrees on a decision.
+chosen_alone: set[str] = set()
+
+
 def clear_cache() -> None:
     """Forget every resolved kernel; lookups in flight finish but do not repopulate the new cache. With several
     ranks it also forgets the tables agreed with rank 0, so call it on every rank alike: the next selection of
     each op is a collective again (autosel.distributed)."""
     from autosel.distributed import forget_agreements
 
+    _forget_kernels()
+    forget_agreements()
+
+
+def _forget_kernels(op: str | None = None) -> None:
+    """Forget the resolved kernels (of `op` only, if given, and then only if some were cached)."""
     global _cache, _generation
     with _cache_lock:
+        if op is not None and not any(key[0] == op for key in _cache):
+            return
         _generation += 1
-        _cache = {}
-    forget_agreements()
+        _cache = {key: fn for key, fn in _cache.items() if op is not None and key[0] != op}
+        if op is None:
+            chosen_alone.clear()
+        else:
+            chosen_alone.discard(op)
+
+
+# A backend registered for an op already resolved is timed at its next selection (a stored decision that never
+# timed it is a miss): get_kernel forgets that op's kernels, so it selects again, as select_kernel does.
+on_register(_forget_kernels)

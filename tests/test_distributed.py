@@ -258,3 +258,32 @@ def test_a_rank_that_receives_another_op_s_decision_raises_instead_of_running_it
     with pytest.raises(TuningError, match=r"^op 'toy.op' \(eager mode\): rank 1 of 2 received rank 0's decision "
                                           r"for op 'toy.other' \(eager mode\) instead"):
         distributed.agree(lambda: "torch", what="op 'toy.op' (eager mode)", key=("toy.op", "eager"))
+
+
+def test_kernels_resolved_before_the_process_group_was_up_are_named_at_its_first_agreement(
+        fake_world, monkeypatch, caplog):
+    # get_kernel keeps what it resolved before init_process_group (this rank's own choice) and the warm path has
+    # no collective: the ranks could run different kernels, silently.
+    import logging
+
+    from autosel import distributed, selector
+
+    reg = KernelRegistry()
+    use_registry(monkeypatch, reg)
+    monkeypatch.syspath_prepend(str(HERE))
+    import toy_kernels
+
+    reg.register(KernelSpec("toy.double", B.TORCH, "toy_kernels:slow"))
+    reg.register(KernelSpec("toy.double", B.TRITON, "toy_kernels:fast"))
+    toy_kernels.plant("toy.double", "torch", {})
+    world = distributed._world
+    monkeypatch.setattr(distributed, "_world", lambda: None)  # before init_process_group
+    selector.get_kernel("toy.double")
+    assert selector.chosen_alone == {"toy.double"}
+    monkeypatch.setattr(distributed, "_world", world)
+    caplog.set_level(logging.WARNING, logger="autosel")
+    distributed.agree(lambda: "torch", what="op", key=("toy.other", "eager"))
+    assert ("rank 0 of 2: get_kernel resolved 'toy.double' before the process group was up, from this rank's own "
+            "decisions, and keeps them") in " ".join(caplog.messages)
+    selector.clear_cache()
+    assert not selector.chosen_alone

@@ -315,6 +315,35 @@ def test_a_backend_registered_after_the_decision_is_timed_at_the_next_selection(
     assert {c.backend for c in decision.candidates} == {"torch", "cute_dsl", "triton"}
 
 
+def test_get_kernel_forgets_an_op_when_a_backend_is_registered_for_it(reg, monkeypatch):
+    # get_kernel kept returning the kernel resolved before while select_kernel timed the new backend: the two
+    # disagreed until clear_cache().
+    toy(reg, B.TORCH, B.CUTE_DSL)
+    toy(reg, B.TORCH, op="toy.other")
+    slow, other = selector.get_kernel("toy.double"), selector.get_kernel("toy.other")
+    monkeypatch.setattr(tuning, "_announced", set())
+    reg.register(KernelSpec("toy.double", B.TRITON, "toy_kernels:fast"))
+    fast = selector.get_kernel("toy.double")
+    assert fast is not slow and fast is reg.get_backend("toy.double", B.TRITON).load()
+    assert selector.select_kernel("toy.double").backend == B.TRITON
+    assert selector.get_kernel("toy.other") is other  # other ops keep their kernels
+
+
+def test_threads_resolving_one_op_at_once_all_get_the_same_callable(sign_op, monkeypatch):
+    # Each first caller returned the kernel it built: eight threads, eight objects (identity checks and
+    # torch.compile's guards on function identity broke).
+    ready = threading.Barrier(8)
+    original = selector._build
+    monkeypatch.setattr(selector, "_build", lambda *a: (ready.wait(5), (lambda x: original(*a)(x)))[1])
+    got = []
+    threads = [threading.Thread(target=lambda: got.append(selector.get_kernel("test.sign", B.AOT))) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(10)
+    assert len(got) == 8 and all(fn is got[0] for fn in got) and selector.get_kernel("test.sign", B.AOT) is got[0]
+
+
 def test_with_tuning_off_a_decision_that_misses_only_a_newer_backend_is_kept_with_a_warning(reg, monkeypatch,
                                                                                            caplog):
     # A served image (AUTOSEL_TUNE=off) must not fail at start because a plug-in added a backend to a shipped op.
