@@ -131,12 +131,16 @@ def token_runs(table: BucketTable, before: tuple, after: tuple) -> tuple[tuple[i
 
 
 def _trace_as_runs(dispatch: Callable[..., Any], table: BucketTable, kernels: Mapping[str, Callable[..., Any]],
-                   bucket: Callable[..., tuple]) -> None:
+                   bucket: Callable[..., tuple], eager_parts: list[Callable[..., Any]]) -> None:
     """Have torch.compile trace `traced` wherever it meets `dispatch`. Nothing without torch (nothing to compile).
 
     `traced` calls the bucket function's `traced` attribute when it has one: the same key with the token count
     as TracedTokens(count) in place of its token bucket (the built-in ops' bucket functions have it). Without
-    one, the compiled code is specialised on whatever the bucket function reads, as any Python code is."""
+    one, the compiled code is specialised on whatever the bucket function reads, as any Python code is.
+
+    A kernel torch.compile cannot trace (flashinfer's, sgl-kernel's, autosel's Triton launches: device call 22-4)
+    breaks the graph, and the call then runs `dispatch` itself; torch.compile would compile its frames
+    (`eager_parts`) once per token count as new code, so they are marked to run as they are."""
     if "torch" not in sys.modules:
         return
     import torch
@@ -144,6 +148,12 @@ def _trace_as_runs(dispatch: Callable[..., Any], table: BucketTable, kernels: Ma
     substitute = getattr(torch.compiler, "substitute_in_graph", None)
     if substitute is None:  # torch before 2.5: the lookup is traced, once per token count
         return
+    try:
+        from torch._dynamo.eval_frame import skip_code
+    except ImportError:  # a torch without it: the fallback's frames are compiled, as before
+        skip_code = None
+    for part in eager_parts if skip_code is not None else ():
+        skip_code(part.__code__)
 
     # Run in Python on constants while tracing, their answers enter no graph; and `traced` may close over
     # functions, dicts and strings only (dynamo wraps what it meets there, and cannot wrap a BucketTable).
@@ -203,6 +213,7 @@ def dispatcher(table: BucketTable, kernels: Mapping[str, Callable[..., Any]], bu
         key = bucket(*args, **kwargs)
         return (find(key) or unseen(key))(*args, **kwargs)
 
+    eager_parts = [unseen, by_bucket_of]
     if route_key is None:
         def dispatch(*args, **kwargs):
             if kwargs:
@@ -222,6 +233,8 @@ def dispatcher(table: BucketTable, kernels: Mapping[str, Callable[..., Any]], bu
                 routes[shapes] = fn
             return fn
 
+        eager_parts.append(learn)
+
         if second is None:
             def dispatch(*args, **kwargs):
                 if kwargs or len(args) <= last:
@@ -235,7 +248,7 @@ def dispatcher(table: BucketTable, kernels: Mapping[str, Callable[..., Any]], bu
                 shapes = (args[first].shape, args[second].shape)
                 return (route(shapes) or learn(args, shapes))(*args)
 
-    _trace_as_runs(dispatch, table, kernels, bucket)
+    _trace_as_runs(dispatch, table, kernels, bucket, [dispatch, *eager_parts])
     dispatch.__name__ = dispatch.__qualname__ = f"autosel_dispatch[{table.op}]"
     dispatch.__doc__ = (f"autosel's dispatcher for {table.op} ({table.mode} mode): each shape bucket runs its "
                         f"own winner; op-level winner {table.default}.")

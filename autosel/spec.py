@@ -254,15 +254,17 @@ class KernelSpec:
         """Import the target module and follow the dotted attribute path."""
         try:
             return resolve_target(self.target)
-        except ImportError as exc:
-            missing = self.missing_packages()
+        except (ImportError, AttributeError) as exc:
+            missing = self.missing_packages() if isinstance(exc, ImportError) else []
             if missing:
                 raise ImportError(
                     f"kernel {self.op!r} backend {self.backend.value!r} needs the Python package "
                     f"{missing[0]!r}, which is not installed (pip install {pip_name(missing[0])})",
                     name=missing[0],
                 ) from exc
-            raise
+            # A bare "module 'x' has no attribute 'y'" named neither the op nor the registration to fix.
+            raise type(exc)(f"kernel {self.op!r} backend {self.backend.value!r}: cannot load its target "
+                            f"{self.target!r}: {exc}") from exc
 
 
 @dataclass(frozen=True)

@@ -206,6 +206,30 @@ def test_under_torch_compile_a_dispatcher_compiles_once_per_run_of_buckets_not_p
     assert len(graphs) <= 4  # (the first count compiled as a constant,) then one graph per run: a, b, a
 
 
+@pytest.mark.compile
+def test_a_kernel_torch_compile_cannot_trace_breaks_the_graph_without_recompiling_the_dispatcher_per_count():
+    # On the H200 flashinfer's and autosel's Triton launches break the graph; the call then ran the dispatcher
+    # itself, whose frames torch.compile compiled again for every token count (device call 22-4).
+    torch = pytest.importorskip("torch")
+    from autosel.ops.common import rows_bucket
+
+    untraceable = torch._dynamo.disable(lambda x, w, eps: x * 3)
+    table = BucketTable("toy", "eager", "a", {(1, 64): "a", (512, 64): "b", (4096, 64): "b", (16384, 64): "a"})
+    fn = dispatcher(table, {"a": lambda x, w, eps: x * 2, "b": untraceable}, rows_bucket, 0)
+    graphs = []
+
+    def count(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda *a: fn(*a) + 1, backend=count)
+    for t in (1, 3, 7, 20, 100, 170, 171, 300, 1000, 2500, 5000, 10922, 10923, 12000, 17000, 40000, 2, 250, 9000):
+        args = (torch.ones(t, 64), torch.ones(64), 1e-6)
+        assert torch.equal(compiled(*args), fn(*args) + 1), t
+    assert len(graphs) <= 6  # 5 here; 11 when the dispatcher's own frames were compiled per count
+
+
 # --- AUTOSEL_RECORD -----------------------------------------------------------------------------------------
 
 @pytest.fixture

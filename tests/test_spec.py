@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 
@@ -146,3 +147,14 @@ def test_a_shape_value_json_cannot_store_is_refused_at_registration_naming_op_an
     late = OpDefinition("x.y", shapes=lambda platform: [{"n": 4, "dtype": torch.float16}], make_inputs=lambda s, d: ())
     with pytest.raises(TypeError, match=r"^shape 0 of op 'x.y' holds dtype=torch.float16"):
         late.shapes_for(CPU)
+
+
+@pytest.mark.parametrize("target, error, says", [
+    ("json:no_such_function", AttributeError, "module 'json' has no attribute 'no_such_function'"),
+    ("no_such_module_xyz:f", ModuleNotFoundError, "No module named 'no_such_module_xyz'"),
+])
+def test_a_target_that_cannot_be_loaded_names_op_backend_and_target(target, error, says):
+    # A bare "module 'x' has no attribute 'y'" named neither the op nor the registration to fix.
+    with pytest.raises(error, match=re.escape(f"kernel 'my.op' backend 'torch': cannot load its target {target!r}: "
+                                              f"{says}")):
+        KernelSpec("my.op", B.TORCH, target).load()

@@ -61,3 +61,24 @@ def test_a_dispatcher_captured_in_a_cuda_graph_replays_each_buckets_kernel(monke
     assert torch.equal(captured["small"], kernels["torch"](small, weight, 1e-6))
     assert torch.equal(captured["large"], kernels["triton"](large, weight, 1e-6))
     assert selector.get_kernel(OP) is kernels["torch"]  # after capture: eager again
+
+
+def test_a_dispatcher_under_torch_compile_gives_each_calls_norm_though_its_kernels_break_the_graph():
+    # autosel's Triton launch cannot be traced (nor can flashinfer's or sgl-kernel's calls): each call breaks the
+    # graph and runs the dispatcher itself, under torch.compile's default mode and under CUDA graphs.
+    from autosel.dispatch import BucketTable, dispatcher, token_runs
+    from autosel.ops.common import rows_bucket
+
+    kernels = {s.backend.value: s.load() for s in layernorm.SPECS if s.op == OP and s.backend in (B.TORCH, B.TRITON)}
+    table = BucketTable(OP, "graph", "torch", {(1, 4096): "torch", (4096, 4096): "triton", (16384, 4096): "triton"})
+    assert len(token_runs(table, (), (4096,))) == 3
+    fn = dispatcher(table, kernels, rows_bucket, 0)
+    weight = torch.randn(4096, device="cuda", dtype=torch.bfloat16)
+    for mode in ("default", "reduce-overhead"):
+        torch._dynamo.reset()
+        step = torch.compile(lambda x: fn(x, weight, 1e-6) * 1.0, mode=mode)
+        for tokens in (1, 5, 100, 3000, 5000, 9000, 3, 12000, 40000, 700, 20000):
+            x = torch.randn(tokens, 4096, device="cuda", dtype=torch.bfloat16)
+            out = step(x).clone()
+            torch.testing.assert_close(out, kernels["torch"](x, weight, 1e-6), rtol=2e-2, atol=2e-2,
+                                       msg=f"{mode}, {tokens} tokens")
