@@ -305,6 +305,25 @@ def test_tune_goes_on_past_an_op_whose_code_raises_and_lists_it_failed(reg, monk
     assert status["toy.unloadable"][0] == "failed" and "no_such_module_xyz" in status["toy.unloadable"][1]
 
 
+def test_tune_warning_of_a_job_that_raised_names_the_exception_on_one_line(reg, monkeypatch):
+    # It printed "Warning: tuning toy.double (eager mode) raised" and then an empty line: the traceback was dropped,
+    # with what was raised, and the progress bar's closing newline was left on a piped stderr.
+    import autosel.tuner
+
+    toy(reg, B.TORCH, B.TRITON)
+
+    def tune_buckets(self, definition, *args, **kwargs):
+        raise AttributeError("'NoneType' object has no attribute 'shape'")
+
+    monkeypatch.setattr(autosel.tuner.Tuner, "tune_buckets", tune_buckets)
+    result = run("tune")
+    assert result.exit_code == 1
+    assert result.stderr.splitlines() == [
+        "Warning: tuning toy.double (eager mode) raised: AttributeError: 'NoneType' object has no attribute 'shape'",
+        "Error: 1 of 1 op/mode pairs could not be tuned: toy.double (eager): raised AttributeError: 'NoneType' "
+        "object has no attribute 'shape'. Fix the kernels or shapes named above, or leave those ops out with --op"]
+
+
 @pytest.mark.parametrize("force", [False, True])
 def test_tune_interrupted_keeps_what_was_tuned_and_says_how_to_go_on(reg, force):
     # Used to end in click's bare "Aborted!", saying nothing of what was kept.
@@ -319,6 +338,14 @@ def test_tune_interrupted_keeps_what_was_tuned_and_says_how_to_go_on(reg, force)
     assert "Interrupted: the op/mode pairs finished before that are stored in" in result.stderr
     assert ("without --force" in result.stderr) == force
     assert [d.op for d, _ in tuning.database().decisions()] == ["toy.double"]
+    # With --force it said that the command without --force "tunes the rest": it reuses stored and shipped ones.
+    db = os.environ["AUTOSEL_DB"]
+    assert result.stderr.splitlines()[-1] == (
+        f"Interrupted: the op/mode pairs finished before that are stored in {db}. Run the same command without "
+        "--force to go on: it reuses every pair that has a stored or shipped decision, those included, and tunes the "
+        "others; to time chosen ops again, keep --force and add --op GLOB." if force else
+        f"Interrupted: the op/mode pairs finished before that are stored in {db}; the same command reuses them and "
+        "tunes the rest.")
 
 
 def test_tune_shapes_file_tunes_only_its_ops_on_its_shapes(reg, tmp_path):
@@ -534,7 +561,7 @@ READ_ONLY_COMMANDS = [("show",), ("doctor",), ("report", "--out", "r.html"), ("e
                       ("prune", "--dry-run")]
 
 
-@pytest.mark.parametrize("command", READ_ONLY_COMMANDS + [("prune",)], ids=" ".join)
+@pytest.mark.parametrize("command", [c for c in READ_ONLY_COMMANDS if c != ("doctor",)] + [("prune",)], ids=" ".join)
 def test_read_only_command_on_a_missing_db_is_an_error_and_creates_nothing(reg, tmp_path, monkeypatch, command):
     # `autosel show --db nope/none.db` used to create the folder and an empty DB, and exit 0; `autosel prune`
     # (which writes) did so still, and said "Removed 0 stale decision(s)."
@@ -542,6 +569,19 @@ def test_read_only_command_on_a_missing_db_is_an_error_and_creates_nothing(reg, 
     result = run(*command, "--db", "nope/none.db")
     assert result.exit_code == 1
     assert result.stderr.startswith("Error: --db nope/none.db: no such file")
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+def test_doctor_on_a_missing_db_lists_it_among_the_layers_and_creates_nothing(reg, tmp_path, monkeypatch):
+    # It exited 1 with "--db nope/none.db: no such file" before diagnosing anything, while README said doctor lists
+    # a --db's problem among the layers.
+    monkeypatch.chdir(tmp_path)
+    result = run("doctor", "--json", "--db", "nope/none.db")
+    assert result.exit_code == 0, result.output
+    [user] = [layer for layer in json.loads(result.stdout)["layers"] if layer["kind"] == "user"]
+    assert (user["path"], user["rows"]) == ("nope/none.db", 0)
+    assert user["problem"] == "does not exist yet (the first tune creates it)"
+    assert "does not exist yet" in run("doctor", "--db", "nope/none.db").stdout
     assert sorted(p.name for p in tmp_path.iterdir()) == []
 
 
@@ -580,6 +620,24 @@ def test_a_damaged_db_is_named_in_a_few_lines_with_what_to_do(reg, tmp_path):
     assert result.stderr.splitlines()[-1].startswith(f"Error: --db {damaged} cannot be read: unreadable (quick_check")
     assert result.stderr.endswith(f"`autosel prune --db {damaged}` moves it aside (kept, not deleted) and starts an "
                                   "empty one\n")
+    assert damaged.read_bytes() == bytes(data)
+
+
+def test_export_of_a_damaged_default_user_db_is_the_same_clear_error_as_with_db(reg, tmp_path, monkeypatch):
+    # Without --db it warned, then said "no decisions in the user DB ...; run `autosel tune` first".
+    from autosel.db_tools import export_decisions
+
+    damaged = tmp_path / "damaged.db"
+    export_decisions([decision(op=f"toy.op{i}") for i in range(300)], damaged, fmt="sqlite")
+    data = bytearray(damaged.read_bytes())
+    data[4096::7] = b"\xab" * len(data[4096::7])
+    damaged.write_bytes(bytes(data))
+    monkeypatch.setenv("AUTOSEL_DB", str(damaged))
+    out = tmp_path / "d.jsonl"
+    result = run("export", "--out", out)
+    assert result.exit_code == 1 and not out.exists()
+    assert result.stderr.splitlines()[-1].startswith(f"Error: the user DB {damaged} cannot be read: unreadable (")
+    assert result.stderr.endswith("; `autosel prune` moves it aside (kept, not deleted) and starts an empty one\n")
     assert damaged.read_bytes() == bytes(data)
 
 
@@ -773,8 +831,16 @@ def test_an_output_suffix_that_names_no_format_is_a_usage_error(reg, tmp_path, c
 def test_export_with_nothing_to_export_writes_nothing(reg, tmp_path):
     out = tmp_path / "empty.jsonl"
     result = run("export", "--out", out)
-    assert result.exit_code == 1 and "run `autosel tune` first" in result.stderr
-    assert not out.exists()
+    assert result.exit_code == 1 and not out.exists()
+    # It also said "(or pass --all-layers)" with no layer holding any, and "run `autosel tune`" to fill a --db.
+    assert result.stderr == (f"Error: no decisions in the user DB {os.environ['AUTOSEL_DB']}, so {out} was not "
+                             "written; run `autosel tune` first\n")
+    from autosel.db import TuningDB
+
+    TuningDB.open(tmp_path / "build.db", include_package=False).close()
+    result = run("export", "--out", out, "--db", tmp_path / "build.db")
+    assert result.exit_code == 1 and not out.exists()
+    assert result.stderr.endswith(f"run `autosel tune --db {tmp_path / 'build.db'}` first\n")
 
 
 def test_export_all_layers_with_nothing_to_export_does_not_suggest_all_layers(reg, tmp_path):
@@ -785,6 +851,34 @@ def test_export_all_layers_with_nothing_to_export_does_not_suggest_all_layers(re
     assert result.exit_code == 1
     assert result.stderr == (f"Error: no decisions for toy.* in any layer, so {out} was not written; run `autosel "
                              "tune` first\n")
+
+
+@pytest.mark.parametrize("db", [False, True])
+def test_export_after_a_tune_that_reused_shipped_decisions_points_at_all_layers(reg, tmp_path, monkeypatch, db):
+    # It said "run `autosel tune` first": a tune reuses shipped decisions without copying them into the user DB,
+    # so tuning again never helped.
+    toy(reg, B.TORCH, B.TRITON)
+    first, shipped, user = tmp_path / "first.db", tmp_path / "shipped.db", tmp_path / "mine.db"
+    assert run("tune", "--db", first).exit_code == 0
+    assert run("export", "--db", first, "--out", shipped).exit_code == 0
+    monkeypatch.setenv("AUTOSEL_DB_PATH", str(shipped))
+    monkeypatch.setenv("AUTOSEL_DB", str(user))
+    assert json.loads(run("tune", "--json").stdout)["outcomes"][0]["status"] == "stored"
+    out = tmp_path / "decisions.jsonl"
+    result = run("export", "--out", out, "--op", "toy.*", *["--db", user] * db)
+    assert result.exit_code == 1 and not out.exists()
+    assert result.stderr == (
+        f"Error: no decisions for toy.* in the user DB {user}, so {out} was not written; the shipped DBs hold 1 "
+        f"({shipped}): pass --all-layers to export them too, or run `autosel tune --db {user}` first, which copies "
+        "them into it\n" if db else
+        f"Error: no decisions for toy.* in the user DB {user}, so {out} was not written; the shipped DBs hold 1 "
+        f"({shipped}), which `autosel tune` reuses without copying them into the user DB: pass --all-layers to "
+        "export them too, or run `autosel tune --db FILE`, which copies them into FILE, and `autosel export --db "
+        "FILE`\n")
+    assert run("export", "--out", out, "--op", "toy.*", "--all-layers").exit_code == 0
+    build = user if db else tmp_path / "build.db"  # the advice, followed
+    assert run("tune", "--db", build).exit_code == 0
+    assert run("export", "--db", build, "--out", tmp_path / "b.jsonl").exit_code == 0
 
 
 def test_export_of_an_op_glob_matching_nothing_names_the_known_ops(reg, tmp_path):
@@ -805,13 +899,47 @@ def test_merge_reports_conflicts_and_exits_1_when_left_out(reg, tmp_path):
     assert result.exit_code == 1
     assert "Merged 2 input(s)" in result.stdout and "Merged 2 input(s) into" in result.stdout
     assert f"Conflict: toy.double (eager, {CPU.key}): {a} -> triton, {b} -> torch; left out" in result.stdout
-    assert result.stderr.startswith("Error: 1 conflicting decision(s) were left out")
+    # It said to pass --prefer, and that retry then failed on the file this command had just written.
+    assert result.stderr == (f"Error: 1 conflicting decision(s) were left out of {tmp_path / 'm.db'}; to keep one "
+                             "of each, run the same command with --prefer newest or --prefer first and --force (to "
+                             f"replace {tmp_path / 'm.db'}), or re-tune those ops\n")
+    assert run("merge", a, b, "--out", tmp_path / "m.db", "--prefer", "newest").exit_code == 1  # not overwritten
+    assert run("merge", a, b, "--out", tmp_path / "m.db", "--prefer", "newest", "--force").exit_code == 0
     kept = run("merge", a, b, "--out", tmp_path / "n.jsonl", "--prefer", "newest", "--json")
     assert kept.exit_code == 0
     report = json.loads(kept.stdout)
     assert report["rows"] == 2 and len(report["conflicts"]) == 1 and not report["conflicts_left_out"]
     winners = {json.loads(line)["op"]: json.loads(line)["winner"] for line in (tmp_path / "n.jsonl").read_text().splitlines()}
     assert winners == {"toy.double": "torch", "toy.other": "triton"}
+
+
+def test_merge_of_nothing_but_conflicts_writes_no_file_and_names_each_conflicts_bucket(reg, tmp_path):
+    # It wrote an empty pq.jsonl and said to pass --prefer, and that retry failed with "pq.jsonl already exists";
+    # the conflicts of three buckets printed three identical lines.
+    p, q, out = tmp_path / "p.jsonl", tmp_path / "q.jsonl", tmp_path / "pq.jsonl"
+    buckets = ["*", "[256]", "[4]"]  # in the order merge reports them
+    p.write_text("".join(replace(decision(), bucket=b).to_json() + "\n" for b in buckets))
+    q.write_text("".join(replace(decision(winner="torch", created_at="2026-02-01T00:00:00+00:00"), bucket=b).to_json()
+                         + "\n" for b in buckets))
+    result = run("merge", p, q, "--out", out)
+    assert result.exit_code == 1 and not out.exists()
+    assert result.stdout == (f"Merged 2 input(s): no decision besides the conflicts below, so {out} was not written.\n"
+                             f"Conflict: toy.double (eager, {CPU.key}): {p} -> triton, {q} -> torch; left out\n"
+                             f"Conflict: toy.double (eager, bucket [256], {CPU.key}): {p} -> triton, {q} -> torch; "
+                             "left out\n"
+                             f"Conflict: toy.double (eager, bucket [4], {CPU.key}): {p} -> triton, {q} -> torch; "
+                             "left out\n")
+    assert result.stderr == (f"Error: 3 conflicting decision(s) were left out, so {out} was not written; pass --prefer "
+                             "newest or --prefer first to keep one of each, or re-tune those ops\n")
+    assert json.loads(run("merge", p, q, "--out", out, "--json").stdout)["written"] is False
+    retry = run("merge", p, q, "--out", out, "--prefer", "newest")
+    assert retry.exit_code == 0, retry.output
+    assert [json.loads(line)["winner"] for line in out.read_text().splitlines()] == ["torch"] * 3
+    assert "bucket [4]" in retry.stdout and "kept the newest row" in retry.stdout
+
+
+def test_merge_help_counts_the_bucket_in_a_conflicts_key():
+    assert "A conflict is one key (platform, op, mode, bucket, versions)" in run("merge", "--help").output
 
 
 def test_merge_of_a_junk_text_file_is_an_error_not_an_empty_input(reg, tmp_path):

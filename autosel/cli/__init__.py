@@ -50,7 +50,10 @@ class _WarningLines(logging.Handler):
 
     def emit(self, record: logging.LogRecord) -> None:
         if not any(isinstance(h, config.StderrHandler) for h in logging.getLogger("autosel").handlers):  # -v shows it
-            _warn_once(self.shown, record.getMessage())
+            text, exc = record.getMessage(), record.exc_info[1] if record.exc_info else None
+            if exc is not None:  # log.exception: what was raised, on one line; -v shows the traceback
+                text += ": " + ": ".join([type(exc).__name__, *str(exc).splitlines()[:1]])
+            _warn_once(self.shown, text)
 
 
 def _warn_once(shown: set[str], text: str) -> None:
@@ -209,24 +212,31 @@ class Seconds(click.FloatRange):
         return seconds
 
 
-def _read_db(settings: config.Settings, db: str | None, *, refuse_unread: bool = True):
+def _read_db(settings: config.Settings, db: str | None, *, refuse_unread: bool = True, default_too: bool = False):
     """The DB layers as a command that only reads sees them: nothing is created, migrated or moved aside.
     An explicit --db that does not exist, or that cannot be read as a tuning DB, is an error naming it (rather
-    than a listing of the shipped rows alone, or advice to tune a file that is there); `autosel doctor`, whose
-    listing of the layers names the file's problem, passes refuse_unread=False."""
+    than a listing of the shipped rows alone, or advice to tune a file that is there); with default_too (export,
+    whose source it is) so is a default user DB that is there but cannot be read. `autosel doctor`, whose listing
+    of the layers names the file's problem (a missing --db's too), passes refuse_unread=False."""
     from autosel.db import TuningDB
 
-    _require_file(settings, db)
+    if refuse_unread:
+        _require_file(settings, db)
     database = TuningDB.open(settings.db, settings.db_path, read_only=True)
     user = database.layers[0]
-    if refuse_unread and db and user.kind == "user" and user.schema_version is None:  # there, but not read
+    named = db or (default_too and settings.db.exists())
+    if refuse_unread and named and user.kind == "user" and user.schema_version is None:  # there, but not read
+        prune = f"`autosel prune --db {db}`" if db else "`autosel prune`"
         if "killed while writing" in (user.problem or ""):
-            remedy = f"`autosel prune --db {db}` opens it for writing, which recovers it (SQLite's crash recovery)"
+            remedy = f"{prune} opens it for writing, which recovers it (SQLite's crash recovery)"
         elif user.problem and "not read" not in user.problem:  # an autosel DB, damaged
-            remedy = f"`autosel prune --db {db}` moves it aside (kept, not deleted) and starts an empty one"
-        else:
+            remedy = f"{prune} moves it aside (kept, not deleted) and starts an empty one"
+        elif db:
             remedy = "pass a tuning DB that `autosel tune --db` or `autosel export` wrote"
-        raise click.ClickException(f"--db {db} cannot be read: {(user.problem or '').removesuffix('; not read')}; "
+        else:
+            remedy = "set AUTOSEL_DB to a tuning DB that `autosel tune` wrote, or pass --db PATH"
+        where = f"--db {db}" if db else f"the user DB {settings.db}"
+        raise click.ClickException(f"{where} cannot be read: {(user.problem or '').removesuffix('; not read')}; "
                                    f"{remedy}")
     return database
 

@@ -38,19 +38,35 @@ def export(out, fmt, ops, db, all_layers, force, as_json):
     fmt = _format_of(out, fmt)
     _refuse_overwrite(out, force)
     settings = _settings(db, full=False)
-    stored = _read_db(settings, db).decisions()
+    stored = _read_db(settings, db, default_too=True).decisions()  # the user DB is the source: unread is an error
     tuning.load_plugins()
     _check_globs(ops, set(tuning.registry.ops()) | {d.op for d, _ in stored}, "registered op or stored decision")
     pairs = [(d, layer) for d, layer in stored if _matches(d.op, ops) and (all_layers or layer.kind != "shipped")]
     if not pairs:
-        where, other = ("any layer", "") if all_layers else (f"the user DB {settings.db}", " (or pass --all-layers)")
-        raise click.ClickException(f"no decisions{' for ' + ', '.join(ops) if ops else ''} in {where}, so {out} "
-                                   f"was not written; run `autosel tune` first{other}")
+        nothing = f"no decisions{' for ' + ', '.join(ops) if ops else ''}"
+        if all_layers:
+            raise click.ClickException(f"{nothing} in any layer, so {out} was not written; run `autosel tune` first")
+        raise click.ClickException(f"{nothing} in the user DB {settings.db}, so {out} was not written; "
+                                   + _elsewhere([layer.path for d, layer in stored if _matches(d.op, ops)], db))
     rows = export_decisions([d for d, _ in pairs], out, fmt=fmt, overwrite=force)
     if as_json:
         _echo_json({"out": str(out), "format": fmt, "rows": rows})
     else:
         click.echo(f"Exported {rows} decision(s) to {out} ({fmt}).")
+
+
+def _elsewhere(shipped: list[str], db: str | None) -> str:
+    """What to do when the user DB holds none of the decisions to export, given the shipped layers' paths, one per
+    matching row: a tune reuses shipped decisions and copies them only into a --db, so a tune into the default
+    user DB puts nothing there."""
+    if not shipped:
+        return f"run `autosel tune{' --db ' + db if db else ''}` first"
+    held = f"the shipped DBs hold {len(shipped)} ({', '.join(dict.fromkeys(shipped))})"
+    if db:
+        return (f"{held}: pass --all-layers to export them too, or run `autosel tune --db {db}` first, which copies "
+                "them into it")
+    return (f"{held}, which `autosel tune` reuses without copying them into the user DB: pass --all-layers to export "
+            "them too, or run `autosel tune --db FILE`, which copies them into FILE, and `autosel export --db FILE`")
 
 
 @main.command()
@@ -65,8 +81,8 @@ def export(out, fmt, ops, db, all_layers, force, as_json):
 def merge(inputs, out, fmt, prefer, force, as_json):
     """Merge tuning DBs or JSON Lines exports into one file.
 
-    A conflict is one key (platform, op, mode, versions) with different winners. Without --prefer conflicts
-    are left out of --out and the command exits 1 after writing the rest.
+    A conflict is one key (platform, op, mode, bucket, versions) with different winners. Without --prefer
+    conflicts are left out of --out and the command exits 1 after writing the rest (no file if nothing is left).
 
     \b
     Examples:
@@ -77,23 +93,36 @@ def merge(inputs, out, fmt, prefer, force, as_json):
 
     fmt = _format_of(out, fmt)
     _refuse_overwrite(out, force)
+    existed = out.exists()
     report = merge_files(list(inputs), out, prefer=prefer, overwrite=force, fmt=fmt)
     conflicts = [{"op": c.key.op, "mode": c.key.mode, "bucket": c.key.bucket, "platform_key": c.key.platform_key,
                   "versions_hash": c.key.versions_hash,
                   "winners": [{"source": src, "winner": w} for src, w in c.winners]} for c in report.conflicts]
     left_out = bool(report.conflicts) and prefer is None
+    # Only conflicts, all left out: an empty file this command made would only block the retry with --prefer.
+    unwritten = left_out and not report.rows and not existed
+    if unwritten:
+        out.unlink(missing_ok=True)
     if as_json:
-        _echo_json({"out": str(out), "rows": report.rows, "sources": list(report.sources), "prefer": prefer,
-                    "conflicts": conflicts, "conflicts_left_out": left_out})
+        _echo_json({"out": str(out), "written": not unwritten, "rows": report.rows, "sources": list(report.sources),
+                    "prefer": prefer, "conflicts": conflicts, "conflicts_left_out": left_out})
     else:
-        click.echo(f"Merged {len(report.sources)} input(s) into {out}: {report.rows} decision(s).")
+        click.echo(f"Merged {len(report.sources)} input(s): no decision besides the conflicts below, so {out} was not "
+                   "written." if unwritten else
+                   f"Merged {len(report.sources)} input(s) into {out}: {report.rows} decision(s).")
         action = "left out" if prefer is None else f"kept the {prefer} row"
         for c in conflicts:
             winners = ", ".join(f"{w['source']} -> {w['winner']}" for w in c["winners"])
-            click.echo(f"Conflict: {c['op']} ({c['mode']}, {c['platform_key']}): {winners}; {action}")
+            bucket = "" if c["bucket"] == OP_LEVEL_BUCKET else f", bucket {c['bucket']}"
+            click.echo(f"Conflict: {c['op']} ({c['mode']}{bucket}, {c['platform_key']}): {winners}; {action}")
+    if unwritten:
+        raise click.ClickException(f"{len(conflicts)} conflicting decision(s) were left out, so {out} was not "
+                                   "written; pass --prefer newest or --prefer first to keep one of each, or re-tune "
+                                   "those ops")
     if left_out:
-        raise click.ClickException(f"{len(conflicts)} conflicting decision(s) were left out of {out}; pass "
-                                   "--prefer newest or --prefer first to keep one of each, or re-tune those ops")
+        raise click.ClickException(f"{len(conflicts)} conflicting decision(s) were left out of {out}; to keep one of "
+                                   "each, run the same command with --prefer newest or --prefer first and --force (to "
+                                   f"replace {out}), or re-tune those ops")
 
 
 @main.command()

@@ -94,8 +94,10 @@ class _TuneProgress:
         from rich.progress import BarColumn, Progress, SpinnerColumn, TaskProgressColumn, TextColumn, TimeElapsedColumn
 
         self.total, self.started, self.tasks = total, 0, {}
+        console = _console(stderr=True)
+        # Piped, a transient bar shows nothing, yet rich ends it with an empty line on stderr
         self.bar = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), TaskProgressColumn(),
-                            TimeElapsedColumn(), console=_console(stderr=True), transient=True)
+                            TimeElapsedColumn(), console=console, transient=True, disable=not console.is_interactive)
 
     def __enter__(self) -> "_TuneProgress":
         self.bar.start()
@@ -273,9 +275,13 @@ def tune(ops, shapes_file, record_file, db, force, budget_s, isolate, isolate_ti
                                             isolate_timeout_s=isolate_timeout_s if isolate else None,
                                             copy_found=db is not None, devices=devices)
     except KeyboardInterrupt:  # each op is recorded when it is done: say what is kept and how to go on
-        again = "the same command without --force" if force else "the same command"
-        click.echo(f"Interrupted: the op/mode pairs finished before that are stored in {settings.db}; {again} "
-                   "reuses them and tunes the rest.", err=True)
+        kept = f"Interrupted: the op/mode pairs finished before that are stored in {settings.db}"
+        if force:  # without --force, the pairs not reached that have a decision are reused, not timed again
+            click.echo(f"{kept}. Run the same command without --force to go on: it reuses every pair that has a "
+                       "stored or shipped decision, those included, and tunes the others; to time chosen ops again, "
+                       "keep --force and add --op GLOB.", err=True)
+        else:
+            click.echo(f"{kept}; the same command reuses them and tunes the rest.", err=True)
         click.get_current_context().exit(130)
     if as_json:
         _echo_json({"db": str(settings.db), "platform_key": platform.key, "budget_s": budget_s,
