@@ -130,6 +130,32 @@ def token_runs(table: BucketTable, before: tuple, after: tuple) -> tuple[tuple[i
     return tuple(reversed(runs))
 
 
+def _substitute() -> Callable | None:
+    """torch.compiler.substitute_in_graph, or None without torch (nothing to compile) or before torch 2.5."""
+    if "torch" not in sys.modules:
+        return None
+    import torch
+
+    return getattr(torch.compiler, "substitute_in_graph", None)
+
+
+_traced_as: set[int] = set()  # ids of the kernels trace_as has given a stand-in (kept alive by their modules)
+
+
+def trace_as(kernel: Callable[..., Any], traced: Callable[..., Any]) -> None:
+    """Have torch.compile call `traced` (a torch custom op around `kernel`, autosel.ops.opaque) wherever it meets
+    `kernel`, for a kernel get_kernel returns as it is. Eager calls of `kernel` are untouched."""
+    substitute = _substitute()
+    if traced is kernel or substitute is None or id(kernel) in _traced_as:
+        return
+
+    def call(*args, **kwargs):
+        return traced(*args, **kwargs)
+
+    substitute(kernel, skip_signature_check=True)(call)
+    _traced_as.add(id(kernel))
+
+
 def _trace_as_runs(dispatch: Callable[..., Any], table: BucketTable, kernels: Mapping[str, Callable[..., Any]],
                    bucket: Callable[..., tuple], eager_parts: list[Callable[..., Any]]) -> None:
     """Have torch.compile trace `traced` wherever it meets `dispatch`. Nothing without torch (nothing to compile).
@@ -141,13 +167,11 @@ def _trace_as_runs(dispatch: Callable[..., Any], table: BucketTable, kernels: Ma
     A kernel torch.compile cannot trace (flashinfer's, sgl-kernel's, autosel's Triton launches: device call 22-4)
     breaks the graph, and the call then runs `dispatch` itself; torch.compile would compile its frames
     (`eager_parts`) once per token count as new code, so they are marked to run as they are."""
-    if "torch" not in sys.modules:
+    substitute = _substitute()
+    if substitute is None:  # torch before 2.5: the lookup is traced, once per token count
         return
     import torch
 
-    substitute = getattr(torch.compiler, "substitute_in_graph", None)
-    if substitute is None:  # torch before 2.5: the lookup is traced, once per token count
-        return
     try:
         from torch._dynamo.eval_frame import skip_code
     except ImportError:  # a torch without it: the fallback's frames are compiled, as before
@@ -190,9 +214,11 @@ MAX_ROUTES = 1 << 16
 
 
 def dispatcher(table: BucketTable, kernels: Mapping[str, Callable[..., Any]], bucket: Callable[..., tuple],
-               route_key: int | tuple[int, int] | None = None) -> Callable[..., Any]:
+               route_key: int | tuple[int, int] | None = None,
+               traced: Mapping[str, Callable[..., Any]] | None = None) -> Callable[..., Any]:
     """A callable that runs each call on its bucket's winner; `kernels` maps every backend the table names to
-    its loaded kernel. The plain kernel when the table is uniform (no added cost).
+    its loaded kernel. The plain kernel when the table is uniform (no added cost). `traced`: what torch.compile
+    calls in place of each kernel (OpDefinition.traced_kernel), by backend; default the kernels.
 
     route_key: the index of a positional argument whose shape alone decides the bucket (0 for the row-wise
     ops), or two such indices ((0, 1) for gemm.mm). Calls are then looked up by those shapes, and the bucket
@@ -248,7 +274,7 @@ def dispatcher(table: BucketTable, kernels: Mapping[str, Callable[..., Any]], bu
                 shapes = (args[first].shape, args[second].shape)
                 return (route(shapes) or learn(args, shapes))(*args)
 
-    _trace_as_runs(dispatch, table, kernels, bucket, [dispatch, *eager_parts])
+    _trace_as_runs(dispatch, table, traced or kernels, bucket, [dispatch, *eager_parts])
     dispatch.__name__ = dispatch.__qualname__ = f"autosel_dispatch[{table.op}]"
     dispatch.__doc__ = (f"autosel's dispatcher for {table.op} ({table.mode} mode): each shape bucket runs its "
                         f"own winner; op-level winner {table.default}.")

@@ -8,7 +8,7 @@ import threading
 from typing import Any, Callable
 
 from autosel import config, platforms
-from autosel.dispatch import BucketTable, dispatcher, recording
+from autosel.dispatch import BucketTable, dispatcher, recording, trace_as
 from autosel.distributed import in_process_group
 from autosel.platforms import PlatformInfo, capturing_cuda_graph
 from autosel.registry import load_plugins, on_register, registry
@@ -115,6 +115,8 @@ def _build(op: str, backend: KernelBackend | str | None, mode: str | None) -> Ca
     if isinstance(choice, KernelSpec):
         fn = choice.load()
         mode_name = mode or "eager"
+        if definition is not None:
+            trace_as(fn, definition.traced_kernel(choice.backend.value, fn))
     else:
         _, table, eligible = choice
         mode_name = table.mode
@@ -122,10 +124,13 @@ def _build(op: str, backend: KernelBackend | str | None, mode: str | None) -> Ca
             chosen_alone.add(op)
         named = {table.default, *table.winners.values()}
         kernels = {s.backend.value: s.load() for s in eligible if s.backend.value in named}
+        traced = {b: definition.traced_kernel(b, k) for b, k in kernels.items()} if definition else kernels
         if definition is not None and definition.bucket is not None:
-            fn = dispatcher(table, kernels, definition.bucket, definition.route_key)
+            fn = dispatcher(table, kernels, definition.bucket, definition.route_key, traced)
         else:
             fn = kernels[table.default]
+        if fn is kernels[table.default]:  # a uniform table, or no bucket function: the plain kernel
+            trace_as(fn, traced[table.default])
     record_to = config.settings().record
     if record_to is not None:
         fn = recording(op, fn, record_to, mode_name, definition.shape_of if definition else None)

@@ -283,6 +283,9 @@ class OpDefinition:
     calls up by those shapes and runs `bucket` once per distinct shape.
     `signature` is documentation only: how every backend of the op is called, what it returns or changes in
     place, and its dtypes (`autosel doctor` shows it).
+    `traced`: what torch.compile should call in place of a kernel of the op, as a function (backend name, kernel)
+    -> callable, or its "module:function" target: a torch custom op around the kernel, for kernels it cannot trace
+    or would compile once per shape (autosel.ops.opaque). None: the kernels are traced as they are.
     """
 
     op: str
@@ -295,6 +298,7 @@ class OpDefinition:
     bucket: Callable[..., tuple] | None = None
     route_key: int | tuple[int, int] | None = None
     signature: str = ""
+    traced: str | Callable[[str, Callable[..., Any]], Callable[..., Any]] | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.op, str) or not self.op:
@@ -305,6 +309,9 @@ class OpDefinition:
         if self.shape_of is not None and not callable(self.shape_of):
             raise TypeError(f"shape_of for op {self.op!r} must be a function (*args) -> shape or None, "
                             f"got {self.shape_of!r}")
+        if self.traced is not None and not (callable(self.traced) or isinstance(self.traced, str)):
+            raise TypeError(f"traced for op {self.op!r} must be a function (backend, kernel) -> callable, its "
+                            f"'module:function' target, or None; got {self.traced!r}")
         if self.bucket is not None and not callable(self.bucket):
             raise TypeError(f"bucket for op {self.op!r} must be a function (*args) -> tuple or None, "
                             f"got {self.bucket!r}")
@@ -323,6 +330,13 @@ class OpDefinition:
             check_shapes(self.op, self.shapes)
         check_tolerance("rtol", self.rtol, self.op)
         check_tolerance("atol", self.atol, self.op)
+
+    def traced_kernel(self, backend: str, kernel: Callable[..., Any]) -> Callable[..., Any]:
+        """What torch.compile calls in place of `kernel` (this op's `backend`): `traced`'s answer, else the kernel."""
+        if self.traced is None:
+            return kernel
+        traced = resolve_target(self.traced) if isinstance(self.traced, str) else self.traced
+        return traced(backend, kernel)
 
     def shapes_for(self, platform: "PlatformInfo") -> list[dict]:
         if not callable(self.shapes):

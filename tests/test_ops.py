@@ -266,3 +266,20 @@ def test_flashinfer_norms_stay_on_the_public_wrappers_where_flashinfer_runs_its_
 def test_every_flashinfer_backend_goes_through_autosels_adapters():
     flashinfer_targets = {s.op: s.target for s in SPECS if s.backend == B.FLASHINFER}
     assert all(t.startswith("autosel.ops.vendor_flashinfer:") for t in flashinfer_targets.values()), flashinfer_targets
+
+
+@pytest.mark.parametrize("op", ["layernorm.rmsnorm", "layernorm.fused_add_rmsnorm", "activation.silu_and_mul",
+                                "activation.gelu_and_mul", "embeddings.rope", "gemm.mm"])
+def test_the_custom_op_compiled_code_calls_declares_what_the_kernel_reads_writes_and_returns(op):
+    # torch.library.opcheck: the schema's mutated arguments, the fake output's shape and dtype against the kernel's.
+    import torch
+
+    from autosel.ops import torch_impl
+    from autosel.registry import registry
+
+    definition = registry.definition(op)
+    kernel = getattr(torch_impl, op.split(".")[1])
+    opaque = definition.traced_kernel("a_backend_compiled_code_cannot_trace", kernel)
+    assert opaque is not kernel and definition.traced_kernel("torch", kernel) is kernel
+    shape = definition.shapes_for(__import__("autosel.platforms").platforms.current_platform())[0]
+    torch.library.opcheck(opaque, definition.make_inputs(dict(shape), "cpu"))

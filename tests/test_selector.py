@@ -485,6 +485,37 @@ def test_clear_cache_during_a_lookup_does_not_store_a_stale_entry(reg, monkeypat
     assert len(calls) == 2
 
 
+@pytest.mark.compile
+def test_a_kernel_torch_compile_cannot_trace_is_one_custom_op_in_compiled_code(reg):
+    # On the H200 flashinfer's calls broke the graph (fullgraph=True failed) and autosel's Triton wrappers were
+    # compiled again for every token count (device call 22-5): compiled code now calls them as torch custom ops.
+    import torch
+
+    from autosel.ops import layernorm
+
+    op = "layernorm.rmsnorm"
+    reg.define(next(d for d in layernorm.DEFINITIONS if d.op == op))
+    reg.register(KernelSpec(op, B.TORCH, "autosel.ops.torch_impl:rmsnorm"))
+    reg.register(KernelSpec(op, B.FLASHINFER, "toy_kernels:untraceable_rmsnorm"))
+    import toy_kernels
+
+    toy_kernels.plant(op, "torch", {(4096, 64): "flashinfer"})
+    weight = 1 + torch.rand(64)
+    for kernel in (selector.get_kernel(op), selector.get_kernel(op, "flashinfer")):  # a dispatcher, a plain kernel
+        graphs = []
+
+        def count(gm, example_inputs):
+            graphs.append(gm)
+            return gm.forward
+
+        torch._dynamo.reset()
+        compiled = torch.compile(lambda x: kernel(x, weight, 1e-6) + 1, backend=count, fullgraph=True)
+        for tokens in (1, 3, 100, 3000, 5000, 9000, 2, 40000):
+            x = torch.randn(tokens, 64)
+            torch.testing.assert_close(compiled(x), kernel(x, weight, 1e-6) + 1)
+        assert len(graphs) <= 4  # the first count as a constant, then one per run (a plain kernel: one)
+
+
 def test_get_kernel_returns_the_measured_winner(reg):
     toy(reg, B.TORCH, B.TRITON)
     import toy_kernels

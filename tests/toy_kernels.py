@@ -183,3 +183,12 @@ def segfaults_from_the_4th_call(x: torch.Tensor) -> torch.Tensor:
 
         ctypes.string_at(0)
     return x * 2
+
+
+def _rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    xf = x.float()
+    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * weight.float()).to(x.dtype)
+
+
+# An rmsnorm that torch.compile cannot trace, as flashinfer's and sgl-kernel's calls on a GPU.
+untraceable_rmsnorm = torch._dynamo.disable(_rmsnorm)

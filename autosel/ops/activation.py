@@ -40,8 +40,10 @@ SPECS = [
 DEFINITIONS = [
     OpDefinition("activation.silu_and_mul", shapes=SHAPES, make_inputs=gated_inputs, shape_of=gated_shape,
                  bucket=rows_bucket, route_key=0,
-                 signature="(x[T, 2I]) -> new [T, I] = silu(x[:, :I]) * x[:, I:]; " + DTYPES),
+                 signature="(x[T, 2I]) -> new [T, I] = silu(x[:, :I]) * x[:, I:]; " + DTYPES,
+                 traced="autosel.ops.opaque:silu_and_mul"),
     OpDefinition("activation.gelu_and_mul", shapes=SHAPES, make_inputs=gated_inputs, shape_of=gated_shape,
                  bucket=rows_bucket, route_key=0,
-                 signature="(x[T, 2I]) -> new [T, I] = gelu(x[:, :I]) * x[:, I:] (exact gelu); " + DTYPES),
+                 signature="(x[T, 2I]) -> new [T, I] = gelu(x[:, :I]) * x[:, I:] (exact gelu); " + DTYPES,
+                 traced="autosel.ops.opaque:gelu_and_mul"),
 ]

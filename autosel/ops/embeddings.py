@@ -69,4 +69,5 @@ DEFINITIONS = [OpDefinition(
     "embeddings.rope", shapes=SHAPES, make_inputs=rope_inputs, shape_of=rope_shape, bucket=rope_bucket,
     signature="(positions[T] int64, query[T, Hq*D], key[T, Hk*D], head_size: int, cos_sin_cache[P, R] fp32, "
               "is_neox: bool) -> None, in place on query and key; cache rows [cos | sin]; " + DTYPES,
+    traced="autosel.ops.opaque:rope",
 )]

@@ -49,4 +49,5 @@ mm_bucket.traced = lambda a, b: _mm_key(a, b, TracedTokens)  # what torch.compil
 SPECS = standard_specs("gemm.mm", "mm")
 DEFINITIONS = [OpDefinition("gemm.mm", shapes=SHAPES, make_inputs=mm_inputs, shape_of=mm_shape, bucket=mm_bucket,
                             route_key=(0, 1),
-                            signature="(a[M, K], b[N, K]) -> new [M, N] = a @ b.T (nn.Linear layout); " + DTYPES)]
+                            signature="(a[M, K], b[N, K]) -> new [M, N] = a @ b.T (nn.Linear layout); " + DTYPES,
+                            traced="autosel.ops.opaque:mm")]

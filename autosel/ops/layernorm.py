@@ -57,9 +57,11 @@ SPECS = [
 DEFINITIONS = [
     OpDefinition("layernorm.rmsnorm", shapes=SHAPES, make_inputs=rmsnorm_inputs, shape_of=rmsnorm_shape,
                  bucket=rows_bucket, route_key=0,  # (token_bucket(tokens), hidden)
-                 signature="(x[T, H], weight[H], eps: float) -> new [T, H]; " + DTYPES),
+                 signature="(x[T, H], weight[H], eps: float) -> new [T, H]; " + DTYPES,
+                 traced="autosel.ops.opaque:rmsnorm"),
     OpDefinition("layernorm.fused_add_rmsnorm", shapes=SHAPES, make_inputs=fused_add_rmsnorm_inputs,
                  shape_of=rmsnorm_shape, bucket=rows_bucket, route_key=0,
                  signature="(x[T, H], residual[T, H], weight[H], eps: float) -> None, in place: "
-                           "residual <- x + residual, x <- rmsnorm(residual); " + DTYPES),
+                           "residual <- x + residual, x <- rmsnorm(residual); " + DTYPES,
+                 traced="autosel.ops.opaque:fused_add_rmsnorm"),
 ]
