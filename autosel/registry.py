@@ -250,15 +250,20 @@ def register_op(
     bucket: Callable[..., tuple] | None = None,
     route_key: int | tuple[int, int] | None = None,
     signature: str = "",
+    traced: str | Callable[[str, Callable[..., Any]], Callable[..., Any]] | None = None,
 ) -> OpDefinition:
     """Declare what tuning `op` needs. `reference` defaults to the op's torch backend. `bucket(*args)`: the
     shape bucket of a call, a tuple such as (tokens rounded to a power of two, hidden); with it, each
     bucket the shapes cover gets its own decision and get_kernel dispatches by bucket; `route_key`: the index
     of a positional argument whose shape alone decides the bucket (a faster dispatch). `signature` documents
-    how the op is called (shown by `autosel doctor`)."""
+    how the op is called (shown by `autosel doctor`). `traced(backend, kernel)`: what torch.compile calls in
+    place of a kernel it cannot trace, such as a torch custom op around it (OpDefinition.traced)."""
     if isinstance(reference, str):
         reference = KernelBackend.parse(reference)
     if not callable(shapes):
+        if isinstance(shapes, Mapping):  # one shape given bare: iterating it blamed its first key
+            raise TypeError(f"shapes for op {op!r} must be a list of dicts, got one dict {shapes!r}: pass "
+                            f"[{shapes!r}]")
         if isinstance(shapes, (str, bytes)) or not isinstance(shapes, Iterable):
             raise TypeError(f"shapes for op {op!r} must be a list of dicts such as [{{'tokens': 64}}] or a function "
                             f"of the platform, got {shapes!r}")
@@ -269,5 +274,5 @@ def register_op(
         shapes = tuple(dict(s) for s in shapes)
     return registry.define(
         OpDefinition(op=op, shapes=shapes, make_inputs=make_inputs, reference=reference, rtol=rtol, atol=atol,
-                     shape_of=shape_of, bucket=bucket, route_key=route_key, signature=signature)
+                     shape_of=shape_of, bucket=bucket, route_key=route_key, signature=signature, traced=traced)
     )

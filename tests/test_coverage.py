@@ -82,5 +82,5 @@ def test_a_decision_that_never_timed_a_backend_eligible_here_is_not_counted_and_
         [found] = coverage.check(["toy.op"], db=db, registry=registry, platform=HERE, modes=["eager"])
     assert not found.ok
     assert found.detail.startswith("the stored eager decision (torch, shipped DB ") and found.detail.endswith(
-        "never timed triton, eligible here since: re-tune the op (selection keeps it only where nothing can be timed: "
-        "AUTOSEL_TUNE=off, CUDA-graph capture)")
+        "never timed triton, eligible here since it was made: re-tune the op (selection keeps it only where nothing "
+        "can be timed: AUTOSEL_TUNE=off, CUDA-graph capture)")

@@ -316,3 +316,10 @@ def test_a_conflicting_op_definition_names_the_fields_that_differ():
         f"now ({{'n': 2}},); make_inputs {__name__}:_inputs, now "
         f"{__name__}:test_a_conflicting_op_definition_names_the_fields_that_differ.<locals>.<lambda>; "
         "define each op once, or use an op name of your own (e.g. 'myengine.rmsnorm')")
+
+
+def test_one_shape_given_bare_says_to_wrap_it_in_a_list():
+    # Iterating the dict blamed its first key: "each shape ... must be a dict such as {'tokens': 64}, got 'n'".
+    with pytest.raises(TypeError, match=r"^shapes for op 'my\.e2' must be a list of dicts, got one dict \{'n': 1\}: "
+                                        r"pass \[\{'n': 1\}\]$"):
+        register_op("my.e2", shapes={"n": 1}, make_inputs=lambda shape, device: ())
