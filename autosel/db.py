@@ -120,6 +120,7 @@ class TuningDB:
     def __init__(self, opener: Callable[[], list[OpenFile]]):
         self._opener, self._pid, self._layers = opener, os.getpid(), opener()
         self._lock, self._inherited = threading.RLock(), []
+        self._turns: dict[tuple[str, str, str], threading.Lock] = {}  # the lease without a file (lease())
         _open_dbs.add(self)
 
     @classmethod
@@ -279,13 +280,22 @@ class TuningDB:
         budget_s: the tune's time budget; the lease expires, and a waiter stops waiting and takes it over, after
         lease_seconds(budget_s) unless ttl_s / wait_s say otherwise. A waiter logs once whom it waits for.
         When the DB cannot be written (read-only file, a write lock held past the busy timeout), this process
-        tunes without a lease and keeps its decisions in memory, with one warning, as record() does.
+        tunes without a file lease and keeps its decisions in memory, with one warning, as record() does; its
+        threads still take turns, so that one tunes and the others find its decision (else each tuned, at once,
+        and one process ran several decisions).
         """
         limit_s = lease_seconds(DEFAULT_BUDGET_S if budget_s is None else budget_s)
         ttl_s, wait_s = limit_s if ttl_s is None else ttl_s, limit_s if wait_s is None else wait_s
         layer = next((lay for lay in self._here() if lay.kind == "user" and lay.writable and not lay.broken), None)
-        if layer is None:  # nobody to coordinate with through a file
-            yield True
+        if layer is None:  # nobody to coordinate with through a file: this process's threads take turns
+            with self._lock:
+                turn = self._turns.setdefault((platform_key, op, mode), threading.Lock())
+            took = turn.acquire(timeout=wait_s)
+            try:
+                yield True
+            finally:
+                if took:
+                    turn.release()
             return
         token = f"{uuid.uuid4().hex}@{time.time():.0f}"  # "@taken_at": waiters can say since when it is held
         try:
@@ -348,7 +358,7 @@ class TuningDB:
         since = (time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(int(taken))) if at and taken.isdigit()
                  else "an unknown time (an older autosel)")
         if pid == os.getpid() and host == socket.gethostname():  # ending "that process" would end this one
-            logger.warning("waiting for the tuning lease on %s (%s mode), held by another thread of this process "
+            logger.info("waiting for the tuning lease on %s (%s mode), held by another thread of this process "
                            "since %s: it is tuning it; this thread uses its decision when it is done (at most %.0f "
                            "s)", key[1], key[2], since, at_most_s)
             return

@@ -497,12 +497,12 @@ def test_lease_second_process_waits_for_the_holder(tmp_path):
 
 
 def test_a_thread_waiting_on_its_own_process_s_lease_is_not_told_to_end_that_process(tmp_path, caplog):
-    # It said "end pid N" naming its own pid.
+    # It said "end pid N" naming its own pid; and each waiting thread of an engine was a warning (now info).
     import logging
     import threading
 
     db = open_db(tmp_path / "user.db")
-    caplog.set_level(logging.WARNING)
+    caplog.set_level(logging.INFO)
     with db.lease("nvidia-sm_90", "norm.rms", "eager") as took:
         assert took
         waiter = threading.Thread(target=lambda: db.lease("nvidia-sm_90", "norm.rms", "eager",
@@ -511,8 +511,36 @@ def test_a_thread_waiting_on_its_own_process_s_lease_is_not_told_to_end_that_pro
         time.sleep(0.5)
         db.record(decision())
     waiter.join(timeout=30)
-    [line] = [r.getMessage() for r in caplog.records if "waiting for the tuning lease" in r.getMessage()]
+    [record] = [r for r in caplog.records if "waiting for the tuning lease" in r.getMessage()]
+    line = record.getMessage()
     assert "held by another thread of this process since" in line and "end pid" not in line
+    assert record.levelno == logging.INFO
+    db.close()
+
+
+def test_without_a_writable_file_the_threads_of_a_process_take_turns_at_the_lease(tmp_path):
+    # A read-only user DB: every thread tuned at once, and one process ended up running several decisions.
+    import threading
+
+    db = TuningDB.open(tmp_path / "user.db", read_only=True)  # as a read-only file does, even for root
+    inside, most = [], []
+    lock = threading.Lock()
+
+    def take():
+        with db.lease("nvidia-sm_90", "norm.rms", "eager"):
+            with lock:
+                inside.append(1)
+                most.append(len(inside))
+            time.sleep(0.05)
+            with lock:
+                inside.pop()
+
+    threads = [threading.Thread(target=take) for _ in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    assert len(most) == 6 and max(most) == 1
     db.close()
 
 
