@@ -164,7 +164,7 @@ def _trace_as_runs(dispatch: Callable[..., Any], table: BucketTable, kernels: Ma
     as TracedTokens(count) in place of its token bucket (the built-in ops' bucket functions have it). Without
     one, the compiled code is specialised on whatever the bucket function reads, as any Python code is.
 
-    A kernel torch.compile cannot trace (flashinfer's, sgl-kernel's, autosel's Triton launches: device call 22-4)
+    A kernel torch.compile cannot trace (flashinfer's, device call 22-4, unless `traced` gives a custom op for it)
     breaks the graph, and the call then runs `dispatch` itself; torch.compile would compile its frames
     (`eager_parts`) once per token count as new code, so they are marked to run as they are."""
     substitute = _substitute()

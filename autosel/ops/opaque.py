@@ -1,10 +1,10 @@
 """The built-in ops' kernels as torch.compile sees them: one torch custom op per (op, backend) around the kernel,
 with a fake implementation that gives its output's shape, so compiled code calls the kernel as one node.
 
-On the H200 (device calls 22-4 and 22-5) compiled code could not call them as they are: flashinfer's and
-sgl-kernel's calls cannot be traced (a graph break each, and `fullgraph=True` failed), and autosel's Triton
-wrappers were traced and compiled again for every token count (`fullgraph=True` failed at the ninth, on the
-recompile limit). The torch and
+On the H200 (device calls 22-4 and 22-5) compiled code could not call them as they are: flashinfer's calls cannot
+be traced (a graph break each, and `fullgraph=True` failed), and autosel's Triton wrappers were traced and compiled
+again for every token count (`fullgraph=True` failed at the ninth, on the recompile limit). sgl-kernel's are wrapped
+alike (not measured: no shipped decision runs them). The torch and
 torch_compile backends are torch code that torch.compile traces and fuses: they are left as they are.
 
 Eager calls never go through these ops (a custom op call costs microseconds of host time); only traced code does,
