@@ -129,6 +129,27 @@ def test_a_call_past_the_rope_table_in_compiled_code_builds_its_rows_and_stores_
     torch.testing.assert_close(table.table, expected[:40], rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.compile
+def test_a_patched_model_compiles_with_fullgraph_and_gives_transformers_logits():
+    # autosel's torch_compile kernels are functions torch.compile made, which an outer compile does not trace (a
+    # graph break: fullgraph=True failed); compiled code calls them as custom ops (autosel.ops.opaque).
+    model = tiny("llama")
+    graphs = []
+
+    def count(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    with torch.no_grad():
+        ids = {tokens: torch.arange(tokens).remainder(128)[None] for tokens in (5, 9, 40, 3)}
+        expected = {tokens: model(input_ids=x).logits for tokens, x in ids.items()}
+        with patch_model(model, backend="torch_compile", projections=True):
+            step = torch.compile(lambda x: model(input_ids=x).logits, backend=count, fullgraph=True)
+            for tokens, x in ids.items():
+                torch.testing.assert_close(step(x), expected[tokens], atol=1e-4, rtol=1e-4)
+    assert len(graphs) <= 2  # the first length with constant sizes, then one for every other
+
+
 @pytest.mark.parametrize("family, fuse, projections, counts", [
     # rmsnorm: input_layernorm per layer (+ post_attention_layernorm unfused, + q_norm and k_norm in Qwen3) + final
     ("llama", True, False, dict(rmsnorm=3, fused_add_rmsnorm=2, rope=2, silu_and_mul=2, gemm=0)),
