@@ -131,12 +131,23 @@ def token_runs(table: BucketTable, before: tuple, after: tuple) -> tuple[tuple[i
 
 
 def _substitute() -> Callable | None:
-    """torch.compiler.substitute_in_graph, or None without torch (nothing to compile) or before torch 2.5."""
+    """torch.compiler.substitute_in_graph, or None without torch (nothing to compile) or before torch 2.5. One
+    that torch refuses (another library gave the function a stand-in first, say) is logged and left out: the
+    function is then traced as it is, which costs compiles, never a call."""
     if "torch" not in sys.modules:
         return None
     import torch
 
-    return getattr(torch.compiler, "substitute_in_graph", None)
+    substitute = getattr(torch.compiler, "substitute_in_graph", None)
+    if substitute is None:
+        return None
+
+    def register(original: Callable[..., Any], stand_in: Callable[..., Any]) -> None:
+        try:
+            substitute(original, skip_signature_check=True)(stand_in)
+        except (TypeError, ValueError) as exc:
+            log.debug("torch.compile will trace %r as it is: %s", original, exc)
+    return register
 
 
 _traced_as: set[int] = set()  # ids of the kernels trace_as has given a stand-in (kept alive by their modules)
@@ -152,7 +163,7 @@ def trace_as(kernel: Callable[..., Any], traced: Callable[..., Any]) -> None:
     def call(*args, **kwargs):
         return traced(*args, **kwargs)
 
-    substitute(kernel, skip_signature_check=True)(call)
+    substitute(kernel, call)
     _traced_as.add(id(kernel))
 
 
@@ -206,7 +217,7 @@ def _trace_as_runs(dispatch: Callable[..., Any], table: BucketTable, kernels: Ma
                 return kernels[backend](*args, **kwargs)
         raise AssertionError("token_runs ends with a run from 0 tokens")
 
-    substitute(dispatch, skip_signature_check=True)(traced)
+    substitute(dispatch, traced)
 
 
 # Distinct shapes a dispatcher with a route key remembers; past this, calls compute their bucket every time.

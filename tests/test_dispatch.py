@@ -230,6 +230,19 @@ def test_a_kernel_torch_compile_cannot_trace_breaks_the_graph_without_recompilin
     assert len(graphs) <= 6  # 5 here; 11 when the dispatcher's own frames were compiled per count
 
 
+def test_a_kernel_torch_already_has_a_stand_in_for_is_left_as_it_is_not_an_error():
+    # torch refuses a second stand-in for one function ("Duplicate polyfilled object"): get_kernel raised it.
+    torch = pytest.importorskip("torch")
+    from autosel.dispatch import trace_as
+
+    def kernel(x):
+        return x * 2
+
+    torch.compiler.substitute_in_graph(kernel, skip_signature_check=True)(lambda x: x * 2)  # another library's
+    trace_as(kernel, lambda x: x * 3)  # no error
+    assert kernel(torch.ones(2)).tolist() == [2.0, 2.0]
+
+
 # --- AUTOSEL_RECORD -----------------------------------------------------------------------------------------
 
 @pytest.fixture
