@@ -163,6 +163,13 @@ def log_level(env: Mapping[str, str] | None = None) -> str | None:
     return _choice(os.environ if env is None else env, "AUTOSEL_LOG", LOG_LEVELS, None)
 
 
+def record_path(env: Mapping[str, str] | None = None) -> Path | None:
+    """AUTOSEL_RECORD alone, for get_kernel with an explicit backend, which the other variables do not concern (a
+    bad AUTOSEL_TUNE made get_kernel(op, "torch") raise)."""
+    raw = (os.environ if env is None else env).get("AUTOSEL_RECORD", "").strip()
+    return _path("AUTOSEL_RECORD", raw) if raw else None
+
+
 def read_settings(env: Mapping[str, str] | None = None) -> Settings:
     """Parse the environment; a bad value is a ConfigError naming the variable and the allowed values."""
     env = os.environ if env is None else env
@@ -170,7 +177,6 @@ def read_settings(env: Mapping[str, str] | None = None) -> Settings:
     db = env.get("AUTOSEL_DB", "").strip()
     shipped = tuple(_path("AUTOSEL_DB_PATH", p) for p in env.get("AUTOSEL_DB_PATH", "").split(os.pathsep)
                     if p.strip())
-    record = env.get("AUTOSEL_RECORD", "").strip()
     return Settings(
         db=_path("AUTOSEL_DB", db) if db else default_db_path(),
         db_path=shipped,
@@ -179,7 +185,7 @@ def read_settings(env: Mapping[str, str] | None = None) -> Settings:
         forced_per_op=per_op,
         mode=_choice(env, "AUTOSEL_MODE", EXECUTION_MODES, None),
         budget_s=_budget(env),
-        record=_path("AUTOSEL_RECORD", record) if record else None,
+        record=record_path(env),
         log_level=log_level(env),
         match=_choice(env, "AUTOSEL_MATCH", MATCH_MODES, "exact"),
         check_ranks=_choice(env, "AUTOSEL_CHECK_RANKS", SWITCHES, "0") in ("1", "on"),

@@ -131,7 +131,7 @@ def _build(op: str, backend: KernelBackend | str | None, mode: str | None) -> Ca
             fn = kernels[table.default]
         if fn is kernels[table.default]:  # a uniform table, or no bucket function: the plain kernel
             trace_as(fn, traced[table.default])
-    record_to = config.settings().record
+    record_to = config.record_path()
     if record_to is not None:
         fn = recording(op, fn, record_to, mode_name, definition.shape_of if definition else None)
     return fn

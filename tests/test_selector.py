@@ -516,6 +516,17 @@ def test_a_kernel_torch_compile_cannot_trace_is_one_custom_op_in_compiled_code(r
         assert len(graphs) <= 4  # the first count as a constant, then one per run (a plain kernel: one)
 
 
+def test_an_explicit_backend_is_not_refused_for_a_bad_variable_it_does_not_read(reg, monkeypatch):
+    # get_kernel(op, "torch") parsed every AUTOSEL_* variable to read AUTOSEL_RECORD, so a bad AUTOSEL_TUNE raised.
+    from autosel.errors import ConfigError
+
+    toy(reg, B.TORCH, B.TRITON)
+    monkeypatch.setenv("AUTOSEL_TUNE", "bogus")
+    assert selector.get_kernel("toy.double", "torch") is reg.get_backend("toy.double", B.TORCH).load()
+    with pytest.raises(ConfigError, match="AUTOSEL_TUNE='bogus'"):
+        selector.get_kernel("toy.double")  # a selection reads it
+
+
 def test_get_kernel_returns_the_measured_winner(reg):
     toy(reg, B.TORCH, B.TRITON)
     import toy_kernels
