@@ -32,16 +32,41 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
+_chosen_group: object | None = None  # set_group's: the group the ranks agree in; None: torch's default (WORLD)
+
+
+def set_group(group: object | None) -> None:
+    """Agree in `group` (a torch.distributed process group) instead of every rank: its first rank decides and
+    broadcasts to its other ranks. For engines whose ranks select different ops, such as the stages of a pipeline:
+    give each stage's ranks their own group, on every rank of it, before selecting. None: back to every rank.
+    Agreements made in another group are forgotten."""
+    global _chosen_group
+    _chosen_group = group
+
+
 def _world() -> tuple[int, int, object] | None:
-    """(rank, world size, torch.distributed) when a process group is up with more than one rank, else None."""
+    """(this rank in the agreeing group, its size, torch.distributed) when a process group is up with more than one
+    rank, else None. The agreeing group: set_group's, else every rank."""
     torch = sys.modules.get("torch")  # never import torch here: a process without it has no process group
     if torch is None:
         return None
     dist = getattr(torch, "distributed", None)
     if dist is None or not dist.is_available() or not dist.is_initialized():
         return None
-    world = dist.get_world_size()
-    return (dist.get_rank(), world, dist) if world > 1 else None
+    group = _chosen_group
+    world = dist.get_world_size() if group is None else dist.get_world_size(group)
+    rank = dist.get_rank() if group is None else dist.get_rank(group)
+    if rank < 0:
+        raise TuningError(f"rank {dist.get_rank()} is not in the process group given to "
+                          "autosel.distributed.set_group: give each rank a group it belongs to")
+    return (rank, world, dist) if world > 1 else None
+
+
+def _agreeing(dist) -> tuple[object, int]:
+    """The group the ranks agree in and the global rank of its first rank, which decides."""
+    if _chosen_group is None:
+        return dist.group.WORLD, 0
+    return _chosen_group, dist.get_global_rank(_chosen_group, 0)
 
 
 def in_process_group() -> bool:
@@ -84,7 +109,7 @@ def agree(decide: Callable[[], T], *, what: str, key: tuple, in_capture: bool = 
     world = _world()
     if world is None:
         return decide()
-    group = world[2].group.WORLD
+    group = _agreeing(world[2])[0]
     with _agreed_lock:
         if _group() is not group:  # a new process group (an elastic restart): nothing agreed in the old one holds
             _agreed.clear()
@@ -134,15 +159,16 @@ def _say_chosen_alone(world: tuple) -> None:
 
 def _broadcast(decide: Callable[[], T], what: str, world: tuple) -> T:
     rank, size, dist = world
+    group, src = _agreeing(dist)
     message: list[object] = [None]
     if rank == 0:
         try:
             message[0] = ("ok", what, decide())
         except BaseException as exc:  # every failure travels, or the other ranks wait forever
             message[0] = ("error", what, type(exc).__name__, str(exc.args[0] if exc.args else exc))
-            dist.broadcast_object_list(message, src=0)
+            dist.broadcast_object_list(message, src=src, group=group)
             raise
-    dist.broadcast_object_list(message, src=0)
+    dist.broadcast_object_list(message, src=src, group=group)
     kind, sent_for, *payload = message[0]
     if sent_for != what:
         raise TuningError(f"{what}: rank {rank} of {size} received rank 0's decision for {sent_for} instead: the "

@@ -159,6 +159,52 @@ def test_every_rank_runs_rank_zeros_winner_and_gets_its_errors(tmp_path):
     assert results[1]["off"] == results[0]["off"] + " (decided on rank 0 of 2)"
 
 
+STAGE = textwrap.dedent("""
+    import datetime, json, os
+    import torch.distributed as dist
+    import toy_kernels
+    from autosel import distributed, selector
+    from autosel.spec import KernelBackend as B, KernelSpec
+
+    rank = int(os.environ["RANK"])
+    dist.init_process_group("gloo", init_method="file://" + os.environ["INIT_FILE"], rank=rank, world_size=4,
+                            timeout=datetime.timedelta(seconds=60))
+    stages = [dist.new_group([0, 1]), dist.new_group([2, 3])]  # every rank makes every group, in one order
+    distributed.set_group(stages[rank // 2])
+    toy_kernels.use_fresh_registry()
+    selector.registry.register(KernelSpec("toy.other", B.TORCH, "toy_kernels:slow"))
+    selector.registry.register(KernelSpec("toy.other", B.TRITON, "toy_kernels:fast"))
+    if rank == 0:
+        toy_kernels.plant("toy.double", "torch", {})
+    if rank == 2:  # the other stage's first rank stores other winners, and decides for its stage
+        toy_kernels.plant("toy.double", "triton", {})
+        toy_kernels.plant("toy.other", "torch", {})
+    os.environ["AUTOSEL_TUNE"] = "off"  # the others store nothing: they run what their stage's first rank sends
+    picks = [selector.select_kernel("toy.double").backend.value]
+    if rank >= 2:  # an op one stage selects and the other never does: a broadcast in that stage only
+        picks.append(selector.select_kernel("toy.other").backend.value)
+    print(json.dumps({"rank": rank, "picks": picks}))
+    dist.destroy_process_group()
+""")
+
+
+def test_with_a_group_per_pipeline_stage_each_stage_runs_its_first_ranks_decision(tmp_path):
+    # Agreeing over every rank, stages that select different ops paired one stage's broadcast with the other's.
+    procs = []
+    for rank in range(4):
+        env = dict(os.environ, RANK=str(rank), INIT_FILE=str(tmp_path / "init"), PYTHONPATH=str(HERE),
+                   AUTOSEL_DB=str(tmp_path / f"rank{rank}.db"))
+        procs.append(subprocess.Popen([sys.executable, "-c", STAGE], env=env, stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE, text=True))
+    results = []
+    for proc in procs:
+        out, err = proc.communicate(timeout=180)
+        assert proc.returncode == 0, err
+        results.append(json.loads(out.strip().splitlines()[-1]))
+    assert [(r["rank"], r["picks"]) for r in results] == [
+        (0, ["torch"]), (1, ["torch"]), (2, ["triton", "torch"]), (3, ["triton", "torch"])]
+
+
 def test_a_ranks_own_answer_is_looked_up_and_never_tuned(monkeypatch):
     reg = KernelRegistry()
     use_registry(monkeypatch, reg)
@@ -189,7 +235,7 @@ class FakeGroupOf2:
     def world(self):
         return (self.rank, 2, self)
 
-    def broadcast_object_list(self, message, src):
+    def broadcast_object_list(self, message, src, group=None):
         import time
 
         self.broadcasts += 1
