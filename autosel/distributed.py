@@ -3,7 +3,8 @@
 section 7).
 
 The first selection of an op with several eligible backends in each mode is then a collective: every rank must
-make it, in the same order (engines select their kernels at model initialisation on every rank). The agreed
+make it, in the same order (engines select their kernels at model initialisation on every rank), or, with
+set_group, every rank of that group (a pipeline stage's ranks, say). The agreed
 table is kept per (op, mode, platform), so later selections of it (select_kernel, get_kernel with another
 backend argument or an explicit mode, inside CUDA-graph capture too) are not collectives, until clear_cache()
 forgets it, which every rank must then do alike. No first agreement is made while a CUDA graph is being
