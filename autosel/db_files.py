@@ -44,17 +44,20 @@ class Layer:
     schema_version: int | None
     rows: int
     problem: str | None
+    fix: str | None = None  # for a user file that could not be read: "recover" (crash recovery) or "move_aside"
 
 
 class OpenFile:
     """One open layer: its connection and what is known about it."""
 
     def __init__(self, path: str, kind: str, conn: sqlite3.Connection, *, writable: bool,
-                 schema_version: int | None, problem: str | None = None, could_write: bool | None = None):
-        """could_write: opened read-only for a command that only reads, whether selection could write the file."""
+                 schema_version: int | None, problem: str | None = None, could_write: bool | None = None,
+                 fix: str | None = None):
+        """could_write: opened read-only for a command that only reads, whether selection could write the file.
+        fix: what would make an unread file readable (Layer.fix)."""
         self.path, self.kind, self.conn, self.writable = path, kind, conn, writable
         self.schema_version, self.problem, self.broken = schema_version, problem, False
-        self.could_write = could_write
+        self.could_write, self.fix = could_write, fix
         self.db = Database(conn, execute_plugins=False) if writable else None
         # A connection is in a reference cycle with its own statement cache, so one dropped unclosed lingers until
         # a garbage collection, or past exit, and leaves a WAL file's -wal and -shm behind: closed with its layer.
@@ -68,7 +71,7 @@ class OpenFile:
         except sqlite3.Error:
             rows = 0
         writable = self.could_write if self.could_write is not None else self.writable and not self.broken
-        return Layer(self.path, self.kind, writable, self.schema_version, rows, self.problem)
+        return Layer(self.path, self.kind, writable, self.schema_version, rows, self.problem, self.fix)
 
     def select(self, where: str = "", params: Sequence = ()) -> list[tuple]:
         if self.broken:
@@ -289,11 +292,11 @@ def _readonly(path: Path, reason: str, *, ro: bool = True) -> list[OpenFile]:
 def peek_user(path: Path) -> list[OpenFile]:
     """The user layer for a command that only reads: nothing is created, migrated, stamped or moved aside.
     Its Layer says whether selection could write the file."""
-    def unread(problem: str, could_write: bool = False) -> list[OpenFile]:
+    def unread(problem: str, could_write: bool = False, fix: str | None = None) -> list[OpenFile]:
         conn = connect(":memory:")
         migrate(conn)  # an empty in-memory stand-in, so the layer lists with no rows
         return [OpenFile(str(path), "user", conn, writable=False, schema_version=None, problem=problem,
-                      could_write=could_write)]
+                         could_write=could_write, fix=fix)]
 
     try:
         if not path.exists():
@@ -306,17 +309,18 @@ def peek_user(path: Path) -> list[OpenFile]:
         uri, unread_wal = reading_uri(path)  # never writes: the layer is not writable
         conn = connect(uri, uri=True)
     except (OSError, sqlite3.Error, Corrupt, _Interrupted) as exc:
+        fix = None
         if isinstance(exc, _Interrupted) or _needs_recovery(exc):
-            problem = "a process was killed while writing it; not read"
+            problem, fix = "a process was killed while writing it; not read", "recover"
             remedy = "The next `autosel tune` or selection that opens it recovers it (SQLite's crash recovery)."
         elif is_corrupt(exc) and not isinstance(exc, NotSQLite) and _damaged_autosel(path):
-            problem = f"unreadable ({exc})"
+            problem, fix = f"unreadable ({exc})", "move_aside"
             remedy = "Selection will move it aside (kept, not deleted) and start a new one."
         else:
             problem = f"{exc}; not read" if isinstance(exc, NotSQLite) else f"unreadable ({exc}); not read"
             remedy = "Left as it is; point AUTOSEL_DB (or --db) at a tuning DB."
         warn_once(path, "peek", f"tuning DB {path}: {problem}. {remedy}")
-        return unread(problem)
+        return unread(problem, fix=fix)
     if kind == "foreign":
         conn.close()
         return unread("an SQLite file but not an autosel tuning DB; not read")

@@ -150,7 +150,7 @@ def test_installed_autosel_doctor_runs(tmp_path):
     # doctor only reads: it used to create the user DB; now it says the first tune will.
     assert report["layers"][0] == {"path": os.environ["AUTOSEL_DB"], "kind": "user", "writable": True,
                                    "schema_version": None, "rows": 0,
-                                   "problem": "does not exist yet (the first tune creates it)"}
+                                   "problem": "does not exist yet (the first tune creates it)", "fix": None}
     assert not Path(os.environ["AUTOSEL_DB"]).exists()
 
 

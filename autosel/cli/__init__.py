@@ -227,9 +227,9 @@ def _read_db(settings: config.Settings, db: str | None, *, refuse_unread: bool =
     named = db or (default_too and settings.db.exists())
     if refuse_unread and named and user.kind == "user" and user.schema_version is None:  # there, but not read
         prune = f"`autosel prune --db {db}`" if db else "`autosel prune`"
-        if "killed while writing" in (user.problem or ""):
+        if user.fix == "recover":
             remedy = f"{prune} opens it for writing, which recovers it (SQLite's crash recovery)"
-        elif user.problem and "not read" not in user.problem:  # an autosel DB, damaged
+        elif user.fix == "move_aside":  # an autosel DB, damaged
             remedy = f"{prune} moves it aside (kept, not deleted) and starts an empty one"
         elif db:
             remedy = "pass a tuning DB that `autosel tune --db` or `autosel export` wrote"
