@@ -76,7 +76,7 @@ def _with_buckets(found: Coverage, decision: Decision, layer, db, usable, defini
 
 def _here(op, mode, specs, definition, db, platform, match, buckets) -> Coverage:
     from autosel.platforms import version_vector
-    from autosel.tuning import decision_key
+    from autosel.tuning import decision_key, lookup_stored
 
     eligible = [s for s in specs if s.is_available(platform)]
     if len(specs) == 1 or len(eligible) == 1:
@@ -85,13 +85,10 @@ def _here(op, mode, specs, definition, db, platform, match, buckets) -> Coverage
     if not eligible:
         return Coverage(op, mode, False, "no backend is eligible here; only explicit backend=... calls work")
     names = [s.backend.value for s in eligible]
-    usable, fits = set(names).__contains__, (lambda decision: not decision.untimed(names))
+    usable = set(names).__contains__
     versions = version_vector(platform, eligible)
     key = decision_key(op, eligible, platform, mode, versions)
-    hit, near = db.lookup(key, usable=usable, fits=fits), None
-    if hit is None and match != "exact":
-        hit = db.lookup_near(key, usable=usable, match=match, fits=fits)
-        near = hit and near_detail(hit[0], platform.key, versions)
+    hit = lookup_stored(db, key, eligible, match=match, versions=versions, say=False)  # selection's own lookup
     if hit is None and (older := db.lookup(key, usable=usable)) is not None:
         return Coverage(op, mode, False, f"the stored {mode} decision ({older[0].winner}, {older[1].kind} DB "
                         f"{older[1].path}) never timed {', '.join(older[0].untimed(names))}, eligible here since it "
@@ -101,7 +98,8 @@ def _here(op, mode, specs, definition, db, platform, match, buckets) -> Coverage
         stored = [d for d, _ in db.decisions(op) if d.mode == mode and d.bucket == OP_LEVEL_BUCKET]
         why = _closest_miss(stored, platform.key, versions)
         return Coverage(op, mode, False, f"no usable {mode} decision for {platform.key}{why}")
-    decision, layer = hit
+    decision, _, layer = hit
+    near = near_detail(decision, platform.key, versions) if decision.key != key else None
     found = Coverage(op, mode, True, f"{decision.winner} ({layer.kind} DB {layer.path})", winner=decision.winner,
                      layer=f"{layer.kind} {layer.path}", near=near)
     return _with_buckets(found, decision, layer, db, usable, definition, buckets)

@@ -95,16 +95,16 @@ def stored_table(op: str, eligible: list[KernelSpec], platform: PlatformInfo, mo
     hold nothing. Never tunes: a rank's own answer for AUTOSEL_CHECK_RANKS."""
     versions = version_vector(platform, eligible)
     key, db = decision_key(op, eligible, platform, mode, versions), database(settings)
-    found = _lookup(db, key, eligible, match=settings.match, versions=versions, say=False)
+    found = lookup_stored(db, key, eligible, match=settings.match, versions=versions, say=False)
     if found is None and _why_not_timed(op, platform, settings):  # what _decide_here would run
-        found = _lookup(db, key, eligible, match=settings.match, versions=versions, say=False, every_backend=False)
+        found = lookup_stored(db, key, eligible, match=settings.match, versions=versions, say=False, every_backend=False)
     return None if found is None else table_of(*found[:2])
 
 
 _near_said: set[tuple] = set()  # near-match rows this process has said it uses
 
 
-def _lookup(db, key: DecisionKey, eligible: list[KernelSpec], *, match: str = "exact",
+def lookup_stored(db, key: DecisionKey, eligible: list[KernelSpec], *, match: str = "exact",
             versions: dict[str, str] | None = None, say: bool = True, every_backend: bool = True
             ) -> tuple[Decision, tuple[Decision, ...], Any] | None:
     """The stored op-level decision, the bucket rows of its layer and that layer, or None. A row whose winner is
@@ -165,10 +165,10 @@ def _decide_here(op: str, eligible: list[KernelSpec], platform: PlatformInfo, mo
     retune = settings.tune == "force" and key not in _forced_done
     older = None
     if not retune:
-        found = _lookup(db, key, eligible, match=settings.match, versions=versions)
+        found = lookup_stored(db, key, eligible, match=settings.match, versions=versions)
         if found is not None:
             return table_of(*found[:2])
-        older = _lookup(db, key, eligible, match=settings.match, versions=versions, every_backend=False, say=False)
+        older = lookup_stored(db, key, eligible, match=settings.match, versions=versions, every_backend=False, say=False)
     # Where nothing can be timed now, a row that misses only a newer backend decides, rather than fail a served
     # model at its start.
     why_not = _why_not_timed(op, platform, settings)
@@ -259,7 +259,7 @@ def tune_and_record(definition: OpDefinition, eligible: list[KernelSpec], *, pla
     versions = version_vector(platform, eligible)  # read once: it asks the installed packages' metadata
     key = decision_key(op, eligible, platform, mode, versions)
     with db.lease(platform.key, op, mode, budget_s=budget_s):  # expires, and waiters stop, with the budget
-        found = None if force else _lookup(db, key, eligible)
+        found = None if force else lookup_stored(db, key, eligible)
         if found is not None and (shapes is None or _decided_on(found[0], shapes)):
             return Recorded(*found[:2], tuned=False)
         tuner = Tuner(timer=timer_for(platform.torch_device, mode), device=platform.torch_device,
@@ -399,7 +399,7 @@ def plan_jobs(platform: PlatformInfo, db, patterns: list[str] | None = None, *, 
         for mode in modes or modes_for(platform):
             key = decision_key(op, eligible, platform, mode)
             given = (shapes or {}).get(op)
-            found = None if force else _lookup(db, key, eligible)
+            found = None if force else lookup_stored(db, key, eligible)
             if found is not None and given and not _decided_on(found[0], given):
                 found = None  # decided on other shapes: the caller asked for these to be timed
             if found is not None:
