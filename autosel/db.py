@@ -287,32 +287,41 @@ class TuningDB:
         limit_s = lease_seconds(DEFAULT_BUDGET_S if budget_s is None else budget_s)
         ttl_s, wait_s = limit_s if ttl_s is None else ttl_s, limit_s if wait_s is None else wait_s
         layer = next((lay for lay in self._here() if lay.kind == "user" and lay.writable and not lay.broken), None)
-        if layer is None:  # nobody to coordinate with through a file: this process's threads take turns
-            with self._lock:
-                turn = self._turns.setdefault((platform_key, op, mode), threading.Lock())
-            took = turn.acquire(timeout=wait_s)
-            try:
-                yield True
-            finally:
-                if took:
-                    turn.release()
-            return
         token = f"{uuid.uuid4().hex}@{time.time():.0f}"  # "@taken_at": waiters can say since when it is held
         try:
-            took = self._acquire(layer, (platform_key, op, mode), token, ttl_s, wait_s, poll_s)
+            took = layer is not None and self._acquire(layer, (platform_key, op, mode), token, ttl_s, wait_s, poll_s)
         except sqlite3.Error as exc:
             self._write_failed(layer, exc)
-            took, layer = True, None
+            layer = None
+        if layer is None:  # nobody to coordinate with through a file: this process's threads take turns
+            with self._turn((platform_key, op, mode), wait_s):
+                yield True
+            return
         try:
             yield took
         finally:
-            if took and layer is not None:
+            if took:
                 try:
                     with self._lock, immediate(layer.conn):
                         layer.conn.execute("DELETE FROM leases WHERE token = ?", (token,))
                 except sqlite3.Error as exc:
                     logger.warning("could not release the tuning lease on %s (%s): %s; it expires after %.0f s",
                                    op, layer.path, exc, ttl_s)
+
+    @contextmanager
+    def _turn(self, key: tuple[str, str, str], wait_s: float) -> Iterator[None]:
+        """This process's threads one at a time for `key`, for at most wait_s each, as the file lease would."""
+        with self._lock:
+            turn = self._turns.setdefault(key, threading.Lock())
+        took = turn.acquire(timeout=min(wait_s, threading.TIMEOUT_MAX))
+        if not took:
+            warn_once("memory", f"turn-overdue {key}", f"waited {wait_s:.0f} s for another thread's tune of {key[1]} "
+                      f"({key[2]}); tuning it here too. If tuning takes that long, give it a larger budget.")
+        try:
+            yield
+        finally:
+            if took:
+                turn.release()
 
     def _write_failed(self, layer: OpenFile, exc: sqlite3.Error) -> None:
         layer.writable, layer.problem = False, f"write failed: {exc}; decisions kept in memory"

@@ -291,6 +291,9 @@ def dispatcher(table: BucketTable, kernels: Mapping[str, Callable[..., Any]], bu
                         f"own winner; op-level winner {table.default}.")
     dispatch.table = table  # type: ignore[attr-defined]
     dispatch.kernels = dict(kernels)  # type: ignore[attr-defined]
+    # torch keeps every dispatcher given a stand-in (_trace_as_runs) for the process: get_kernel empties the
+    # shapes one learned when it lets it go, so what stays is its table and kernels.
+    dispatch.forget_shapes = routes.clear if route_key is not None else (lambda: None)  # type: ignore[attr-defined]
     return dispatch
 
 

@@ -159,11 +159,14 @@ def _forget_kernels(op: str | None = None) -> None:
         if op is not None and not any(key[0] == op for key in _cache):
             return
         _generation += 1
+        dropped = [fn for key, fn in _cache.items() if op is None or key[0] == op]
         _cache = {key: fn for key, fn in _cache.items() if op is not None and key[0] != op}
-        if op is None:
-            chosen_alone.clear()
-        else:
-            chosen_alone.discard(op)
+    for fn in dropped:  # a dispatcher lives on with torch's stand-in: its learned shapes need not
+        getattr(fn, "forget_shapes", lambda: None)()
+    if op is None:
+        chosen_alone.clear()
+    else:
+        chosen_alone.discard(op)
 
 
 # A backend registered for an op already resolved is timed at its next selection (a stored decision that never

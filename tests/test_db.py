@@ -544,6 +544,30 @@ def test_without_a_writable_file_the_threads_of_a_process_take_turns_at_the_leas
     db.close()
 
 
+def test_a_thread_that_waited_its_whole_turn_tunes_too_and_says_so(tmp_path):
+    # As the file lease does for a holder past its time; and a budget past what a lock's timeout takes is no error.
+    import threading
+
+    db = TuningDB.open(tmp_path / "user.db", read_only=True)
+    inside, release = threading.Event(), threading.Event()
+
+    def hold():
+        with db.lease("nvidia-sm_90", "norm.rms", "eager", budget_s=5e9):
+            inside.set()
+            release.wait(10)
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    assert inside.wait(10)
+    with pytest.warns(RuntimeWarning, match=r"^waited 0 s for another thread's tune of norm\.rms \(eager\); tuning "
+                                            r"it here too"):
+        with db.lease("nvidia-sm_90", "norm.rms", "eager", wait_s=0.2) as took:
+            assert took
+    release.set()
+    holder.join(10)
+    db.close()
+
+
 def test_lease_of_a_killed_process_is_taken_over_at_once(tmp_path):
     path = tmp_path / "user.db"
     open_db(path).close()

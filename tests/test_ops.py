@@ -283,3 +283,29 @@ def test_the_custom_op_compiled_code_calls_declares_what_the_kernel_reads_writes
     assert opaque is not kernel and definition.traced_kernel("torch", kernel) is kernel
     shape = definition.shapes_for(__import__("autosel.platforms").platforms.current_platform())[0]
     torch.library.opcheck(opaque, definition.make_inputs(dict(shape), "cpu"))
+    if op in ("layernorm.rmsnorm", "activation.silu_and_mul"):  # a dense input that is not contiguous, 3-D
+        x, *rest = definition.make_inputs(dict(shape, tokens=8), "cpu")
+        torch.library.opcheck(opaque, (x.reshape(2, 4, -1).transpose(0, 1), *rest))
+
+
+def test_threads_making_one_kernels_custom_op_at_once_get_one():
+    # Each defined the same op name, and torch refused all but the first ("Library object has been destroyed").
+    import threading
+
+    from autosel.ops import opaque
+
+    def kernel(x, weight, eps):
+        return x * weight
+
+    ready, made = threading.Barrier(8), []
+
+    def make():
+        ready.wait(5)
+        made.append(opaque.rmsnorm("a_backend", kernel))
+
+    threads = [threading.Thread(target=make) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(10)
+    assert len(made) == 8 and all(op is made[0] for op in made)

@@ -607,6 +607,27 @@ def split_op(reg, op="toy.split"):
     return toy_kernels
 
 
+def test_a_dispatcher_get_kernel_lets_go_forgets_the_shapes_it_learned(reg, monkeypatch):
+    # torch.compile's stand-in keeps every dispatcher alive; each kept up to 65536 shapes after clear_cache().
+    import torch
+
+    import toy_kernels
+
+    calls = []
+    reg.register(KernelSpec("toy.split", B.TORCH, "toy_kernels:slow"))
+    reg.register(KernelSpec("toy.split", B.TRITON, "toy_kernels:overhead"))
+    reg.define(OpDefinition("toy.split", shapes=toy_kernels.SPLIT_SHAPES, make_inputs=toy_kernels.inputs,
+                            bucket=lambda x: calls.append(1) or toy_kernels.bucket(x), route_key=0))
+    toy_kernels.plant("toy.split", "torch", {(16,): "torch", (1 << 20,): "triton"})
+    fn = selector.get_kernel("toy.split")
+    for _ in range(2):
+        fn(torch.ones(16)), fn(torch.ones(1 << 20))
+    assert len(calls) == 2  # once per shape
+    selector.clear_cache()
+    fn(torch.ones(16))
+    assert len(calls) == 3  # learned again: what it had learned was let go
+
+
 def test_get_kernel_dispatches_each_bucket_to_its_own_winner(reg, monkeypatch):
     import torch
 

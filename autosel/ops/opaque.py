@@ -14,29 +14,32 @@ through autosel.dispatch.trace_as.
 
 from __future__ import annotations
 
+import threading
 from typing import Callable
 
 import torch
 
 TRACED_AS_THEY_ARE = ("torch",)
 _made: dict[int, Callable] = {}  # id(kernel) -> its custom op (a kernel is a module's function, kept alive by it)
+_making = threading.Lock()  # threads resolving one op at once defined one name twice, and torch refused the second
 
 
 def _opaque(op: str, backend: str, kernel: Callable, define: Callable[[str, Callable], Callable]) -> Callable:
     if backend in TRACED_AS_THEY_ARE:
         return kernel
-    if id(kernel) not in _made:  # a custom op's name is registered once per process
-        name = f"{op.replace('.', '_')}_{backend}_{len(_made)}"
-        define(f"autosel::{name}", kernel)
-        _made[id(kernel)] = getattr(torch.ops.autosel, name).default  # an OpOverload: what dynamo puts in a graph
-    return _made[id(kernel)]
+    with _making:
+        if id(kernel) not in _made:  # a custom op's name is registered once per process
+            name = f"{op.replace('.', '_')}_{backend}_{len(_made)}"
+            define(f"autosel::{name}", kernel)
+            _made[id(kernel)] = getattr(torch.ops.autosel, name).default  # an OpOverload: what a graph holds
+        return _made[id(kernel)]
 
 
 def rmsnorm(backend: str, kernel: Callable) -> Callable:
     def define(name, kernel):
         @torch.library.custom_op(name, mutates_args=())
         def call(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-            return kernel(x, weight, eps)
+            return kernel(x, weight, eps).contiguous()  # as the fake says: some kernels keep x's layout
 
         call.register_fake(lambda x, weight, eps: torch.empty_like(x, memory_format=torch.contiguous_format))
 
@@ -59,7 +62,7 @@ def _gated(op: str) -> Callable[[str, Callable], Callable]:
         def define(name, kernel):
             @torch.library.custom_op(name, mutates_args=())
             def call(x: torch.Tensor) -> torch.Tensor:
-                return kernel(x)
+                return kernel(x).contiguous()
 
             call.register_fake(lambda x: x.new_empty((*x.shape[:-1], x.shape[-1] // 2)))
 
@@ -87,7 +90,7 @@ def mm(backend: str, kernel: Callable) -> Callable:
     def define(name, kernel):
         @torch.library.custom_op(name, mutates_args=())
         def call(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-            return kernel(a, b)
+            return kernel(a, b).contiguous()
 
         call.register_fake(lambda a, b: a.new_empty((*a.shape[:-1], b.shape[0])))
 
