@@ -171,15 +171,17 @@ def _broadcast(decide: Callable[[], T], what: str, world: tuple) -> T:
             raise
     dist.broadcast_object_list(message, src=src, group=group)
     kind, sent_for, *payload = message[0]
+    # ranks are numbered within the agreeing group; with set_group's, say which process its rank 0 is
+    within = "" if _chosen_group is None else f", in the group given to set_group, whose rank 0 is global rank {src}"
     if sent_for != what:
-        raise TuningError(f"{what}: rank {rank} of {size} received rank 0's decision for {sent_for} instead: the "
-                          "ranks select their kernels in different orders; select them on every rank in the same "
-                          "order, from one thread")
+        raise TuningError(f"{what}: rank {rank} of {size}{within} received rank 0's decision for {sent_for} instead: "
+                          "the ranks select their kernels in different orders; select them on every rank in the "
+                          "same order, from one thread")
     if kind == "error":
         name, text = payload
         error = {"KeyError": KeyError, "ValueError": ValueError}.get(name, TuningError)
-        raise error(f"{text} (decided on rank 0 of {size})" if error is not TuningError
-                    else f"{what}: rank 0 failed with {name}: {text} (decided on rank 0 of {size})")
+        raise error(f"{text} (decided on rank 0 of {size}{within})" if error is not TuningError
+                    else f"{what}: rank 0 failed with {name}: {text} (decided on rank 0 of {size}{within})")
     decision = payload[0]
     log.info("%s: rank %d of %d runs rank 0's decision", what, rank, size)
     return decision

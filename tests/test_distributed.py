@@ -183,7 +183,14 @@ STAGE = textwrap.dedent("""
     picks = [selector.select_kernel("toy.double").backend.value]
     if rank >= 2:  # an op one stage selects and the other never does: a broadcast in that stage only
         picks.append(selector.select_kernel("toy.other").backend.value)
-    print(json.dumps({"rank": rank, "picks": picks}))
+    selector.registry.register(KernelSpec("toy.none", B.TORCH, "toy_kernels:slow"))
+    selector.registry.register(KernelSpec("toy.none", B.TRITON, "toy_kernels:fast"))
+    try:  # stored nowhere, tuning off: each stage's first rank fails, and says so to its stage
+        selector.select_kernel("toy.none")
+        error = None
+    except ValueError as exc:
+        error = str(exc)
+    print(json.dumps({"rank": rank, "picks": picks, "error": error}))
     dist.destroy_process_group()
 """)
 
@@ -203,6 +210,11 @@ def test_with_a_group_per_pipeline_stage_each_stage_runs_its_first_ranks_decisio
         results.append(json.loads(out.strip().splitlines()[-1]))
     assert [(r["rank"], r["picks"]) for r in results] == [
         (0, ["torch"]), (1, ["torch"]), (2, ["triton", "torch"]), (3, ["triton", "torch"])]
+    # Ranks are numbered within the stage; a message says which process decided.
+    assert results[1]["error"] == results[0]["error"] + (
+        " (decided on rank 0 of 2, in the group given to set_group, whose rank 0 is global rank 0)")
+    assert results[3]["error"] == results[2]["error"] + (
+        " (decided on rank 0 of 2, in the group given to set_group, whose rank 0 is global rank 2)")
 
 
 def test_a_ranks_own_answer_is_looked_up_and_never_tuned(monkeypatch):
