@@ -3,8 +3,9 @@ that segfaults, hangs, exits or leaves a sticky CUDA error is recorded as data i
 
 The child gets everything by name ("module:attr"), so the op's make_inputs and reference must be importable
 module-level functions. It answers on a pipe of its own, not on stdout (a kernel may print anything there),
-first "ready" once the interpreter and the op's own functions are loaded, then the check's result: the
-timeout counts from "ready", so it times the candidate, not the interpreter's start. Any end of the child
+first "ready" once the interpreter and the op's own functions are loaded, then "ran" once the op's reference
+alone has run on every shape (a child that dies before that is the reference's fault, the op's error), then the
+check's result: the timeout counts from "ready", so it times the candidate, not the interpreter's start. Any end of the child
 without a result is a rejection with its reason. After the check the child calls the candidate
 CALLS_PER_SHAPE more times per shape, so a kernel that crashes only from its Nth call is caught here too.
 Candidates that pass are then checked again and timed in the parent, interleaved; docs/TUNING.md section 5
@@ -96,9 +97,9 @@ def probe(spec: KernelSpec, definition: OpDefinition, reference: Callable[..., A
         try:
             child.stdin.write(json.dumps(request).encode())
             child.stdin.close()
-            reason, started = _listen(_Channel(read_fd), timeout_s)
+            reason, stage = _listen(_Channel(read_fd), timeout_s)
         except BrokenPipeError:  # it ended before reading its request
-            reason, started = None, False
+            reason, stage = None, "start"
         finally:
             if child.poll() is None:
                 child.kill()
@@ -107,25 +108,35 @@ def probe(spec: KernelSpec, definition: OpDefinition, reference: Callable[..., A
         if reason is None:
             stderr.seek(0)
             ended = _describe_exit(child.returncode, stderr.read().decode(errors="replace"))
-            return ended if started else (f"its isolated check could not start ({ended}); check that the op's "
-                                          "make_inputs and reference import in a fresh interpreter")
+            if stage == "reference":  # before any candidate ran: blaming the candidate would reject every one
+                raise TuningError(f"op {definition.op!r}: its reference ({names['reference']}) {ended} in the "
+                                  "isolated check's process, before any candidate ran; fix the reference")
+            return ended if stage == "check" else (f"its isolated check could not start ({ended}); check that the "
+                                                   "op's make_inputs and reference import in a fresh interpreter")
     return reason or None
 
 
-def _listen(channel: _Channel, timeout_s: float) -> tuple[str | None, bool]:
-    """(the child's answer: "" (passed) or a reason, None when it ended without one; whether it had started)."""
+def _listen(channel: _Channel, timeout_s: float) -> tuple[str | None, str]:
+    """(the child's answer: "" (passed) or a reason, None when it ended without one; the stage it reached: "start",
+    "reference" (running the op's reference alone) or "check")."""
     ready = channel.read(time.monotonic() + STARTUP_TIMEOUT_S)
     if ready == "timeout":
         return (f"its isolated check did not start within {STARTUP_TIMEOUT_S:g} s (the child's interpreter, "
-                "torch and the op's functions loading; killed)"), False
+                "torch and the op's functions loading; killed)"), "start"
     if ready is None:
-        return None, False
+        return None, "start"
+    ran = channel.read(time.monotonic() + timeout_s)
+    if ran == "timeout":
+        raise TuningError(f"the op's reference gave no answer within {timeout_s:g} s in the isolated check's "
+                          "process, before any candidate ran (killed); fix the reference")
+    if ran is None:
+        return None, "reference"
     answer = channel.read(time.monotonic() + timeout_s)
     if answer == "timeout":
         return f"hung: no answer from its check within {timeout_s:g} s (killed)", True
     if answer is not None and "op_error" in answer:  # the op's own reference or inputs failed: no candidate's fault
         raise TuningError(answer["op_error"])
-    return (None if answer is None else answer["reason"] or ""), True
+    return (None if answer is None else answer["reason"] or ""), "check"
 
 
 def _child() -> None:
@@ -142,6 +153,8 @@ def _child() -> None:
                               rtol=request["rtol"], atol=request["atol"])
     reference = resolve_target(request["reference"])
     say({"ready": True})
+    _run_alone(reference, definition, request)  # a reference that crashes the process ends it here, blamed on it
+    say({"reference": "ran"})
     try:
         fn = resolve_target(request["target"])
     except BaseException as exc:  # an import that exits is the candidate's failure too
@@ -156,6 +169,22 @@ def _child() -> None:
     if report.reason is None:
         report.reason = _call_again(fn, definition, request)
     say({"reason": report.reason})
+
+
+def _run_alone(reference: Callable[..., Any], definition: OpDefinition, request: dict) -> None:
+    """Call the op's reference on every shape before the candidate runs, so that a reference that crashes the
+    process is told apart from a candidate that does. One that raises is left to the check, which names it."""
+    import torch
+
+    from autosel.timing import synchronize
+
+    for index, shape in enumerate(request["shapes"]):
+        torch.manual_seed(request["seed"] + index)
+        try:
+            reference(*definition.make_inputs(dict(shape), request["device"]))
+            synchronize(request["device"])
+        except (Exception, SystemExit):
+            return
 
 
 def _call_again(fn: Callable[..., Any], definition: OpDefinition, request: dict) -> str | None:

@@ -511,6 +511,17 @@ def test_a_reference_that_raises_in_isolation_is_the_op_s_error_not_every_candid
                    mode="eager", platform_key="cpu/test", versions={})
 
 
+def test_a_reference_that_crashes_in_isolation_is_the_op_s_error_not_every_candidate_s(toy):
+    # The child died in the reference, and every candidate was rejected "in isolation: crashed the process".
+    definition, kernels = toy
+    tuner = Tuner(timer=FakeTimer({"torch": 100.0, "triton": 50.0}), device="cpu", isolate_timeout_s=30)
+    with pytest.raises(TuningError, match=r"^op 'toy.double': its reference \(toy_kernels:segfaults\) crashed the "
+                                          r"process \(SIGSEGV\) in the isolated check's process, before any "
+                                          r"candidate ran; fix the reference$"):
+        tuner.tune(definition, specs(torch="fast", triton="fast"), reference=kernels.segfaults,
+                   shapes=kernels.SHAPES, mode="eager", platform_key="cpu/test", versions={})
+
+
 def test_isolation_turns_any_end_of_the_child_into_a_reason(toy):
     # Each of these used to crash the tune: exit status 0 (IndexError reading the answer), a kernel's stdout
     # without a newline (JSONDecodeError), and a segfault from the 4th call (in the parent's timing).
