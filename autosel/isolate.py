@@ -97,7 +97,7 @@ def probe(spec: KernelSpec, definition: OpDefinition, reference: Callable[..., A
         try:
             child.stdin.write(json.dumps(request).encode())
             child.stdin.close()
-            reason, stage = _listen(_Channel(read_fd), timeout_s)
+            reason, stage = _listen(_Channel(read_fd), timeout_s, definition.op)
         except BrokenPipeError:  # it ended before reading its request
             reason, stage = None, "start"
         finally:
@@ -116,7 +116,7 @@ def probe(spec: KernelSpec, definition: OpDefinition, reference: Callable[..., A
     return reason or None
 
 
-def _listen(channel: _Channel, timeout_s: float) -> tuple[str | None, str]:
+def _listen(channel: _Channel, timeout_s: float, op: str) -> tuple[str | None, str]:
     """(the child's answer: "" (passed) or a reason, None when it ended without one; the stage it reached: "start",
     "reference" (running the op's reference alone) or "check")."""
     ready = channel.read(time.monotonic() + STARTUP_TIMEOUT_S)
@@ -127,7 +127,7 @@ def _listen(channel: _Channel, timeout_s: float) -> tuple[str | None, str]:
         return None, "start"
     ran = channel.read(time.monotonic() + timeout_s)
     if ran == "timeout":
-        raise TuningError(f"the op's reference gave no answer within {timeout_s:g} s in the isolated check's "
+        raise TuningError(f"op {op!r}: its reference gave no answer within {timeout_s:g} s in the isolated check's "
                           "process, before any candidate ran (killed); fix the reference")
     if ran is None:
         return None, "reference"
