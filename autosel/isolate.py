@@ -5,9 +5,10 @@ The child gets everything by name ("module:attr"), so the op's make_inputs and r
 module-level functions. It answers on a pipe of its own, not on stdout (a kernel may print anything there),
 first "ready" once the interpreter and the op's own functions are loaded, then "ran" once the op's reference
 alone has run on every shape (a child that dies before that is the reference's fault, the op's error), then the
-check's result: the timeout counts from "ready", so it times the candidate, not the interpreter's start. Any end of the child
-without a result is a rejection with its reason. After the check the child calls the candidate
-CALLS_PER_SHAPE more times per shape, so a kernel that crashes only from its Nth call is caught here too.
+check's result: the timeout counts from "ready", so it times the candidate, not the interpreter's start. Any
+end of the child without a result is a rejection with its reason. After the check the child calls the
+candidate CALLS_PER_SHAPE more times per shape, so a kernel that crashes only from its Nth call is caught here
+too.
 Candidates that pass are then checked again and timed in the parent, interleaved; docs/TUNING.md section 5
 says what isolation does not cover.
 """
