@@ -92,8 +92,8 @@ def _here(op, mode, specs, definition, db, platform, match, buckets) -> Coverage
     if hit is None and (older := db.lookup(key, usable=usable)) is not None:
         return Coverage(op, mode, False, f"the stored {mode} decision ({older[0].winner}, {older[1].kind} DB "
                         f"{older[1].path}) never timed {', '.join(older[0].untimed(names))}, eligible here since it "
-                        "was made: re-tune the op (selection keeps it only where nothing can be timed: AUTOSEL_TUNE=off, "
-                        "CUDA-graph capture)")
+                        "was made: re-tune the op (selection keeps it only where nothing can be timed: "
+                        "AUTOSEL_TUNE=off, CUDA-graph capture)")
     if hit is None:
         stored = [d for d, _ in db.decisions(op) if d.mode == mode and d.bucket == OP_LEVEL_BUCKET]
         why = _closest_miss(stored, platform.key, versions)

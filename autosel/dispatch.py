@@ -145,7 +145,7 @@ def _substitute() -> Callable | None:
     def register(original: Callable[..., Any], stand_in: Callable[..., Any]) -> None:
         try:
             substitute(original, skip_signature_check=True)(stand_in)
-        except (TypeError, ValueError) as exc:
+        except Exception as exc:  # torch's own checks: TypeError, ValueError and more across its versions
             log.debug("torch.compile will trace %r as it is: %s", original, exc)
     return register
 

@@ -97,7 +97,8 @@ def stored_table(op: str, eligible: list[KernelSpec], platform: PlatformInfo, mo
     key, db = decision_key(op, eligible, platform, mode, versions), database(settings)
     found = lookup_stored(db, key, eligible, match=settings.match, versions=versions, say=False)
     if found is None and _why_not_timed(op, platform, settings):  # what _decide_here would run
-        found = lookup_stored(db, key, eligible, match=settings.match, versions=versions, say=False, every_backend=False)
+        found = lookup_stored(db, key, eligible, match=settings.match, versions=versions, say=False,
+                              every_backend=False)
     return None if found is None else table_of(*found[:2])
 
 
@@ -168,7 +169,8 @@ def _decide_here(op: str, eligible: list[KernelSpec], platform: PlatformInfo, mo
         found = lookup_stored(db, key, eligible, match=settings.match, versions=versions)
         if found is not None:
             return table_of(*found[:2])
-        older = lookup_stored(db, key, eligible, match=settings.match, versions=versions, every_backend=False, say=False)
+        older = lookup_stored(db, key, eligible, match=settings.match, versions=versions, every_backend=False,
+                              say=False)
     # Where nothing can be timed now, a row that misses only a newer backend decides, rather than fail a served
     # model at its start.
     why_not = _why_not_timed(op, platform, settings)
