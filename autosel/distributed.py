@@ -42,6 +42,12 @@ def set_group(group: object | None) -> None:
     give each stage's ranks their own group, on every rank of it, before selecting. None: back to every rank.
     Agreements made in another group are forgotten."""
     global _chosen_group
+    if group is not None:
+        import torch.distributed as dist
+
+        if not isinstance(group, dist.ProcessGroup):
+            raise TypeError(f"set_group takes a torch.distributed process group (dist.new_group([...])) or None, "
+                            f"got {group!r}")
     _chosen_group = group
 
 

@@ -4,6 +4,7 @@ measured decision (docs/DESIGN.md section 1); get_kernel returns the plain kerne
 from __future__ import annotations
 
 import logging
+import sys
 import threading
 from typing import Any, Callable
 
@@ -100,6 +101,10 @@ def get_kernel(op: str, backend: KernelBackend | str | None = None, *, mode: str
     fn = _cache.get(key)  # no lock: clear_cache() swaps the dict, it never mutates one a reader holds
     if fn is not None:
         return fn
+    if _compiling():  # selecting takes locks and reads files: torch.compile failed on the lock's `with`
+        raise RuntimeError(f"get_kernel({op!r}) was called inside code that torch.compile traces, and was not "
+                           "resolved outside it before: call get_kernel outside the compiled function and call what "
+                           "it returned inside")
     with _cache_lock:
         generation = _generation
     fn = _build(op, backend, key[2])
@@ -107,6 +112,11 @@ def get_kernel(op: str, backend: KernelBackend | str | None = None, *, mode: str
         if generation == _generation:  # a clear_cache() during the lookup wins: do not store a stale entry
             fn = _cache.setdefault(key, fn)  # threads that built it at once all return the first one stored
     return fn
+
+
+def _compiling() -> bool:
+    torch = sys.modules.get("torch")  # no torch imported: nothing compiles
+    return torch is not None and torch.compiler.is_compiling()
 
 
 def _build(op: str, backend: KernelBackend | str | None, mode: str | None) -> Callable[..., Any]:

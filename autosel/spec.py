@@ -332,11 +332,19 @@ class OpDefinition:
         check_tolerance("atol", self.atol, self.op)
 
     def traced_kernel(self, backend: str, kernel: Callable[..., Any]) -> Callable[..., Any]:
-        """What torch.compile calls in place of `kernel` (this op's `backend`): `traced`'s answer, else the kernel."""
+        """What torch.compile calls in place of `kernel` (this op's `backend`): `traced`'s answer, else the kernel.
+        What `@torch.library.custom_op` returns (a CustomOpDef, which dynamo cannot hold in a graph) is taken as
+        its OpOverload, `torch.ops.NS.NAME.default`."""
         if self.traced is None:
             return kernel
         traced = resolve_target(self.traced) if isinstance(self.traced, str) else self.traced
-        return traced(backend, kernel)
+        answer = traced(backend, kernel)
+        answer = getattr(answer, "_opoverload", answer)  # a CustomOpDef's OpOverload
+        if not callable(answer):
+            raise TypeError(f"traced for op {self.op!r} returned {answer!r} for backend {backend!r}: it must return "
+                            "what torch.compile calls in place of the kernel (a torch custom op around it, or the "
+                            "kernel itself to trace it as it is)")
+        return answer
 
     def shapes_for(self, platform: "PlatformInfo") -> list[dict]:
         if not callable(self.shapes):

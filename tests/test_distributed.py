@@ -345,3 +345,13 @@ def test_kernels_resolved_before_the_process_group_was_up_are_named_at_its_first
             "decisions, and keeps them") in " ".join(caplog.messages)
     selector.clear_cache()
     assert not selector.chosen_alone
+
+
+def test_set_group_takes_a_process_group_or_none():
+    # A list of ranks was taken, and every rank's next selection failed in torch ("'list' object has no attribute").
+    from autosel import distributed
+
+    with pytest.raises(TypeError, match=r"^set_group takes a torch.distributed process group \(dist.new_group\(\[...\]\)\) "
+                                        r"or None, got \[0, 1\]$"):
+        distributed.set_group([0, 1])
+    distributed.set_group(None)

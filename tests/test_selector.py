@@ -527,6 +527,22 @@ def test_an_explicit_backend_is_not_refused_for_a_bad_variable_it_does_not_read(
         selector.get_kernel("toy.double")  # a selection reads it
 
 
+@pytest.mark.compile
+def test_get_kernel_first_called_inside_compiled_code_says_to_call_it_outside(sign_op):
+    # It failed inside the selector's lock ("Unsupported context manager"); resolved outside first, it works.
+    import torch
+
+    compiled = torch.compile(lambda x: selector.get_kernel("test.sign", B.AOT)(x) * 1, backend="eager")
+    with pytest.raises(Exception, match="called inside code that torch.compile traces, and was not resolved "
+                                        "outside it before: call get_kernel outside the compiled function"):
+        torch.compile(lambda x: selector.get_kernel("test.sign", B.AOT)(x) * 1, backend="eager", fullgraph=True)(
+            torch.ones(2))
+    torch._dynamo.reset()
+    assert compiled(torch.ones(2)).tolist() == [-1.0, -1.0]  # without fullgraph: the call runs eagerly, selects
+    assert torch.compile(lambda x: selector.get_kernel("test.sign", B.AOT)(x) * 1, backend="eager",
+                         fullgraph=True)(torch.ones(2)).tolist() == [-1.0, -1.0]  # resolved now: traced
+
+
 def test_get_kernel_returns_the_measured_winner(reg):
     toy(reg, B.TORCH, B.TRITON)
     import toy_kernels

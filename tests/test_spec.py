@@ -158,3 +158,22 @@ def test_a_target_that_cannot_be_loaded_names_op_backend_and_target(target, erro
     with pytest.raises(error, match=re.escape(f"kernel 'my.op' backend 'torch': cannot load its target {target!r}: "
                                               f"{says}")):
         KernelSpec("my.op", B.TORCH, target).load()
+
+
+def test_traced_may_return_what_custom_op_returns_and_must_return_a_callable():
+    # A CustomOpDef in compiled code failed with "does not know how to wrap CustomOpDef"; None failed only when
+    # compiled, with torch's words for it.
+    import torch
+
+    @torch.library.custom_op("autosel_test::scale_aot", mutates_args=(), schema="(Tensor x) -> Tensor")
+    def scale(x):
+        return x * 2
+
+    scale.register_fake(lambda x: torch.empty_like(x))
+    definition = OpDefinition("my.scale", shapes=[{"n": 1}], make_inputs=lambda shape, device: (),
+                              traced=lambda backend, kernel: scale)
+    assert definition.traced_kernel("aot", print) is torch.ops.autosel_test.scale_aot.default
+    broken = OpDefinition("my.scale", shapes=[{"n": 1}], make_inputs=lambda shape, device: (),
+                          traced=lambda backend, kernel: None)
+    with pytest.raises(TypeError, match=r"^traced for op 'my\.scale' returned None for backend 'aot': it must return"):
+        broken.traced_kernel("aot", print)
