@@ -351,7 +351,7 @@ def test_set_group_takes_a_process_group_or_none():
     # A list of ranks was taken, and every rank's next selection failed in torch ("'list' object has no attribute").
     from autosel import distributed
 
-    with pytest.raises(TypeError, match=r"^set_group takes a torch.distributed process group \(dist.new_group\(\[...\]\)\) "
-                                        r"or None, got \[0, 1\]$"):
+    with pytest.raises(TypeError, match=r"^set_group takes a torch.distributed process group "
+                                        r"\(dist.new_group\(\[...\]\)\) or None, got \[0, 1\]$"):
         distributed.set_group([0, 1])
     distributed.set_group(None)
