@@ -368,8 +368,8 @@ class TuningDB:
                  else "an unknown time (an older autosel)")
         if pid == os.getpid() and host == socket.gethostname():  # ending "that process" would end this one
             logger.info("waiting for the tuning lease on %s (%s mode), held by another thread of this process "
-                           "since %s: it is tuning it; this thread uses its decision when it is done (at most %.0f "
-                           "s)", key[1], key[2], since, at_most_s)
+                        "since %s: it is tuning it; this thread uses its decision when it is done (at most %.0f s)",
+                        key[1], key[2], since, at_most_s)
             return
         logger.warning("waiting for the tuning lease on %s (%s mode), held by pid %s on %s since %s: that process is "
                        "tuning it; this one uses its decision when it is done, or takes the lease over in at most "

@@ -23,7 +23,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 from autosel.errors import TuningError
 from autosel.platforms import visible_gpu_name
@@ -134,7 +134,7 @@ def _listen(channel: _Channel, timeout_s: float, op: str) -> tuple[str | None, s
         return None, "reference"
     answer = channel.read(time.monotonic() + timeout_s)
     if answer == "timeout":
-        return f"hung: no answer from its check within {timeout_s:g} s (killed)", True
+        return f"hung: no answer from its check within {timeout_s:g} s (killed)", "check"
     if answer is not None and "op_error" in answer:  # the op's own reference or inputs failed: no candidate's fault
         raise TuningError(answer["op_error"])
     return (None if answer is None else answer["reason"] or ""), "check"
@@ -172,33 +172,36 @@ def _child() -> None:
     say({"reason": report.reason})
 
 
-def _run_alone(reference: Callable[..., Any], definition: OpDefinition, request: dict) -> None:
-    """Call the op's reference on every shape before the candidate runs, so that a reference that crashes the
-    process is told apart from a candidate that does. One that raises is left to the check, which names it."""
+def _inputs_per_shape(definition: OpDefinition, request: dict) -> Iterator[tuple[dict, tuple]]:
+    """Each shape with its inputs, seeded as check_candidate seeds them (the seed plus the shape's index)."""
     import torch
-
-    from autosel.timing import synchronize
 
     for index, shape in enumerate(request["shapes"]):
         torch.manual_seed(request["seed"] + index)
-        try:
-            reference(*definition.make_inputs(dict(shape), request["device"]))
+        yield shape, definition.make_inputs(dict(shape), request["device"])
+
+
+def _run_alone(reference: Callable[..., Any], definition: OpDefinition, request: dict) -> None:
+    """Call the op's reference on every shape before the candidate runs, so that a reference that crashes the
+    process is told apart from a candidate that does. One that raises is left to the check, which names it."""
+    from autosel.timing import synchronize
+
+    try:
+        for _, args in _inputs_per_shape(definition, request):
+            reference(*args)
             synchronize(request["device"])
-        except (Exception, SystemExit):
-            return
+    except (Exception, SystemExit):
+        return
 
 
 def _call_again(fn: Callable[..., Any], definition: OpDefinition, request: dict) -> str | None:
     """Call a candidate that passed CALLS_PER_SHAPE more times per shape: a crash from its Nth call ends here."""
-    import torch
-
     from autosel import checks
     from autosel.timing import synchronize
     from autosel.tuner import shape_text
 
-    for index, shape in enumerate(request["shapes"]):
-        torch.manual_seed(request["seed"] + index)
-        args = checks.clone_args(definition.make_inputs(dict(shape), request["device"]))
+    for shape, inputs in _inputs_per_shape(definition, request):
+        args = checks.clone_args(inputs)
         for call in range(CALLS_PER_SHAPE):
             try:
                 fn(*args)

@@ -106,8 +106,8 @@ _near_said: set[tuple] = set()  # near-match rows this process has said it uses
 
 
 def lookup_stored(db, key: DecisionKey, eligible: list[KernelSpec], *, match: str = "exact",
-            versions: dict[str, str] | None = None, say: bool = True, every_backend: bool = True
-            ) -> tuple[Decision, tuple[Decision, ...], Any] | None:
+                  versions: dict[str, str] | None = None, say: bool = True, every_backend: bool = True
+                  ) -> tuple[Decision, tuple[Decision, ...], Any] | None:
     """The stored op-level decision, the bucket rows of its layer and that layer, or None. A row whose winner is
     not eligible here is passed over, and so, unless every_backend is false, is one that never timed a backend
     eligible here (Decision.untimed). match: AUTOSEL_MATCH; "device" or "arch" take the closest near row when no
