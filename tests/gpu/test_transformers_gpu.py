@@ -232,3 +232,35 @@ def test_a_rope_table_grown_under_reduce_overhead_compile_serves_the_right_rows(
     assert table.table.shape[0] == 16 and not table.retired  # compiled calls build their rows, store none
     assert table.covering(100).shape[0] == 100  # an eager call grows the stored table (to 100 > 2 x 16 rows)
     torch.testing.assert_close(table.table, expected[:100], rtol=1e-5, atol=1e-5)
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("backend", ["flashinfer", "triton", None])
+def test_a_patched_model_compiles_with_fullgraph_and_gives_transformers_logits(monkeypatch, backend):
+    # On the CPU a tiny Llama with the torch_compile kernels; here the GPU's kernels, forced (triton with the
+    # projections through gemm.mm), or (None) the stored graph decisions, whose norms are bucket dispatchers over
+    # torch and triton.
+    from torch._inductor.compile_fx import compile_fx
+
+    from autosel.integrations.transformers import patch_model
+
+    if backend == "flashinfer" and importlib.util.find_spec("flashinfer") is None:
+        pytest.skip("flashinfer is not installed")
+    monkeypatch.setenv("AUTOSEL_TUNE", "off")
+    store_decisions()
+    model = llama()
+    prompts = {n: torch.randint(0, 32000, (1, n), device="cuda") for n in (7, 300, 3, 1100)}
+    expected = {n: model(input_ids=ids).logits for n, ids in prompts.items()}
+    graphs = []
+
+    def inductor(gm, example_inputs):
+        graphs.append(gm)
+        return compile_fx(gm, example_inputs)
+
+    torch._dynamo.reset()
+    with patch_model(model, backend=backend, mode="graph", projections=backend == "triton") as patched:
+        assert hasattr(patched.kernels["layernorm.rmsnorm"], "table") == (backend is None)
+        step = torch.compile(lambda ids: model(input_ids=ids).logits, backend=inductor, fullgraph=True)
+        for n, ids in prompts.items():
+            within_bf16(step(ids), expected[n])
+    assert len(graphs) <= (2 if backend else 4), len(graphs)  # plain kernels: the first length, then dynamic
