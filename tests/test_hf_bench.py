@@ -133,3 +133,19 @@ def test_a_variant_keeps_its_colour_in_every_phase_of_the_plot(hf_bench):
               "decode": {"variants": ["transformers", "autosel", "triton"]}}
     colors = hf_bench.variant_colors(phases, ["c0", "c1", "c2", "c3"])
     assert colors == {"transformers": "c0", "autosel": "c1", "autosel-eager": "c2", "triton": "c3"}
+
+
+@pytest.mark.compile
+def test_compile_runs_every_variants_step_compiled_and_still_matching_transformers(hf_bench, tmp_path):
+    store("torch")
+    plan = hf_bench.Plan(model="tiny-llama", layers=1, device="cpu", dtype="bfloat16", prefill_tokens=(8,),
+                         decode_batches=(2,), kv=8, backends=(), rounds=1, block_ms=1, compile=True)
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    result = hf_bench.bench(plan)
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] >= 4  # two variants, two phases
+    for data in result["phases"].values():
+        [size] = data["sizes"]
+        assert sorted(size["results"]) == ["autosel", "transformers"]
+        assert all(r["matches"] for r in size["results"].values())
+    assert hf_bench.report(result).count(", every variant under torch.compile") == 2

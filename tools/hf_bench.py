@@ -9,7 +9,9 @@ then B C A, ...), as autosel's tuner interleaves its candidates, so what the mac
 --graph-from-tokens N patches autosel's prefill with patch_model's graph_from_tokens=N and adds "autosel-eager",
 the prefill on the eager decisions alone, beside it. A variant named again with a suffix ("--backends
 triton,triton#2,autosel#2") runs once more on its own copy of the model: how far two copies of one variant read
-apart (a copy of autosel is not a fixed backend).
+apart (a copy of autosel is not a fixed backend). --compile runs every variant's step, unpatched transformers' too,
+under torch.compile (inductor, default mode; decode steps are captured after it compiled): whether patching a model
+one compiles still pays, against inductor fusing transformers' own norms, rope and activations.
 Writes hf_bench.md, hf_bench.json and (with matplotlib) hf_bench.png under --out.
 
     python tools/hf_bench.py --out "$OUT"                                  # on the H200
@@ -69,6 +71,7 @@ class Plan:
     graph: bool = True  # replay decode steps from a CUDA graph (cuda only)
     prefill_mode: str = "eager"  # the decisions autosel's prefill runs on (graph: device time alone)
     graph_from_tokens: int | None = None  # eager prefill: from this many tokens on, the graph decisions (patch_model)
+    compile: bool = False  # every variant's step under torch.compile (transformers' too: inductor's own fusions)
 
     @property
     def variants(self) -> tuple[str, ...]:
@@ -305,6 +308,8 @@ def run_size(phase: str, size: int, patched: dict[str, Patched], ready: list[str
         steps = {name: state.step(patched[name].model) for name in ready}
         label = f"batch {size}"
     expected = steps[UNPATCHED]().float()  # transformers' own step, run eagerly
+    if plan.compile:
+        steps = {name: torch.compile(step) for name, step in steps.items()}
     scale = float(expected.abs().max())
     calls, results = {}, {}
     for name in ready:
@@ -421,6 +426,7 @@ def report(result: dict) -> str:
               "decode": f"Decode: one token per sequence, {plan['kv']} tokens in a StaticCache (autosel: mode=\"graph\")"}
     for phase, data in result["phases"].items():
         how = "replayed from a CUDA graph" if data["graph"] else "called eagerly (no CUDA graph)"
+        how += ", every variant under torch.compile" if plan.get("compile") else ""
         lines += [f"## {titles[phase]}, {how}", ""]
         head = ["variant"] + [f"{s['label']}: ms (spread) | x best fixed | x transformers" for s in data["sizes"]]
         lines.append("| " + " | ".join(head) + " | drift | kernels |")
@@ -537,6 +543,8 @@ def main() -> None:
     parser.add_argument("--graph-from-tokens", type=int, metavar="N",
                         help="eager prefill: calls of N tokens or more run the graph decisions (patch_model's "
                              "graph_from_tokens)")
+    parser.add_argument("--compile", action="store_true",
+                        help="every variant's step under torch.compile, transformers' too (inductor's fusions)")
     parser.add_argument("--out", type=Path)
     parser.add_argument("--plot-from", type=Path, metavar="JSON", help="only write the PNG beside this hf_bench.json")
     args = parser.parse_args()
@@ -554,7 +562,11 @@ def main() -> None:
                 kv=args.kv or (32 if tiny else 512), backends=tuple(filter(None, args.backends.split(","))),
                 rounds=args.rounds or (3 if tiny else 10), block_ms=args.block_ms or (2 if tiny else 25),
                 projections=args.projections, graph=not args.no_graph, prefill_mode=args.prefill_mode,
-                graph_from_tokens=args.graph_from_tokens)
+                graph_from_tokens=args.graph_from_tokens, compile=args.compile)
+    if plan.compile:  # one code object for every variant's step: each variant and size is a compile of its own
+        name = "recompile_limit" if hasattr(torch._dynamo.config, "recompile_limit") else "cache_size_limit"
+        needed = 4 * len(plan.variants) * len(plan.sizes("prefill") + plan.sizes("decode"))
+        setattr(torch._dynamo.config, name, max(getattr(torch._dynamo.config, name), needed))
     began = time.perf_counter()
     result = bench(plan)
     result["wall_s"] = round(time.perf_counter() - began, 1)
