@@ -10,7 +10,7 @@ then B C A, ...), as autosel's tuner interleaves its candidates, so what the mac
 the prefill on the eager decisions alone, beside it. A variant named again with a suffix ("--backends
 triton,triton#2,autosel#2") runs once more on its own copy of the model: how far two copies of one variant read
 apart (a copy of autosel is not a fixed backend). --compile runs every variant's step, unpatched transformers' too,
-under torch.compile (inductor, default mode; decode steps are captured after it compiled): whether patching a model
+under torch.compile (inductor, default mode, static shapes; decode steps are captured after it compiled): whether patching a model
 one compiles still pays, against inductor fusing transformers' own norms, rope and activations.
 Writes hf_bench.md, hf_bench.json and (with matplotlib) hf_bench.png under --out.
 
@@ -309,7 +309,10 @@ def run_size(phase: str, size: int, patched: dict[str, Patched], ready: list[str
         label = f"batch {size}"
     expected = steps[UNPATCHED]().float()  # transformers' own step, run eagerly
     if plan.compile:
-        steps = {name: torch.compile(step) for name, step in steps.items()}
+        # dynamic=False: a graph of its own per size, as an engine captures one per batch size. At the default, the
+        # second size compiled with dynamic shapes, and every variant's decode at batch 64 ran 1.6x slower than
+        # uncompiled (call 23-2, docs/BENCHMARKS.md 4i).
+        steps = {name: torch.compile(step, dynamic=False) for name, step in steps.items()}
     scale = float(expected.abs().max())
     calls, results = {}, {}
     for name in ready:
