@@ -309,9 +309,8 @@ def run_size(phase: str, size: int, patched: dict[str, Patched], ready: list[str
         label = f"batch {size}"
     expected = steps[UNPATCHED]().float()  # transformers' own step, run eagerly
     if plan.compile:
-        # dynamic=False: a graph of its own per size, as an engine captures one per batch size. At the default, the
-        # second size compiled with dynamic shapes, and every variant's decode at batch 64 ran 1.6x slower than
-        # uncompiled (call 23-2, docs/BENCHMARKS.md 4i).
+        # dynamic=False: a graph of its own per size, as an engine captures one per batch size (at the default the
+        # second size recompiles with dynamic shapes; call 23-2 read the same times that way, docs/BENCHMARKS.md 4i).
         steps = {name: torch.compile(step, dynamic=False) for name, step in steps.items()}
     scale = float(expected.abs().max())
     calls, results = {}, {}
