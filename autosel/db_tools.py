@@ -7,7 +7,7 @@ import logging
 import os
 import sqlite3
 import sys
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import MISSING, astuple, dataclass, fields
 from pathlib import Path
 from typing import Callable, Iterable, Iterator, Sequence
@@ -327,8 +327,12 @@ def export_decisions(rows: Iterable[Decision], out: Path, *, fmt: str, overwrite
             finally:
                 conn.close()
         os.replace(tmp, out)  # readers never see a half-written export
-    except BaseException:
-        tmp.unlink(missing_ok=True)
+    except BaseException as exc:
+        with suppress(OSError):
+            tmp.unlink(missing_ok=True)
+        if isinstance(exc, (OSError, sqlite3.OperationalError)):  # a folder one may list but not write to, a full disk
+            raise DatabaseError(f"cannot write {out} ({getattr(exc, 'strerror', None) or exc}); choose a writable "
+                                "output path") from exc
         raise
     return len(ordered)
 

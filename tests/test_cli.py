@@ -828,6 +828,22 @@ def test_an_output_suffix_that_names_no_format_is_a_usage_error(reg, tmp_path, c
     assert json.loads(out.read_text().splitlines()[0])["op"] == "toy.double"
 
 
+@pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs /proc, a folder nobody can create files in")
+@pytest.mark.parametrize("command", ["export", "merge"])
+@pytest.mark.parametrize("suffix", [".jsonl", ".db"])
+def test_an_output_folder_that_cannot_be_written_is_one_error_line(reg, tmp_path, command, suffix):
+    # Only creating the folder was caught: opening the file in it ended in a traceback (FileNotFoundError for
+    # JSONL, sqlite3.OperationalError for SQLite); root may write anywhere else, so /proc stands for a read-only one.
+    store(decision())
+    source = tmp_path / "in.jsonl"
+    assert run("export", "--out", source).exit_code == 0
+    out = f"/proc/autosel-out{suffix}"
+    result = run(*(["export"] if command == "export" else ["merge", source]), "--out", out)
+    assert result.exit_code == 1
+    assert result.stderr.startswith(f"Error: cannot write {out} (") and "choose a writable output path" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
 def test_export_with_nothing_to_export_writes_nothing(reg, tmp_path):
     out = tmp_path / "empty.jsonl"
     result = run("export", "--out", out)
