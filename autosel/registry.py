@@ -72,7 +72,9 @@ class KernelRegistry:
                 return current if current == definition else _conflict(current, _op_conflict(current, definition))
             self._ops[definition.op] = definition
             _journal(self, definition)
-            return definition
+        for listener in _listeners:  # its bucket function and traced= change what get_kernel returns
+            listener(definition.op)
+        return definition
 
     def _forget(self, registered: KernelSpec | OpDefinition) -> None:
         """Undo one registration (made by a plug-in whose hook then raised)."""
@@ -124,7 +126,8 @@ _listeners: list[Callable[[str], None]] = []
 
 
 def on_register(listener: Callable[[str], None]) -> None:
-    """Call `listener(op)` after each new spec any registry takes (the selector forgets that op's kernels)."""
+    """Call `listener(op)` after each new spec or op definition any registry takes (the selector forgets that op's
+    kernels)."""
     _listeners.append(listener)
 
 

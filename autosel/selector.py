@@ -180,5 +180,6 @@ def _forget_kernels(op: str | None = None) -> None:
 
 
 # A backend registered for an op already resolved is timed at its next selection (a stored decision that never
-# timed it is a miss): get_kernel forgets that op's kernels, so it selects again, as select_kernel does.
+# timed it is a miss), and an op defined after its kernels were resolved brings a bucket function and traced=:
+# get_kernel forgets that op's kernels, so it selects again, as select_kernel does.
 on_register(_forget_kernels)

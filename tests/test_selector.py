@@ -329,6 +329,20 @@ def test_get_kernel_forgets_an_op_when_a_backend_is_registered_for_it(reg, monke
     assert selector.get_kernel("toy.other") is other  # other ops keep their kernels
 
 
+def test_get_kernel_forgets_an_op_when_its_definition_comes_after_its_kernels_were_resolved(reg, monkeypatch):
+    # register_op's bucket function (and traced=) reached get_kernel only after clear_cache(): the per-bucket
+    # decisions already stored went unused, silently.
+    import toy_kernels
+
+    reg.register(KernelSpec("toy.split", B.TORCH, "toy_kernels:slow"))
+    reg.register(KernelSpec("toy.split", B.TRITON, "toy_kernels:overhead"))
+    toy_kernels.plant("toy.split", "torch", {(16,): "torch", (1 << 20,): "triton"})
+    assert selector.get_kernel("toy.split") is toy_kernels.slow  # no bucket function yet: the op-level winner
+    reg.define(OpDefinition("toy.split", shapes=toy_kernels.SPLIT_SHAPES, make_inputs=toy_kernels.inputs,
+                            bucket=toy_kernels.bucket, route_key=0))
+    assert selector.get_kernel("toy.split").table.winners == {(16,): "torch", (1 << 20,): "triton"}
+
+
 def test_threads_resolving_one_op_at_once_all_get_the_same_callable(sign_op, monkeypatch):
     # Each first caller returned the kernel it built: eight threads, eight objects (identity checks and
     # torch.compile's guards on function identity broke).
