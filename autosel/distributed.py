@@ -40,11 +40,16 @@ def set_group(group: object | None) -> None:
     """Agree in `group` (a torch.distributed process group) instead of every rank: its first rank decides and
     broadcasts to its other ranks. For engines whose ranks select different ops, such as the stages of a pipeline:
     give each stage's ranks their own group, on every rank of it, before selecting. None: back to every rank.
-    Agreements made in another group are forgotten."""
+    Agreements made in another group are forgotten. A group goes with its process group: after
+    destroy_process_group, call set_group again (selecting in a group that is gone raises TuningError)."""
     global _chosen_group
     if group is not None:
         import torch.distributed as dist
 
+        if group is dist.GroupMember.NON_GROUP_MEMBER:  # what new_group returns on the ranks outside the group
+            raise TypeError(f"set_group was given GroupMember.NON_GROUP_MEMBER: rank {dist.get_rank()} is not in that "
+                            "group (dist.new_group returns it on the ranks outside the group); give each rank the "
+                            "group it belongs to")
         if not isinstance(group, dist.ProcessGroup):
             raise TypeError(f"set_group takes a torch.distributed process group (dist.new_group([...])) or None, "
                             f"got {group!r}")
@@ -61,8 +66,13 @@ def _world() -> tuple[int, int, object] | None:
     if dist is None or not dist.is_available() or not dist.is_initialized():
         return None
     group = _chosen_group
-    world = dist.get_world_size() if group is None else dist.get_world_size(group)
-    rank = dist.get_rank() if group is None else dist.get_rank(group)
+    try:
+        world = dist.get_world_size() if group is None else dist.get_world_size(group)
+        rank = dist.get_rank() if group is None else dist.get_rank(group)
+    except (ValueError, RuntimeError) as exc:  # torch: "Group ... is not registered"
+        raise TuningError("the process group given to autosel.distributed.set_group is gone (destroyed with the "
+                          "process group it belonged to?); call set_group again with a group of the current one, or "
+                          f"set_group(None) to agree across every rank ({exc})") from exc
     if rank < 0:
         raise TuningError(f"rank {dist.get_rank()} is not in the process group given to "
                           "autosel.distributed.set_group: give each rank a group it belongs to")

@@ -217,6 +217,74 @@ def test_with_a_group_per_pipeline_stage_each_stage_runs_its_first_ranks_decisio
         " (decided on rank 0 of 2, in the group given to set_group, whose rank 0 is global rank 2)")
 
 
+REGROUP = textwrap.dedent("""
+    import datetime, json, os
+    import torch.distributed as dist
+    import toy_kernels
+    from autosel import distributed, selector
+    from autosel.errors import TuningError
+    from autosel.spec import KernelBackend as B, KernelSpec
+
+    rank = int(os.environ["RANK"])
+
+    def up(init):
+        dist.init_process_group("gloo", init_method="file://" + os.environ["INIT_FILE"] + init, rank=rank,
+                                world_size=2, timeout=datetime.timedelta(seconds=60))
+
+    up("1")
+    toy_kernels.use_fresh_registry()
+    selector.registry.register(KernelSpec("toy.double", B.TORCH, "toy_kernels:slow"))
+    selector.registry.register(KernelSpec("toy.double", B.TRITON, "toy_kernels:fast"))
+    if rank == 0:
+        toy_kernels.plant("toy.double", "triton", {})
+    os.environ["AUTOSEL_TUNE"] = "off"
+    alone = dist.new_group([0])  # rank 1 gets GroupMember.NON_GROUP_MEMBER
+    try:
+        distributed.set_group(alone)
+        refused = None
+    except TypeError as exc:
+        refused = str(exc)
+    distributed.set_group(dist.new_group([0, 1]))
+    first = selector.select_kernel("toy.double").backend.value
+    dist.destroy_process_group()
+    up("2")  # a new process group: the group given to set_group went with the old one
+    selector.clear_cache()
+    try:
+        selector.select_kernel("toy.double")
+        stale = None
+    except TuningError as exc:
+        stale = str(exc)
+    distributed.set_group(None)
+    again = selector.select_kernel("toy.double").backend.value
+    print(json.dumps({"rank": rank, "refused": refused, "first": first, "stale": stale, "again": again}))
+    dist.destroy_process_group()
+""")
+
+
+def test_set_group_refuses_a_group_this_rank_is_not_in_and_a_group_gone_with_its_process_group(tmp_path):
+    # A rank outside the group was told its argument was not a process group ("got -100"); a group destroyed with
+    # its process group failed every selection in torch ("Group ... is not registered", a ValueError).
+    procs = []
+    for rank in range(2):
+        env = dict(os.environ, RANK=str(rank), INIT_FILE=str(tmp_path / "init"), PYTHONPATH=str(HERE),
+                   AUTOSEL_DB=str(tmp_path / f"rank{rank}.db"))
+        procs.append(subprocess.Popen([sys.executable, "-c", REGROUP], env=env, stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE, text=True))
+    results = []
+    for proc in procs:
+        out, err = proc.communicate(timeout=180)
+        assert proc.returncode == 0, err
+        results.append(json.loads(out.strip().splitlines()[-1]))
+    assert results[0]["refused"] is None
+    assert results[1]["refused"] == ("set_group was given GroupMember.NON_GROUP_MEMBER: rank 1 is not in that group "
+                                     "(dist.new_group returns it on the ranks outside the group); give each rank the "
+                                     "group it belongs to")
+    for r in results:
+        assert r["first"] == r["again"] == "triton"
+        assert r["stale"].startswith("the process group given to autosel.distributed.set_group is gone (destroyed "
+                                     "with the process group it belonged to?); call set_group again")
+
+
 def test_a_ranks_own_answer_is_looked_up_and_never_tuned(monkeypatch):
     reg = KernelRegistry()
     use_registry(monkeypatch, reg)
