@@ -390,6 +390,29 @@ def test_tune_from_record_tunes_exactly_the_recorded_shapes_deduplicated(reg, tm
     assert "Warning: op 'not.registered' is not registered here" in result.stderr
 
 
+def test_tune_of_a_record_holding_only_modes_this_machine_does_not_time_says_so(reg, tmp_path):
+    # It said no op had several backends eligible, naming two eligible backends of the op.
+    toy(reg, B.TORCH, B.TRITON)
+    record = tmp_path / "record.jsonl"
+    record.write_text(json.dumps({"op": "toy.double", "shape": {"n": 512}, "mode": "graph"}) + "\n")
+    result = run("tune", "--from-record", record)
+    assert result.exit_code == 1
+    assert result.stderr.endswith(f"Error: every shape in {record} is for graph mode, which this cpu machine does not "
+                                  "time (eager only); tune that file on a machine that times it\n")
+
+
+@pytest.mark.parametrize("how", ["--shapes", "--from-record"])
+def test_tune_with_an_op_glob_matching_none_of_the_files_ops_says_so(reg, tmp_path, how):
+    # It said "nothing to choose between ()", an empty list.
+    toy(reg, B.TORCH, B.TRITON)
+    toy(reg, B.TORCH, B.TRITON, op="toy.other")
+    args = _shapes_source(tmp_path, how, {"toy.double": [{"n": 512}]})
+    result = run("tune", *args, "--op", "toy.oth*")
+    assert result.exit_code == 1
+    assert result.stderr == (f"Error: --op 'toy.oth*' matches none of the ops {args[1]} gives shapes for (toy.double); "
+                             "drop --op, or pass a pattern that matches one of them\n")
+
+
 def _shapes_source(tmp_path, how: str, shapes_by_op: dict) -> list:
     """The tune arguments that hand `shapes_by_op` over as a --shapes file or as an AUTOSEL_RECORD file."""
     if how == "--shapes":

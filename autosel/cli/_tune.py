@@ -176,12 +176,21 @@ def _buckets_text(outcome) -> str:
     return f"{len(outcome.buckets)}, {_differ(outcome)} differ"
 
 
-def _nothing_to_tune(tuning, platform, ops: tuple[str, ...], named: list[str] | None = None, source=None) -> str:
-    """Why nothing can be tuned. named: the ops a --shapes or --from-record file (source) gives shapes for."""
+def _nothing_to_tune(tuning, platform, ops: tuple[str, ...], named: list[str] | None = None, source=None,
+                     untimed: list[str] = ()) -> str:
+    """Why nothing can be tuned. named: the ops a --shapes or --from-record file (source) gives shapes for, in the
+    modes this machine times; untimed: the modes of the file's other shapes."""
     registered = tuning.registry.ops()
     for pattern in ops:
         if not any(fnmatch.fnmatchcase(op, pattern) for op in registered):
             return (f"no registered op matches --op {pattern!r}; registered ops: {', '.join(registered) or 'none'}")
+    if named is not None and not named and untimed:
+        return (f"every shape in {source} is for {' and '.join(untimed)} mode, which this {platform.device.value} "
+                f"machine does not time ({', '.join(tuning.modes_for(platform))} only); tune that file on a machine "
+                "that times it")
+    if named and not any(_matches(op, ops) for op in named):
+        return (f"--op {' '.join(map(repr, ops))} matches none of the ops {source} gives shapes for "
+                f"({', '.join(named)}); drop --op, or pass a pattern that matches one of them")
     unknown = [op for op in named or () if _matches(op, ops) and not tuning.registry.has(op)]
     if unknown:
         return (f"op{'s' * (len(unknown) > 1)} {', '.join(map(repr, unknown))} in {source} "
@@ -258,9 +267,12 @@ def tune(ops, shapes_file, record_file, db, force, budget_s, isolate, isolate_ti
                 for patterns, _, modes in runs for target in targets)
     if not total:
         if ops or shapes_file or record_file:
-            named = list(dict.fromkeys(op for shapes in shapes_by_mode.values() for op in shapes or ())) \
+            timed = {mode: shapes for mode, shapes in shapes_by_mode.items()
+                     if mode is None or mode in tuning.modes_for(platform)}
+            named = list(dict.fromkeys(op for shapes in timed.values() for op in shapes or ())) \
                 if shapes_file or record_file else None
-            raise click.ClickException(_nothing_to_tune(tuning, platform, ops, named, shapes_file or record_file))
+            raise click.ClickException(_nothing_to_tune(tuning, platform, ops, named, shapes_file or record_file,
+                                                        [mode for mode in shapes_by_mode if mode not in timed]))
         click.echo("Nothing to tune: no registered op has several backends eligible on this machine "
                    "(run `autosel doctor` to see why).", err=True)
     for note in notes:
