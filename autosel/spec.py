@@ -312,6 +312,9 @@ class OpDefinition:
         if self.traced is not None and not (callable(self.traced) or isinstance(self.traced, str)):
             raise TypeError(f"traced for op {self.op!r} must be a function (backend, kernel) -> callable, its "
                             f"'module:function' target, or None; got {self.traced!r}")
+        if isinstance(self.traced, str) and not all(self.traced.partition(":")[::2]):
+            raise ValueError(f"traced for op {self.op!r} must be a 'module:function' target such as "
+                             f"'mypkg.compiled:opaque', got {self.traced!r}")
         if self.bucket is not None and not callable(self.bucket):
             raise TypeError(f"bucket for op {self.op!r} must be a function (*args) -> tuple or None, "
                             f"got {self.bucket!r}")
@@ -337,7 +340,10 @@ class OpDefinition:
         its OpOverload, `torch.ops.NS.NAME.default`."""
         if self.traced is None:
             return kernel
-        traced = resolve_target(self.traced) if isinstance(self.traced, str) else self.traced
+        try:
+            traced = resolve_target(self.traced) if isinstance(self.traced, str) else self.traced
+        except (ImportError, AttributeError) as exc:
+            raise type(exc)(f"op {self.op!r}: cannot load its traced= target {self.traced!r}: {exc}") from exc
         answer = traced(backend, kernel)
         answer = getattr(answer, "_opoverload", answer)  # a CustomOpDef's OpOverload
         if not callable(answer):

@@ -177,3 +177,16 @@ def test_traced_may_return_what_custom_op_returns_and_must_return_a_callable():
                           traced=lambda backend, kernel: None)
     with pytest.raises(TypeError, match=r"^traced for op 'my\.scale' returned None for backend 'aot': it must return"):
         broken.traced_kernel("aot", print)
+
+
+def test_a_traced_target_is_checked_at_registration_and_one_that_cannot_load_names_the_op():
+    # "nocolon" was accepted and failed at get_kernel with a bare "No module named 'nocolon'", eager use too.
+    def definition(traced):
+        return OpDefinition("my.scale", shapes=[{"n": 1}], make_inputs=lambda shape, device: (), traced=traced)
+
+    with pytest.raises(ValueError, match=r"^traced for op 'my\.scale' must be a 'module:function' target such as "
+                                         r"'mypkg\.compiled:opaque', got 'nocolon'$"):
+        definition("nocolon")
+    with pytest.raises(AttributeError, match=r"^op 'my\.scale': cannot load its traced= target 'json:nope': module "
+                                             r"'json' has no attribute 'nope'$"):
+        definition("json:nope").traced_kernel("aot", print)
