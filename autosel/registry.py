@@ -17,7 +17,7 @@ import threading
 from collections import defaultdict
 from typing import Any, Callable, Iterable, Mapping
 
-from autosel.spec import KernelBackend, KernelSpec, OpDefinition
+from autosel.spec import KernelBackend, KernelSpec, OpDefinition, check_shapes
 
 log = logging.getLogger(__name__)
 
@@ -270,11 +270,7 @@ def register_op(
         if isinstance(shapes, (str, bytes)) or not isinstance(shapes, Iterable):
             raise TypeError(f"shapes for op {op!r} must be a list of dicts such as [{{'tokens': 64}}] or a function "
                             f"of the platform, got {shapes!r}")
-        shapes = list(shapes)
-        for shape in shapes:
-            if not isinstance(shape, Mapping):
-                raise TypeError(f"each shape of op {op!r} must be a dict such as {{'tokens': 64}}, got {shape!r}")
-        shapes = tuple(dict(s) for s in shapes)
+        shapes = tuple(dict(s) for s in check_shapes(op, list(shapes)))
     return registry.define(
         OpDefinition(op=op, shapes=shapes, make_inputs=make_inputs, reference=reference, rtol=rtol, atol=atol,
                      shape_of=shape_of, bucket=bucket, route_key=route_key, signature=signature, traced=traced)

@@ -255,7 +255,7 @@ def _inputs(shape, device):
     # make_inputs=None used to fail only at tune time:
     ({"make_inputs": None}, TypeError, "make_inputs for op 'g.nan' must be a function"),
     ({"shapes": None}, TypeError, "shapes for op 'g.nan' must be a list of dicts"),
-    ({"shapes": [64]}, TypeError, "each shape of op 'g.nan' must be a dict"),
+    ({"shapes": [64]}, TypeError, "shape 0 of op 'g.nan' must be a dict"),
     ({"reference": 3}, TypeError, "reference for op 'g.nan' must be a backend name"),
     ({"reference": "cuda"}, ValueError, "unknown kernel backend 'cuda'"),
 ])
