@@ -101,13 +101,11 @@ def get_kernel(op: str, backend: KernelBackend | str | None = None, *, mode: str
     fn = _cache.get(key)  # no lock: clear_cache() swaps the dict, it never mutates one a reader holds
     if fn is not None:
         return fn
-    if _compiling():  # selecting takes locks and reads files: torch.compile failed on the lock's `with`
-        raise RuntimeError(f"get_kernel({op!r}) was called inside code that torch.compile traces, and was not "
-                           "resolved outside it before: call get_kernel outside the compiled function and call what "
-                           "it returned inside")
+    if _compiling():  # a first call inside code torch.compile traces, as the selector autosel replaces allowed
+        return getattr(sys.modules[__name__], _traced_name(key))
     with _cache_lock:
         generation = _generation
-    fn = _build(op, backend, key[2])
+    fn = _build(*key)
     with _cache_lock:
         if generation == _generation:  # a clear_cache() during the lookup wins: do not store a stale entry
             fn = _cache.setdefault(key, fn)  # threads that built it at once all return the first one stored
@@ -117,6 +115,31 @@ def get_kernel(op: str, backend: KernelBackend | str | None = None, *, mode: str
 def _compiling() -> bool:
     torch = sys.modules.get("torch")  # no torch imported: nothing compiles
     return torch is not None and torch.compiler.is_compiling()
+
+
+_traced: dict[tuple, str] = {}  # key -> the name of this module's attribute that holds its kernel for compiled code
+
+
+def _traced_name(key: tuple) -> str:
+    """Resolve `key` for code torch.compile is tracing, and return the name of the module attribute that holds its
+    kernel. Selecting takes locks, reads files and may tune, which torch.compile cannot trace (it failed on the
+    lock's `with`): the mark below has it run this function as it is while tracing and take the name as a constant.
+    Compiled code then reads the kernel through that attribute, which torch.compile can guard on (a function
+    returned as a constant it cannot). The kernel is not put in _cache: the traced lookup found it missing there,
+    and torch.compile checks right after tracing that this is still so."""
+    with _cache_lock:
+        name = _traced.get(key)
+        if name is not None and getattr(sys.modules[__name__], name, None) is not None:
+            return name
+    fn = _build(*key)
+    with _cache_lock:
+        name = _traced.setdefault(key, f"_traced_kernel_{len(_traced)}")
+        setattr(sys.modules[__name__], name, fn)
+    return name
+
+
+# What torch.compiler.assume_constant_result(_traced_name) sets, set here so that importing autosel imports no torch.
+_traced_name._dynamo_marked_constant = True  # type: ignore[attr-defined]
 
 
 def _build(op: str, backend: KernelBackend | str | None, mode: str | None) -> Callable[..., Any]:
@@ -166,11 +189,14 @@ def _forget_kernels(op: str | None = None) -> None:
     """Forget the resolved kernels (of `op` only, if given, and then only if some were cached)."""
     global _cache, _generation
     with _cache_lock:
-        if op is not None and not any(key[0] == op for key in _cache):
+        if op is not None and not any(key[0] == op for key in (*_cache, *_traced)):
             return
         _generation += 1
         dropped = [fn for key, fn in _cache.items() if op is None or key[0] == op]
         _cache = {key: fn for key, fn in _cache.items() if op is not None and key[0] != op}
+        for key, name in _traced.items():  # compiled code guarded on the kernel it read: it traces again
+            if op is None or key[0] == op:
+                setattr(sys.modules[__name__], name, None)
     for fn in dropped:  # a dispatcher lives on with torch's stand-in: its learned shapes need not
         getattr(fn, "forget_shapes", lambda: None)()
     if op is None:

@@ -542,19 +542,43 @@ def test_an_explicit_backend_is_not_refused_for_a_bad_variable_it_does_not_read(
 
 
 @pytest.mark.compile
-def test_get_kernel_first_called_inside_compiled_code_says_to_call_it_outside(sign_op):
-    # It failed inside the selector's lock ("Unsupported context manager"); resolved outside first, it works.
+@pytest.mark.parametrize("warm_cache", [False, True])
+def test_get_kernel_inside_compiled_code_with_fullgraph_resolves_cold_or_warm(reg, tmp_path, monkeypatch, warm_cache):
+    # The contract of the selector autosel replaces (its test_kernel_resolution_torch_compile_fullgraph): an op's
+    # wrapper calls get_kernel inside the compiled forward. A cold call failed on the selector's lock, then raised
+    # "call get_kernel outside"; the kernel's module is imported inside the trace.
+    import sys
+
     import torch
 
-    compiled = torch.compile(lambda x: selector.get_kernel("test.sign", B.AOT)(x) * 1, backend="eager")
-    with pytest.raises(Exception, match="called inside code that torch.compile traces, and was not resolved "
-                                        "outside it before: call get_kernel outside the compiled function"):
-        torch.compile(lambda x: selector.get_kernel("test.sign", B.AOT)(x) * 1, backend="eager", fullgraph=True)(
-            torch.ones(2))
+    module = f"autosel_test_quant_{warm_cache:d}"
+    (tmp_path / f"{module}.py").write_text("def quant(x):\n    return x * 3\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    reg.register(KernelSpec("quantization.fake_quant", B.JIT, f"{module}:quant"))
+    if warm_cache:
+        selector.get_kernel("quantization.fake_quant", B.JIT)
+    assert (module in sys.modules) == warm_cache
     torch._dynamo.reset()
-    assert compiled(torch.ones(2)).tolist() == [-1.0, -1.0]  # without fullgraph: the call runs eagerly, selects
-    assert torch.compile(lambda x: selector.get_kernel("test.sign", B.AOT)(x) * 1, backend="eager",
-                         fullgraph=True)(torch.ones(2)).tolist() == [-1.0, -1.0]  # resolved now: traced
+    wrapper = torch.compile(lambda x: selector.get_kernel("quantization.fake_quant", B.JIT)(x) + 1, fullgraph=True,
+                            backend="aot_eager")
+    for rows in (3, 3, 7):
+        x = torch.randn(rows, 4)
+        torch.testing.assert_close(wrapper(x), x * 3 + 1)
+    assert module in sys.modules
+
+
+@pytest.mark.compile
+def test_a_kernel_first_resolved_in_compiled_code_is_selected_again_after_clear_cache(sign_op):
+    import torch
+
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda x: selector.get_kernel("test.sign", B.AOT)(x) * 1, backend="eager",
+                             fullgraph=True)
+    assert compiled(torch.ones(2)).tolist() == [-1.0, -1.0] and len(sign_op) == 1
+    assert compiled(torch.ones(2)).tolist() == [-1.0, -1.0] and len(sign_op) == 1  # the graph, no selection
+    selector.clear_cache()
+    assert compiled(torch.ones(2)).tolist() == [-1.0, -1.0] and len(sign_op) == 2  # traced and selected again
+    assert selector.get_kernel("test.sign", B.AOT) is operator.neg and len(sign_op) == 3  # eager: its own lookup
 
 
 def test_get_kernel_returns_the_measured_winner(reg):
