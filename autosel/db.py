@@ -258,12 +258,13 @@ class TuningDB:
         return out
 
     def prune(self, is_current: Callable[[Decision], bool]) -> int:
-        """Delete writable-layer rows that are invalid or for which is_current is False; returns how many."""
+        """Delete writable-layer rows for which is_current is False; returns how many. A row this autosel cannot
+        read is kept: a newer autosel may have written it, and what prune removes is listed first."""
         removed = 0
         with self._lock:
             for layer in (lay for lay in self._here() if lay.writable and not lay.broken):
                 stale = [r[: len(KEY_COLUMNS)] for r in layer.select()
-                         if (d := parse_row(layer.path, r)) is None or not is_current(d)]
+                         if (d := parse_row(layer.path, r)) is not None and not is_current(d)]
                 with immediate(layer.conn):
                     for key in stale:
                         layer.conn.execute(

@@ -116,6 +116,21 @@ def test_version_mismatch_is_a_miss_and_prune_removes_it(tmp_path):
         assert [d.op for d, _ in db.decisions()] == ["gemm.mm"]
 
 
+def test_prune_keeps_a_row_it_cannot_read(tmp_path):
+    # It deleted such rows without listing them ("Removed 1" after "Would remove 0"): a row a newer autosel wrote
+    # under the same schema was lost.
+    with open_db(tmp_path / "user.db") as db:
+        db.record(decision(versions={"torch": "2.4.0"}))
+        db.record(decision(op="gemm.mm"))
+    with sqlite3.connect(tmp_path / "user.db") as conn:
+        conn.execute("UPDATE decisions SET evidence = ? WHERE op = 'gemm.mm'",
+                     (json.dumps(dict(decision(op="gemm.mm").to_dict(), tune_s="12")),))
+    with open_db(tmp_path / "user.db") as db:
+        assert db.prune(lambda d: False) == 1
+    with sqlite3.connect(tmp_path / "user.db") as conn:
+        assert conn.execute("SELECT op FROM decisions").fetchall() == [("gemm.mm",)]
+
+
 def test_unusable_winner_is_a_miss_and_the_next_layer_is_tried(tmp_path):
     ship = shipped_db(tmp_path / "ship.db", decision(winner="triton"))
     with open_db(tmp_path / "user.db", ship) as db:
