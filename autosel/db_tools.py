@@ -8,13 +8,13 @@ import os
 import sqlite3
 import sys
 from contextlib import contextmanager, suppress
-from dataclasses import MISSING, astuple, dataclass, fields
+from dataclasses import MISSING, astuple, dataclass, fields, replace
 from pathlib import Path
 from typing import Callable, Iterable, Iterator, Sequence
 
 from sqlite_utils import Database
 
-from autosel.decisions import Decision, DecisionKey
+from autosel.decisions import OP_LEVEL_BUCKET, Decision, DecisionKey
 from autosel.errors import DatabaseError
 
 logger = logging.getLogger(__name__)
@@ -297,15 +297,15 @@ def _sort_key(decision: Decision) -> tuple:
 
 
 def export_decisions(rows: Iterable[Decision], out: Path, *, fmt: str, overwrite: bool = False) -> int:
-    """Write decisions to a new file; the first row of each key wins (pass the user layer's rows first).
-    Returns how many rows were written."""
+    """Write decisions, from one source, to a new file: whole tuning tables (first_tables). Returns how many rows
+    were written."""
     if fmt not in FORMATS:
         raise DatabaseError(f"unknown export format {fmt!r}; use one of: {', '.join(FORMATS)}")
     out = Path(out)
     if out.exists() and not overwrite:
         raise DatabaseError(f"{out} already exists; not overwriting it. Choose another output path, "
                             "or overwrite it on purpose (overwrite=True, `--force` on the command line).")
-    ordered = _first_per_key(rows)
+    ordered = first_tables([rows])
     tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -337,12 +337,38 @@ def export_decisions(rows: Iterable[Decision], out: Path, *, fmt: str, overwrite
     return len(ordered)
 
 
-def _first_per_key(rows: Iterable[Decision]) -> list[Decision]:
-    """The first row of each key (the caller passes the user layer's rows first), in the written order."""
-    unique: dict[DecisionKey, Decision] = {}
+TableKey = tuple  # (platform_key, op, mode, versions_hash): one tune's op-level row and its bucket rows
+
+
+def table_key(decision: Decision) -> TableKey:
+    return decision.platform_key, decision.op, decision.mode, decision.key.versions_hash
+
+
+def tables(rows: Iterable[Decision]) -> dict[TableKey, dict[str, Decision]]:
+    """Rows grouped into tuning tables: table key -> bucket -> row (the first row of a key, if it comes twice)."""
+    grouped: dict[TableKey, dict[str, Decision]] = {}
     for decision in rows:
-        unique.setdefault(decision.key, decision)
-    return sorted(unique.values(), key=_sort_key)
+        grouped.setdefault(table_key(decision), {}).setdefault(decision.bucket, decision)
+    return grouped
+
+
+def first_tables(sources: Iterable[Iterable[Decision]]) -> list[Decision]:
+    """The rows of each table from the first source that holds its op-level row, in the written order: a table is
+    written whole or not at all, as selection reads it (the op-level row's layer, then that layer's bucket rows),
+    so that one tune's bucket rows never end up beside another tune's op-level row. Bucket rows without their
+    op-level row are left out, with a warning: selection never reads them."""
+    chosen: dict[TableKey, dict[str, Decision]] = {}
+    orphans: set[TableKey] = set()
+    for source in sources:
+        for key, table in tables(source).items():
+            if OP_LEVEL_BUCKET not in table:
+                orphans.add(key)
+            else:
+                chosen.setdefault(key, table)
+    for key in sorted(orphans - chosen.keys()):
+        logger.warning("left out the bucket rows of %s (%s mode, %s): their op-level row is not there, and "
+                       "selection never reads bucket rows without it", key[1], key[2], key[0])
+    return sorted((d for table in chosen.values() for d in table.values()), key=_sort_key)
 
 
 PAGE_SIZE = 4096  # fixed, so a reproducible build does not follow the SQLite library's default
@@ -352,12 +378,12 @@ def build_reproducible(rows: Iterable[Decision], out: Path, *, overwrite: bool =
     """Write decisions as a shipped SQLite file whose bytes depend only on the decisions and the SQLite library:
     sorted rows inserted in one transaction, a fixed page size, meta stamped with the newest row's autosel
     version (not this one's) and the SQLite version that laid the pages out, VACUUMed, DELETE journal mode.
-    Returns how many rows were written; the first row of each key wins, as in export_decisions."""
+    Returns how many rows were written; whole tables, as export_decisions writes them."""
     out = Path(out)
     if out.exists() and not overwrite:
         raise DatabaseError(f"{out} already exists; not overwriting it. Choose another output path, "
                             "or overwrite it on purpose (overwrite=True).")
-    ordered = _first_per_key(rows)
+    ordered = first_tables([rows])
     if not ordered:
         raise DatabaseError(f"no decisions to write to {out}; a shipped DB must hold at least one")
     written_by = max(ordered, key=lambda d: (d.created_at, d.autosel_version)).autosel_version or "unknown"
@@ -456,28 +482,41 @@ class MergeReport:
 
 def merge(inputs: Sequence[Path], out: Path, *, prefer: str | None = None, overwrite: bool = False,
           fmt: str | None = None) -> MergeReport:
-    """Merge decisions of several DBs/exports into `out` (`fmt`, else .jsonl: JSON Lines, else SQLite).
-    Same key and winner: the newest row (created_at) is kept. Same key, different winners: a Conflict,
-    left out unless prefer="newest" or "first" (the earliest input) says which to keep. Each input is read
-    once; inputs with no decision at all are a DatabaseError and nothing is written."""
+    """Merge decisions of several DBs/exports into `out` (`fmt`, else .jsonl: JSON Lines, else SQLite), one
+    tuning table (an op and mode's op-level row and bucket rows, per platform and versions) at a time: a table is
+    written whole, never mixed with another tune's. Tables that agree (the same buckets, the same winners): the
+    newest copy is kept. Tables that differ: a Conflict for each row that differs (a missing row is "-"), and the
+    table is left out unless prefer="newest" (the newest op-level row's) or "first" (the earliest input's) says
+    which to keep. Each input is read once; inputs with no decision at all are a DatabaseError and nothing is
+    written."""
     if prefer not in PREFER:
         raise DatabaseError(f"prefer={prefer!r} is not valid; use None (leave conflicts out), 'newest' or 'first'")
-    seen: dict[DecisionKey, list[tuple[str, Decision]]] = {}
+    seen: dict[TableKey, list[tuple[str, dict[str, Decision]]]] = {}
+    read = []
     for source in inputs:
-        for decision in read_decisions(Path(source)):
-            seen.setdefault(decision.key, []).append((str(source), decision))
-    if not seen:
+        rows = read_decisions(Path(source))
+        read.append(rows)
+        for key, table in tables(rows).items():
+            if OP_LEVEL_BUCKET in table:
+                seen.setdefault(key, []).append((str(source), table))
+    if not any(read):
         raise DatabaseError(f"none of {', '.join(map(str, inputs))} holds a decision, so {out} was not written; "
                             "check the inputs (autosel export writes them)")
+    first_tables(read)  # warns of bucket rows without their op-level row, which are left out
     kept, conflicts = [], []
-    for key, found in seen.items():
-        newest = max(found, key=lambda item: item[1].created_at)[1]
-        if len({d.winner for _, d in found}) > 1:
-            conflicts.append(Conflict(key, tuple((src, d.winner) for src, d in found)))
+    for found in seen.values():
+        newest = max(found, key=lambda item: item[1][OP_LEVEL_BUCKET].created_at)[1]
+        buckets = sorted({bucket for _, table in found for bucket in table})
+        winners = {bucket: tuple((src, table[bucket].winner if bucket in table else "-") for src, table in found)
+                   for bucket in buckets}
+        differ = [bucket for bucket in buckets if len({w for _, w in winners[bucket]}) > 1]
+        if differ:
+            conflicts += [Conflict(replace(newest[OP_LEVEL_BUCKET].key, bucket=bucket), winners[bucket])
+                          for bucket in differ]
             if prefer is None:
                 continue
             newest = found[0][1] if prefer == "first" else newest
-        kept.append(newest)
+        kept += newest.values()
     fmt = fmt or ("jsonl" if Path(out).suffix == ".jsonl" else "sqlite")
     rows = export_decisions(kept, Path(out), fmt=fmt, overwrite=overwrite)
     conflicts.sort(key=lambda c: astuple(c.key))

@@ -977,8 +977,61 @@ def test_merge_of_nothing_but_conflicts_writes_no_file_and_names_each_conflicts_
     assert "bucket [4]" in retry.stdout and "kept the newest row" in retry.stdout
 
 
+def tune_table(winner: str, buckets: dict[str, str], created_at: str) -> list[Decision]:
+    """One tune's table of toy.double: its op-level row and a row per bucket."""
+    top = decision(winner=winner, created_at=created_at)
+    return [top] + [replace(top, bucket=b, winner=w) for b, w in buckets.items()]
+
+
+def test_merge_keeps_or_leaves_out_a_tuning_table_whole_never_mixing_two_tunes(reg, tmp_path):
+    # Merged row by row, two tunes of one op (other shapes, one other winner) made one table of both: the newer
+    # op-level row with the bucket rows of both, a table neither tune produced, which selection then ran.
+    p, q = tmp_path / "p.jsonl", tmp_path / "q.jsonl"
+    p.write_text("".join(d.to_json() + "\n" for d in tune_table("triton", {"[4]": "triton", "[256]": "torch"},
+                                                                   "2026-01-01T00:00:00+00:00")))
+    q.write_text("".join(d.to_json() + "\n" for d in tune_table("triton", {"[4]": "torch", "[8]": "torch"},
+                                                                   "2026-02-01T00:00:00+00:00")))
+    left_out = run("merge", p, q, "--out", tmp_path / "none.jsonl", "--json")
+    assert left_out.exit_code == 1
+    conflicts = {c["bucket"]: [w["winner"] for w in c["winners"]] for c in json.loads(left_out.stdout)["conflicts"]}
+    assert conflicts == {"[256]": ["torch", "-"], "[4]": ["triton", "torch"], "[8]": ["-", "torch"]}
+    assert not (tmp_path / "none.jsonl").exists()  # the agreeing op-level row went with its table
+    for prefer, expected in (("newest", {"*": "triton", "[4]": "torch", "[8]": "torch"}),
+                             ("first", {"*": "triton", "[4]": "triton", "[256]": "torch"})):
+        out = tmp_path / f"{prefer}.jsonl"
+        assert run("merge", p, q, "--out", out, "--prefer", prefer).exit_code == 0
+        assert {json.loads(line)["bucket"]: json.loads(line)["winner"] for line in out.read_text().splitlines()} == \
+            expected
+
+
+def test_merge_and_export_leave_out_bucket_rows_without_their_op_level_row(reg, tmp_path, caplog):
+    orphans, whole = tmp_path / "orphans.jsonl", tmp_path / "whole.jsonl"
+    orphans.write_text("".join(d.to_json() + "\n" for d in tune_table("torch", {"[4]": "torch"},
+                                                                         "2026-01-01T00:00:00+00:00")[1:]))
+    whole.write_text(decision(op="toy.other").to_json() + "\n")
+    result = run("merge", orphans, whole, "--out", tmp_path / "m.jsonl")
+    assert result.exit_code == 0 and "1 decision(s)" in result.stdout
+    assert "left out the bucket rows of toy.double (eager mode" in caplog.text
+
+
+def test_export_all_layers_takes_each_table_from_the_layer_selection_reads(reg, tmp_path, monkeypatch):
+    # The user layer's op-level row was written with a shipped layer's bucket rows of another tune.
+    toy(reg, B.TORCH, B.TRITON)
+    tuned, shipped, user = tmp_path / "tuned.db", tmp_path / "shipped.db", tmp_path / "mine.db"
+    store(*tune_table("torch", {"[4]": "torch", "[256]": "triton"}, "2026-01-01T00:00:00+00:00"), db=tuned)
+    assert run("export", "--db", tuned, "--out", shipped).exit_code == 0  # a file that can ship
+    monkeypatch.setenv("AUTOSEL_DB_PATH", str(shipped))
+    assert len(json.loads(run("show", "--json").stdout)["decisions"]) == 3
+    store(decision(winner="triton", created_at="2026-02-01T00:00:00+00:00"), db=user)
+    out = tmp_path / "all.jsonl"
+    assert run("export", "--db", user, "--out", out, "--all-layers").exit_code == 0
+    assert [(json.loads(line)["bucket"], json.loads(line)["winner"]) for line in out.read_text().splitlines()] == [
+        ("*", "triton")]
+
+
 def test_merge_help_counts_the_bucket_in_a_conflicts_key():
-    assert "A conflict is one key (platform, op, mode, bucket, versions)" in run("merge", "--help").output
+    assert "conflict is one key (platform, op, mode, bucket, versions)" in run("merge", "--help").output.replace(
+        "\n  ", " ")
 
 
 def test_merge_of_a_junk_text_file_is_an_error_not_an_empty_input(reg, tmp_path):

@@ -33,7 +33,7 @@ def export(out, fmt, ops, db, all_layers, force, as_json):
       autosel export --out decisions.jsonl --op 'gemm.*'
     """
     from autosel import tuning
-    from autosel.db_tools import export_decisions
+    from autosel.db_tools import export_decisions, first_tables
 
     fmt = _format_of(out, fmt)
     _refuse_overwrite(out, force)
@@ -48,7 +48,12 @@ def export(out, fmt, ops, db, all_layers, force, as_json):
             raise click.ClickException(f"{nothing} in any layer, so {out} was not written; run `autosel tune` first")
         raise click.ClickException(f"{nothing} in the user DB {settings.db}, so {out} was not written; "
                                    + _elsewhere([layer.path for d, layer in stored if _matches(d.op, ops)], db))
-    rows = export_decisions([d for d, _ in pairs], out, fmt=fmt, overwrite=force)
+    layers = list(dict.fromkeys(layer.path for _, layer in pairs))  # the user layer first, as selection reads them
+    chosen = first_tables([[d for d, layer in pairs if layer.path == path] for path in layers])
+    if not chosen:
+        raise click.ClickException(f"the rows found are bucket rows without their op-level row, which selection "
+                                   f"never reads, so {out} was not written; re-tune those ops")
+    rows = export_decisions(chosen, out, fmt=fmt, overwrite=force)
     if as_json:
         _echo_json({"out": str(out), "format": fmt, "rows": rows})
     else:
@@ -75,14 +80,16 @@ def _elsewhere(shipped: list[str], db: str | None) -> str:
               help="The merged file (.db, .sqlite: SQLite; .jsonl: JSON Lines).")
 @click.option("--format", "fmt", type=click.Choice(["sqlite", "jsonl"]), help="Default: from --out's suffix.")
 @click.option("--prefer", type=click.Choice(["newest", "first"]),
-              help="Keep one row of each conflict: the newest, or the first input's. Default: leave conflicts out.")
+              help="Keep one table of each conflict: the newest, or the first input's. Default: leave conflicts out.")
 @click.option("--force", is_flag=True, help="Overwrite --out if it exists.")
 @click.option("--json", "as_json", is_flag=True, help="Write the merge report as JSON on stdout.")
 def merge(inputs, out, fmt, prefer, force, as_json):
     """Merge tuning DBs or JSON Lines exports into one file.
 
-    A conflict is one key (platform, op, mode, bucket, versions) with different winners. Without --prefer
-    conflicts are left out of --out and the command exits 1 after writing the rest (no file if nothing is left).
+    Tables (an op and mode's op-level row and bucket rows, per platform and versions) are merged whole. A
+    conflict is one key (platform, op, mode, bucket, versions) whose winners differ between two inputs' tables
+    ('-': no such row). Without --prefer, a table with conflicts is left out of --out whole and the command
+    exits 1 after writing the rest (no file if nothing is left).
 
     \b
     Examples:
