@@ -309,3 +309,28 @@ def test_threads_making_one_kernels_custom_op_at_once_get_one():
     for thread in threads:
         thread.join(10)
     assert len(made) == 8 and all(op is made[0] for op in made)
+
+
+def test_the_torch_backends_rope_leaves_an_empty_batch_alone():
+    # view(0, -1, head_size) cannot infer its -1: an idle rank's empty batch raised, on the CPU's default backend too.
+    from autosel.ops import torch_impl
+
+    query, key = torch.empty(0, 64), torch.empty(0, 32)
+    assert torch_impl.rope(torch.empty(0, dtype=torch.int64), query, key, 16, torch.ones(8, 16), True) is None
+    assert query.shape == (0, 64) and key.shape == (0, 32)
+
+
+@pytest.mark.parametrize("call, message", [
+    # An odd width broadcast [4, 1] against [4, 2] into a wrong result of the wrong shape:
+    (lambda t: t.silu_and_mul(torch.randn(4, 3)), "x has last dim 3: a gated activation takes"),
+    (lambda t: t.gelu_and_mul(torch.randn(4, 3)), "x has last dim 3: a gated activation takes"),
+    # A weight of one element broadcast, where the other backends raise:
+    (lambda t: t.rmsnorm(torch.randn(4, 8), torch.ones(1), 1e-6), r"weight has shape \(1,\), expected \(8,\)"),
+    (lambda t: t.fused_add_rmsnorm(torch.randn(4, 8), torch.randn(4, 8), torch.ones(1), 1e-6),
+     r"weight has shape \(1,\), expected \(8,\)"),
+], ids=["silu-odd", "gelu-odd", "rmsnorm-weight", "fused-weight"])
+def test_the_torch_backend_refuses_what_it_used_to_broadcast_into_a_wrong_result(call, message):
+    from autosel.ops import torch_impl
+
+    with pytest.raises(ValueError, match=message):
+        call(torch_impl)

@@ -210,6 +210,18 @@ def test_rope(n_q_heads, n_kv_heads, head_size, rotary_dim, is_neox, dtype):
                rotary_dim=rotary_dim, is_neox=is_neox, dtype=dtype, device=DEVICE)
 
 
+def test_rope_reads_a_cos_sin_cache_whose_rows_are_not_contiguous():
+    # Only the row stride reached the kernel, which stepped through a row one element at a time: a cache laid out
+    # column-major gave wrong results (max error 5.5), silently.
+    positions = torch.tensor([0, 3, 1], dtype=torch.int64, device=DEVICE)
+    cos_sin_cache = torch.randn(8, 4, dtype=torch.float32, device=DEVICE).T  # [4, 8], strides (1, 4)
+    query, key = torch.randn(3, 16, device=DEVICE), torch.randn(3, 8, device=DEVICE)
+    expected_q, expected_k = ref_rope(positions, query, key, 8, cos_sin_cache, True)
+    tk.rope(positions, query, key, 8, cos_sin_cache, True)
+    assert_close(query, expected_q, torch.float32)
+    assert_close(key, expected_k, torch.float32)
+
+
 def test_rope_accepts_3d_query_and_key():
     positions = torch.tensor([0, 3, 1], dtype=torch.int64, device=DEVICE)
     cos_sin_cache = torch.randn(4, 8, dtype=torch.float32, device=DEVICE)
@@ -249,15 +261,18 @@ def test_zero_tokens_return_empty_without_launching(call):
 @pytest.mark.parametrize(
     "call, message",
     [
-        (lambda: tk.rmsnorm(torch.ones(2, 8), torch.ones(6), EPS), "last dim 8, expected 6"),
+        (lambda: tk.rmsnorm(torch.ones(2, 8), torch.ones(6), EPS), "x has last dim 8, but weight has 6 elements"),
         (lambda: tk.silu_and_mul(torch.ones(2, 7)), "must be even"),
         (lambda: tk.mm(torch.ones(2, 8), torch.ones(3, 8, dtype=torch.float16)), "cast one so both match"),
         (lambda: tk.rope(torch.zeros(2, dtype=torch.int64), torch.ones(2, 8), torch.ones(2, 8), 4,
                          torch.ones(4, 8), True), "must be even and <= head_size 4"),
         (lambda: tk.fused_add_rmsnorm(torch.ones(4, 8).T, torch.ones(4, 8).T, torch.ones(4), EPS),
          "cannot be viewed"),
+        # A float index was truncated, silently:
+        (lambda: tk.rope(torch.zeros(2) + 0.7, torch.ones(2, 8), torch.ones(2, 8), 8, torch.ones(4, 8), True),
+         "positions must be int64 or int32, got torch.float32"),
     ],
-    ids=["rmsnorm-width", "odd-width", "mm-dtypes", "rope-rotary-dim", "in-place-needs-view"],
+    ids=["rmsnorm-width", "odd-width", "mm-dtypes", "rope-rotary-dim", "in-place-needs-view", "rope-float-positions"],
 )
 def test_bad_arguments_name_the_values(call, message):
     with pytest.raises(ValueError, match=message):

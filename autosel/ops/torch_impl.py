@@ -6,25 +6,40 @@ import torch
 import torch.nn.functional as F
 
 
+def _check_weight(x: torch.Tensor, weight: torch.Tensor) -> None:
+    # A weight of one element broadcast silently here, where the other backends raise.
+    if weight.shape != (x.shape[-1],):
+        raise ValueError(f"weight has shape {tuple(weight.shape)}, expected ({x.shape[-1]},) to match x's last dim")
+
+
+def _halves(x: torch.Tensor) -> int:
+    # An odd width broadcast [T, 1] against [T, 2] into a wrong result of the wrong shape.
+    if x.shape[-1] % 2:
+        raise ValueError(f"x has last dim {x.shape[-1]}: a gated activation takes [gate | up], an even width")
+    return x.shape[-1] // 2
+
+
 def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    _check_weight(x, weight)
     xf = x.float()
     return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * weight.float()).to(x.dtype)
 
 
 def fused_add_rmsnorm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float) -> None:
     """In place, as flashinfer and sgl-kernel do it: residual <- x + residual; x <- rmsnorm(residual)."""
+    _check_weight(x, weight)
     summed = x.float() + residual.float()
     residual.copy_(summed)
     x.copy_(summed * torch.rsqrt(summed.pow(2).mean(-1, keepdim=True) + eps) * weight.float())
 
 
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
-    d = x.shape[-1] // 2
+    d = _halves(x)
     return (F.silu(x[..., :d].float()) * x[..., d:].float()).to(x.dtype)
 
 
 def gelu_and_mul(x: torch.Tensor) -> torch.Tensor:
-    d = x.shape[-1] // 2
+    d = _halves(x)
     return (F.gelu(x[..., :d].float(), approximate="none") * x[..., d:].float()).to(x.dtype)
 
 
@@ -45,6 +60,8 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, head_size: in
 def rope(positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor, head_size: int,
          cos_sin_cache: torch.Tensor, is_neox: bool) -> None:
     """Rotary embedding in place on query and key; cos_sin_cache rows are [cos | sin] (vLLM/flashinfer layout)."""
+    if positions.numel() == 0:  # an idle rank's empty batch: view(0, -1, head_size) cannot infer its -1
+        return
     cos, sin = cos_sin_cache.index_select(0, positions).float().chunk(2, dim=-1)
     _rotate(query, cos, sin, head_size, is_neox)
     _rotate(key, cos, sin, head_size, is_neox)

@@ -40,7 +40,7 @@ def _num_warps(tile_elems: int, max_warps: int = 16, per_thread: int = 8) -> int
 def _as_rows(t: torch.Tensor, width: int, *, name: str, in_place: bool) -> torch.Tensor:
     """View t as [rows, width] with unit column stride; in-place ops cannot accept a copy."""
     if t.shape[-1] != width:
-        raise ValueError(f"{name} has last dim {t.shape[-1]}, expected {width}")
+        raise ValueError(f"{name} has last dim {t.shape[-1]}, but weight has {width} elements")
     if t.dim() == 2 and t.stride(1) == 1:
         return t
     try:
@@ -289,6 +289,10 @@ def rope(
     rotary_dim = cos_sin_cache.shape[-1]
     if rotary_dim % 2 or rotary_dim > head_size:
         raise ValueError(f"cos_sin_cache last dim {rotary_dim} must be even and <= head_size {head_size}")
+    if positions.dtype not in (torch.int64, torch.int32):  # a float index was truncated, silently
+        raise ValueError(f"positions must be int64 or int32, got {positions.dtype}")
+    if cos_sin_cache.stride(-1) != 1:  # the kernel steps through a row one element at a time
+        cos_sin_cache = cos_sin_cache.contiguous()
     n_tokens = positions.numel()
     q2 = _token_rows(query, n_tokens, name="query")
     k2 = _token_rows(key, n_tokens, name="key")
