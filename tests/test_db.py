@@ -426,6 +426,20 @@ print(json.dumps({"took": took, "kind": kind, "found": found is not None, "warni
 """
 
 
+@pytest.mark.skipif(not os.path.exists("/dev/null"), reason="needs /dev/null")
+def test_a_user_db_path_that_is_not_a_regular_file_is_left_untouched(tmp_path):
+    # SQLite opened /dev/null for writing, failed with "disk I/O error" and left /dev/null-journal beside it.
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    link = tmp_path / "null"
+    link.symlink_to("/dev/null")  # a device in a folder of the test's own, so that a journal would show here
+    for path in (link, folder):
+        with pytest.warns(RuntimeWarning, match="it is not a regular file"), open_db(path) as db:
+            db.record(decision())
+            assert [layer.kind for layer in db.layers] == ["memory"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["folder", "null"] and not any(folder.iterdir())
+
+
 def test_a_read_only_user_db_in_a_writable_folder_keeps_decisions_in_memory(tmp_path):
     # Used to raise sqlite3.OperationalError from the lease, and doctor called the file writable.
     folder = Path(tempfile.mkdtemp(prefix="autosel-ro-"))  # reachable by the unprivileged child
