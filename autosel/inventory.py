@@ -72,7 +72,8 @@ class Inventory:
         return self.staleness(decision)
 
     def entries(self, pairs: Iterable[tuple[Decision, object]]) -> list[Entry]:
-        """In layer order: the first current, usable row of a key is "in use"; later ones are "shadowed"."""
+        """In layer order: the first current, usable op-level row of a key is "in use", later ones "shadowed"; a
+        bucket row is in use where the op-level row of its layer is."""
         used: dict = {}
         out = []
         for decision, layer in pairs:
@@ -89,11 +90,12 @@ class Inventory:
             elif decision.bucket == OP_LEVEL_BUCKET and (untimed := decision.untimed(eligible)):
                 status, detail = "stale", (f"never timed {', '.join(untimed)}, eligible here (registered or "
                                            "installed since): `autosel tune` times it")
-            elif decision.key in used:
+            elif decision.bucket == OP_LEVEL_BUCKET and decision.key in used:
                 status, detail = "shadowed", f"the {used[decision.key]} layer's row is used instead"
-            else:
+            else:  # a bucket row is settled beside the op-level row of its layer (_bucket_status), as selection reads it
                 status, detail = "in use", ""
-                used[decision.key] = layer.kind
+                if decision.bucket == OP_LEVEL_BUCKET:
+                    used[decision.key] = layer.kind
             out.append(Entry(decision, layer.path, layer.kind, status, detail))
         out = self._near_matches(out) if self.match != "exact" else out
         op_level = {(e.layer_path, e.decision.key): e for e in out if e.decision.bucket == OP_LEVEL_BUCKET}

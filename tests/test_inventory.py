@@ -45,6 +45,20 @@ def test_bucket_rows_are_in_use_only_beside_the_op_level_row_in_use():
     assert "its op-level row in this layer is shadowed" in detail
 
 
+def test_bucket_rows_without_their_op_level_row_do_not_shadow_the_rows_selection_reads():
+    # The user layer's orphan bucket rows took the key first and marked the shipped layer's bucket rows shadowed,
+    # though selection ran the shipped op-level row with those very bucket rows.
+    registry = KernelRegistry()
+    for spec in SPECS:
+        registry.register(spec)
+    user, shipped = Layer("user.db", "user"), Layer("shipped.db", "shipped")
+    entries = Inventory(CPU, registry).entries([(row("[1]", "torch"), user), (row("*", "triton"), shipped),
+                                                (row("[1]", "triton"), shipped)])
+    status = {(e.layer_kind, e.decision.bucket): e.status for e in entries}
+    assert status == {("user", "[1]"): "shadowed", ("shipped", "*"): "in use", ("shipped", "[1]"): "in use"}
+    assert "this layer has no op-level row for its tune" in next(e.detail for e in entries if e.layer_kind == "user")
+
+
 def test_rows_of_an_op_with_no_backend_runnable_here_are_unusable_not_stale_and_never_pruned():
     # Without torch installed every backend of the built-in ops is ineligible: their rows read "stale: versions
     # differ: autosel 0.1.0 -> (none)", and `autosel prune` there deleted every one of them.
