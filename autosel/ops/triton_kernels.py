@@ -227,7 +227,8 @@ def _token_rows(t: torch.Tensor, n_tokens: int, *, name: str) -> torch.Tensor:
     if rows is None or rows.shape[0] != n_tokens or rows.stride(1) != 1:
         raise ValueError(
             f"{name} with shape {tuple(t.shape)} and strides {t.stride()} cannot be viewed as "
-            f"[{n_tokens}, heads * head_size] with contiguous heads"
+            f"[{n_tokens}, heads * head_size] with contiguous heads ({n_tokens}: the length of positions, one per "
+            "token)"
         )
     return rows
 
