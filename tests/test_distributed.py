@@ -114,20 +114,28 @@ RANK = textwrap.dedent("""
 """)
 
 
-def test_every_rank_runs_rank_zeros_winner_and_gets_its_errors(tmp_path):
+def run_ranks(script: str, ranks: int, tmp_path: Path, **env: str) -> tuple[list[dict], list[str]]:
+    """Run `script` as `ranks` processes under gloo, each with a DB of its own: the JSON each printed last, and
+    each one's stderr."""
     procs = []
-    for rank in (0, 1):
-        env = dict(os.environ, RANK=str(rank), INIT_FILE=str(tmp_path / "init"), PYTHONPATH=str(HERE),
-                   AUTOSEL_DB=str(tmp_path / f"rank{rank}.db"), AUTOSEL_CHECK_RANKS="1",
-                   AUTOSEL_BUDGET_S="5")  # the toys differ 4x or more: on a busy machine, no 30 s tunes
-        procs.append(subprocess.Popen([sys.executable, "-c", RANK], env=env, stdout=subprocess.PIPE,
-                                      stderr=subprocess.PIPE, text=True))
-    results, logs = [], []
+    for rank in range(ranks):
+        procs.append(subprocess.Popen(
+            [sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            env=dict(os.environ, RANK=str(rank), INIT_FILE=str(tmp_path / "init"), PYTHONPATH=str(HERE),
+                     AUTOSEL_DB=str(tmp_path / f"rank{rank}.db"), **env)))
+    results, errs = [], []
     for proc in procs:
         out, err = proc.communicate(timeout=180)
         assert proc.returncode == 0, err
         results.append(json.loads(out.strip().splitlines()[-1]))
-        logs.append([line for line in err.splitlines() if "on its own would differ" in line])
+        errs.append(err)
+    return results, errs
+
+
+def test_every_rank_runs_rank_zeros_winner_and_gets_its_errors(tmp_path):
+    results, errs = run_ranks(RANK, 2, tmp_path, AUTOSEL_CHECK_RANKS="1",
+                              AUTOSEL_BUDGET_S="5")  # the toys differ 4x or more: on a busy machine, no 30 s tunes
+    logs = [[line for line in err.splitlines() if "on its own would differ" in line] for err in errs]
     # rank 0 tuned toy.double, toy.split and toy.broken; rank 1 none of them
     assert [(r["rank"], r["winner"], r["timed"]) for r in results] == [(0, "triton", 3), (1, "triton", 0)]
     # Used to time out: every select_kernel, and get_kernel with another mode= or backend=, was a broadcast.
@@ -197,17 +205,7 @@ STAGE = textwrap.dedent("""
 
 def test_with_a_group_per_pipeline_stage_each_stage_runs_its_first_ranks_decision(tmp_path):
     # Agreeing over every rank, stages that select different ops paired one stage's broadcast with the other's.
-    procs = []
-    for rank in range(4):
-        env = dict(os.environ, RANK=str(rank), INIT_FILE=str(tmp_path / "init"), PYTHONPATH=str(HERE),
-                   AUTOSEL_DB=str(tmp_path / f"rank{rank}.db"))
-        procs.append(subprocess.Popen([sys.executable, "-c", STAGE], env=env, stdout=subprocess.PIPE,
-                                      stderr=subprocess.PIPE, text=True))
-    results = []
-    for proc in procs:
-        out, err = proc.communicate(timeout=180)
-        assert proc.returncode == 0, err
-        results.append(json.loads(out.strip().splitlines()[-1]))
+    results, _ = run_ranks(STAGE, 4, tmp_path)
     assert [(r["rank"], r["picks"]) for r in results] == [
         (0, ["torch"]), (1, ["torch"]), (2, ["triton", "torch"]), (3, ["triton", "torch"])]
     # Ranks are numbered within the stage; a message says which process decided.
@@ -264,17 +262,7 @@ REGROUP = textwrap.dedent("""
 def test_set_group_refuses_a_group_this_rank_is_not_in_and_a_group_gone_with_its_process_group(tmp_path):
     # A rank outside the group was told its argument was not a process group ("got -100"); a group destroyed with
     # its process group failed every selection in torch ("Group ... is not registered", a ValueError).
-    procs = []
-    for rank in range(2):
-        env = dict(os.environ, RANK=str(rank), INIT_FILE=str(tmp_path / "init"), PYTHONPATH=str(HERE),
-                   AUTOSEL_DB=str(tmp_path / f"rank{rank}.db"))
-        procs.append(subprocess.Popen([sys.executable, "-c", REGROUP], env=env, stdout=subprocess.PIPE,
-                                      stderr=subprocess.PIPE, text=True))
-    results = []
-    for proc in procs:
-        out, err = proc.communicate(timeout=180)
-        assert proc.returncode == 0, err
-        results.append(json.loads(out.strip().splitlines()[-1]))
+    results, _ = run_ranks(REGROUP, 2, tmp_path)
     assert results[0]["refused"] is None
     assert results[1]["refused"] == ("set_group was given GroupMember.NON_GROUP_MEMBER: rank 1 is not in that group "
                                      "(dist.new_group returns it on the ranks outside the group); give each rank the "
