@@ -170,9 +170,10 @@ class TuningDB:
             return [layer.layer() for layer in self._here()]
 
     def lookup(self, key: DecisionKey, usable: Callable[[str], bool] = lambda backend: True,
-               fits: Callable[[Decision], bool] = lambda decision: True) -> tuple[Decision, Layer] | None:
-        """The first layer's decision for exactly this key whose winner is usable here and that `fits` (timed every
-        backend eligible here: Decision.untimed); None is a miss."""
+               fits: Callable[[Decision, Layer], bool] = lambda decision, layer: True
+               ) -> tuple[Decision, Layer] | None:
+        """The first layer's decision for exactly this key whose winner is usable here and that `fits` in its layer
+        (timed every backend eligible here, Decision.untimed; its bucket rows' winners usable); None is a miss."""
         where = "WHERE " + " AND ".join(f"{c} = ?" for c in KEY_COLUMNS)
         params = (key.platform_key, key.op, key.mode, key.bucket, key.versions_hash)
         with self._lock:
@@ -181,14 +182,14 @@ class TuningDB:
                     decision = parse_row(layer.path, row)
                     if decision is None:
                         continue
-                    if usable(decision.winner) and fits(decision):
+                    if usable(decision.winner) and fits(decision, layer.layer()):
                         return decision, layer.layer()
                     logger.debug("%s: the decision for %s (winner %r) is not usable here; trying the next layer",
                                  layer.path, key.op, decision.winner)
         return None
 
     def lookup_near(self, key: DecisionKey, usable: Callable[[str], bool] = lambda backend: True, *,
-                    match: str, fits: Callable[[Decision], bool] = lambda decision: True
+                    match: str, fits: Callable[[Decision, Layer], bool] = lambda decision, layer: True
                     ) -> tuple[Decision, Layer] | None:
         """When lookup(key) missed and AUTOSEL_MATCH accepts near rows: the closest stored decision for the same
         op, mode and bucket under another version vector ("device") or also on another model of the same arch
@@ -201,7 +202,7 @@ class TuningDB:
                     if rank is None or (row[0], row[4]) == (key.platform_key, key.versions_hash):
                         continue  # not accepted, or the exact key (whose winner lookup found unusable)
                     decision = parse_row(layer.path, row)
-                    if decision is not None and usable(decision.winner) and fits(decision):
+                    if decision is not None and usable(decision.winner) and fits(decision, layer.layer()):
                         found.append((rank, index, decision, layer))
             if not found:
                 return None

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Iterable
 
+from autosel.db_tools import table_key
 from autosel.decisions import OP_LEVEL_BUCKET, Decision, versions_hash
 from autosel.platforms import PlatformInfo, near_rank, version_vector
 from autosel.registry import KernelRegistry
@@ -74,8 +75,13 @@ class Inventory:
     def entries(self, pairs: Iterable[tuple[Decision, object]]) -> list[Entry]:
         """In layer order: the first current, usable op-level row of a key is "in use", later ones "shadowed"; a
         bucket row is in use where the op-level row of its layer is."""
+        pairs = list(pairs)
         used: dict = {}
         out = []
+        bucket_winners: dict[tuple, set[str]] = {}  # (layer path, tune) -> the winners of its bucket rows
+        for decision, layer in pairs:
+            if decision.bucket != OP_LEVEL_BUCKET:
+                bucket_winners.setdefault((layer.path, table_key(decision)), set()).add(decision.winner)
         for decision, layer in pairs:
             specs, eligible, _ = self.current(decision.op)
             stale = self.staleness(decision)
@@ -90,6 +96,10 @@ class Inventory:
             elif decision.bucket == OP_LEVEL_BUCKET and (untimed := decision.untimed(eligible)):
                 status, detail = "stale", (f"never timed {', '.join(untimed)}, eligible here (registered or "
                                            "installed since): `autosel tune` times it")
+            elif decision.bucket == OP_LEVEL_BUCKET and (gone := sorted(
+                    bucket_winners.get((layer.path, table_key(decision)), set()) - set(eligible))):
+                status, detail = "stale", (f"its bucket rows run {', '.join(gone)}, not eligible here (unregistered or "
+                                           "uninstalled since): `autosel tune` times the eligible backends again")
             elif decision.bucket == OP_LEVEL_BUCKET and decision.key in used:
                 status, detail = "shadowed", f"the {used[decision.key]} layer's row is used instead"
             else:  # a bucket row is settled beside the op-level row of its layer (_bucket_status), as selection reads it

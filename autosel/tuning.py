@@ -110,14 +110,16 @@ def lookup_stored(db, key: DecisionKey, eligible: list[KernelSpec], *, match: st
                   ) -> tuple[Decision, tuple[Decision, ...], Any] | None:
     """The stored op-level decision, the bucket rows of its layer and that layer, or None. A row whose winner is
     not eligible here is passed over, and so, unless every_backend is false, is one that never timed a backend
-    eligible here (Decision.untimed). match: AUTOSEL_MATCH; "device" or "arch" take the closest near row when no
+    eligible here (Decision.untimed) or whose bucket rows name a winner not eligible here (a tune here would
+    choose among other backends). match: AUTOSEL_MATCH; "device" or "arch" take the closest near row when no
     exact one is stored, and say so once unless `say` is false (versions: this machine's, for saying what
     differs)."""
     names = [s.backend.value for s in eligible]
     usable = set(names).__contains__
 
-    def fits(decision: Decision) -> bool:
-        return not every_backend or not decision.untimed(names)
+    def fits(decision: Decision, layer) -> bool:
+        return not every_backend or (not decision.untimed(names) and all(
+            usable(row.winner) for row in db.buckets(decision, layer)))
 
     hit = db.lookup(key, usable=usable, fits=fits)
     near = hit is None and match != "exact"

@@ -84,3 +84,18 @@ def test_a_decision_that_never_timed_a_backend_eligible_here_is_stale_with_its_b
         ("stale", "never timed jit, eligible here (registered or installed since)"),
         ("shadowed", "its op-level row in this layer is stale; get_kernel reads bucket rows beside the op-level "
                      "decision it uses")]
+
+
+def test_a_decision_whose_bucket_rows_run_a_backend_gone_since_is_stale_with_its_buckets():
+    # show called it "in use" while its bucket rows were "unusable"; selection now tunes such a table again.
+    registry = KernelRegistry()
+    registry.register(SPECS[0])
+    registry.register(KernelSpec("toy.op", B.JIT, "toy_kernels:fast"))
+    decision = replace(row("*", "torch"), candidates=(CandidateResult("torch", "ok"), CandidateResult("jit", "ok"),
+                                                     CandidateResult("triton", "ok")))
+    entries = Inventory(CPU, registry).entries([(decision, Layer("user.db", "user")),
+                                                (replace(decision, bucket="[1]", winner="triton"),
+                                                 Layer("user.db", "user"))])
+    assert [(e.status, e.detail.split(":")[0]) for e in entries] == [
+        ("stale", "its bucket rows run triton, not eligible here (unregistered or uninstalled since)"),
+        ("unusable", "winner 'triton' is not eligible here (eligible")]

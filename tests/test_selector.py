@@ -375,6 +375,22 @@ def test_with_tuning_off_a_decision_that_misses_only_a_newer_backend_is_kept_wit
             "was made; it is kept, since nothing can be timed now (AUTOSEL_TUNE=off)") in " ".join(caplog.messages)
 
 
+def test_a_stored_table_whose_bucket_winner_is_no_longer_eligible_is_tuned_again(reg, monkeypatch):
+    # Its buckets quietly ran the op-level winner; `autosel check` said to tune, and `autosel tune` said "stored".
+    import toy_kernels
+
+    reg.register(KernelSpec("toy.split", B.TORCH, "toy_kernels:slow"))
+    reg.register(KernelSpec("toy.split", B.JIT, "toy_kernels:overhead"))
+    reg.define(OpDefinition("toy.split", shapes=toy_kernels.SPLIT_SHAPES, make_inputs=toy_kernels.inputs,
+                            bucket=toy_kernels.bucket))
+    toy_kernels.plant("toy.split", "torch", {(16,): "torch", (1 << 20,): "triton"})  # triton: not registered now
+    monkeypatch.setenv("AUTOSEL_TUNE", "off")
+    assert selector.get_kernel("toy.split") is toy_kernels.slow  # nothing can be timed: the stored table, as it can
+    monkeypatch.delenv("AUTOSEL_TUNE")
+    selector.clear_cache()
+    assert selector.get_kernel("toy.split").table.winners == {(16,): "torch", (1 << 20,): "jit"}
+
+
 def test_an_op_without_shapes_keeps_a_decision_that_misses_only_a_newer_backend(reg, monkeypatch):
     # It raised "multiple backends ... no representative shapes", though a usable row was stored.
     toy(reg, B.TORCH, B.CUTE_DSL)
