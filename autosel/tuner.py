@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime
 import json
 import logging
+import math
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -137,7 +138,7 @@ def _inputs(definition: OpDefinition, shape: dict, device: str) -> tuple:
     """make_inputs for one shape; its failure (a shape from a file without a key the factory reads) is a
     TuningError naming the op and the shape. The check builds every shape first, so timing needs no such guard."""
     try:
-        return definition.make_inputs(dict(shape), device)
+        args = definition.make_inputs(dict(shape), device)
     except Exception as exc:
         if isinstance(exc, KeyError) and exc.args and exc.args[0] not in shape:
             advice = (f"the shape has no key {exc.args[0]!r}, which the op's input factory reads; give each shape "
@@ -146,6 +147,11 @@ def _inputs(definition: OpDefinition, shape: dict, device: str) -> tuple:
             advice = "fix the shape or the op's make_inputs"
         raise TuningError(f"op {definition.op!r}: its make_inputs raised {type(exc).__name__}: {exc} for the shape "
                           f"{shape_text(shape)}: {advice}") from exc
+    if not isinstance(args, (tuple, list)):  # a bare tensor was unpacked into its rows, and the reference blamed
+        raise TuningError(f"op {definition.op!r}: its make_inputs returned a {type(args).__name__} for the shape "
+                          f"{shape_text(shape)}; it must return the positional arguments of one call as a tuple, "
+                          "such as (x, weight, 1e-6), or (x,) for one")
+    return tuple(args)
 
 
 class Tuner:
@@ -247,6 +253,7 @@ class Tuner:
         rotate_bytes = getattr(self.timer, "rotate_bytes", 0)
         split = getattr(self.timer, "host_and_device_us", None)
         settled: set[tuple[str, int]] = set()  # (backend, shape index) pairs no later round times
+        routes: dict[tuple, tuple] = {}  # with a route_key: the route's argument shapes -> their bucket
         for round_index in range(self.rounds):
             shift = round_index % len(alive)
             order = alive[shift:] + alive[:shift]
@@ -255,6 +262,7 @@ class Tuner:
                 base = definition.make_inputs(dict(shape), self.device)
                 if round_index == 0 and definition.bucket is not None:
                     buckets[index] = bucket_of(definition, base)
+                    _check_route(definition, base, buckets[index], routes)
                 timed = [c for c in order if c.status == "ok" and (c.backend, index) not in settled]
                 if round_index > 0 and len(timed) < 2:  # the shape's winner is settled
                     continue
@@ -353,10 +361,26 @@ def bucket_of(definition: OpDefinition, args: tuple) -> tuple:
     except Exception as exc:
         raise TuningError(f"op {definition.op!r}: its bucket function raised {type(exc).__name__}: {exc}; it takes a "
                           "call's arguments, as the kernels do, and returns a tuple") from exc
-    if not isinstance(key, tuple) or not all(isinstance(v, (int, float, str, bool)) for v in key):
+    if not isinstance(key, tuple) or not all(isinstance(v, (int, float, str, bool)) for v in key) or any(
+            isinstance(v, float) and not math.isfinite(v) for v in key):  # NaN != NaN: one bucket stored per call
         raise TuningError(f"op {definition.op!r}: its bucket function returned {key!r}; it must return a tuple "
-                          "of ints, floats, strings or bools (such as (tokens rounded to a power of two, hidden))")
+                          "of ints, finite floats, strings or bools (such as (tokens rounded to a power of two, "
+                          "hidden))")
     return key
+
+
+def _check_route(definition: OpDefinition, args: tuple, bucket: tuple, routes: dict[tuple, tuple]) -> None:
+    """With a route_key, calls whose route arguments have one shape must fall in one bucket: the dispatcher looks
+    calls up by those shapes alone, and a wrong route_key sent calls to another bucket's winner, silently."""
+    if definition.route_key is None:
+        return
+    indices = definition.route_key if isinstance(definition.route_key, tuple) else (definition.route_key,)
+    route = tuple(tuple(getattr(args[i], "shape", ())) for i in indices)
+    seen = routes.setdefault(route, bucket)
+    if seen != bucket:
+        raise TuningError(f"op {definition.op!r}: route_key={definition.route_key!r} does not decide the bucket: two "
+                          f"shapes whose argument {', '.join(map(str, indices))} has the shape {route} fall in buckets "
+                          f"{seen} and {bucket}; name the argument(s) whose shape decides the bucket, or pass none")
 
 
 def _decision(op: str, bucket: str, verdict: Verdict, candidates: list[_Candidate], timings: dict, shapes,

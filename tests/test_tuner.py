@@ -329,6 +329,35 @@ def test_a_reference_or_bucket_function_that_raises_is_a_tuning_error_naming_the
                            shapes=kernels.SHAPES, mode="eager", platform_key="cpu/test", versions={})
 
 
+@pytest.mark.parametrize("bucket, route_key, message", [
+    # NaN != NaN: "2 buckets" were reported and one row stored, as [NaN], which is not JSON.
+    (lambda x, w: (float("nan"),), None, r"its bucket function returned \(nan,\); it must return a tuple of ints, "
+                                         r"finite floats"),
+    # The dispatcher looks calls up by the route argument's shape alone: calls went to another bucket's winner.
+    (lambda x, w: (x.numel(),), 1, r"route_key=1 does not decide the bucket: two shapes whose argument 1 has the "
+                                   r"shape \(\(3,\),\) fall in buckets"),
+], ids=["nan", "wrong-route-key"])
+def test_a_bucket_key_that_cannot_route_calls_is_a_tuning_error(toy, bucket, route_key, message):
+    definition, kernels = toy
+    bucketed = dataclasses.replace(definition, bucket=bucket, route_key=route_key,
+                                   make_inputs=kernels.inputs_with_weight)
+    with pytest.raises(TuningError, match=message):
+        Tuner(timer=FakeTimer({"torch": 100.0, "triton": 50.0}), device="cpu").tune_buckets(
+            bucketed, specs(torch="with_weight", triton="with_weight"), reference=kernels.with_weight,
+            shapes=kernels.SHAPES, mode="eager", platform_key="cpu/test", versions={})
+
+
+def test_make_inputs_returning_no_tuple_is_named_not_blamed_on_the_reference(toy):
+    # A bare tensor was unpacked into its elements: "its reference raised TypeError: ... 16 were given".
+    definition, kernels = toy
+    bare = dataclasses.replace(definition, make_inputs=lambda shape, device: kernels.inputs(shape, device)[0])
+    with pytest.raises(TuningError, match=r"^op 'toy.double': its make_inputs returned a Tensor for the shape "
+                                          r"n=65536; it must return the positional arguments of one call as a tuple"):
+        Tuner(timer=FakeTimer({"torch": 100.0, "triton": 50.0}), device="cpu").tune(
+            bare, specs(torch="fast", triton="fast"), reference=kernels.fast, shapes=kernels.SHAPES, mode="eager",
+            platform_key="cpu/test", versions={})
+
+
 def test_unloadable_candidate_is_rejected_not_raised(toy):
     definition, kernels = toy
     candidates = specs(torch="fast") + [KernelSpec(OP, B.TRITON, "no_such_module_xyz:fn")]

@@ -38,6 +38,15 @@ def inputs(shape: dict, device: str) -> tuple:
     return (torch.randn(shape["n"], device=device),)
 
 
+def with_weight(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """x * 2, with a second argument of one shape for every call: a route_key that cannot tell calls apart."""
+    return x * 2
+
+
+def inputs_with_weight(shape: dict, device: str) -> tuple:
+    return torch.randn(shape["n"], device=device), torch.ones(3, device=device)
+
+
 SHAPES = [{"n": SIZE}, {"n": SIZE // 4}]
 
 
