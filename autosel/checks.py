@@ -84,15 +84,16 @@ def tolerances(dtype: Any, rtol: float | None = None, atol: float | None = None)
 
 
 def compare(actual: Sequence[Any], expected: Sequence[Any], *, rtol: float | None = None,
-            atol: float | None = None) -> CheckOutcome:
-    """Every output must match: same shape and dtype, finite, and |a - e| <= atol + rtol * |e| everywhere."""
+            atol: float | None = None, names: Sequence[str] | None = None) -> CheckOutcome:
+    """Every output must match: same shape and dtype, finite, and |a - e| <= atol + rtol * |e| everywhere.
+    names: what each output is, for the reason (default "output N")."""
     import torch
 
     if len(actual) != len(expected):
         return CheckOutcome(False, None, None, f"returned {len(actual)} outputs, reference returned {len(expected)}")
     worst_abs = worst_rel = 0.0
     for index, (a, e) in enumerate(zip(actual, expected)):
-        where = f"output {index}" if len(expected) > 1 else "output"
+        where = names[index] if names else f"output {index}" if len(expected) > 1 else "output"
         if not isinstance(a, torch.Tensor):
             return CheckOutcome(False, None, None, f"{where} is {type(a).__name__}, not a tensor")
         if a.shape != e.shape or a.dtype != e.dtype:

@@ -358,6 +358,18 @@ def test_make_inputs_returning_no_tuple_is_named_not_blamed_on_the_reference(toy
             platform_key="cpu/test", versions={})
 
 
+def test_an_in_place_op_is_judged_by_its_arguments_whatever_a_candidate_returns(toy):
+    # x.add_(y) returns x: "returned 1 outputs, reference returned 2"; a candidate that wrote over its second input
+    # was told its "output 1" differed, though the op has no outputs.
+    definition, kernels = toy
+    in_place = dataclasses.replace(definition, make_inputs=kernels.two_inputs)
+    decision = Tuner(timer=FakeTimer({"torch": 100.0, "triton": 50.0, "jit": 10.0}), device="cpu").tune(
+        in_place, specs(torch="add_in_place", triton="add_in_place_returning", jit="add_in_place_zeroing_y"),
+        reference=kernels.add_in_place, shapes=kernels.SHAPES, mode="eager", platform_key="cpu/test", versions={})
+    assert decision.winner == "triton"
+    assert decision.candidate("jit").reason.startswith("argument 1 after the call differs from the reference")
+
+
 def test_unloadable_candidate_is_rejected_not_raised(toy):
     definition, kernels = toy
     candidates = specs(torch="fast") + [KernelSpec(OP, B.TRITON, "no_such_module_xyz:fn")]

@@ -50,6 +50,24 @@ def inputs_with_weight(shape: dict, device: str) -> tuple:
 SHAPES = [{"n": SIZE}, {"n": SIZE // 4}]
 
 
+def add_in_place(x: torch.Tensor, y: torch.Tensor) -> None:
+    """An in-place op's reference: x <- x + y."""
+    x.add_(y)
+
+
+def add_in_place_returning(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return x.add_(y)  # idiomatic torch: the in-place method returns the tensor it wrote
+
+
+def add_in_place_zeroing_y(x: torch.Tensor, y: torch.Tensor) -> None:
+    x.add_(y)
+    y.zero_()
+
+
+def two_inputs(shape: dict, device: str) -> tuple:
+    return torch.randn(shape["n"], device=device), torch.randn(shape["n"], device=device)
+
+
 def broken_inputs(shape: dict, device: str) -> tuple:
     raise RuntimeError("input factory failed (simulated)")
 
