@@ -714,6 +714,11 @@ def test_doctor_says_when_a_stored_decision_is_in_use(reg):
     user_db = os.environ["AUTOSEL_DB"]
     assert op["selection"] == f"torch, the stored decision in use (user DB {user_db})"
     assert op["stored"] == {"eager": {"winner": "torch", "layer": user_db, "layer_kind": "user", "near_match": None}}
+    # It named only the op-level winner while get_kernel sent some buckets to another backend.
+    store(*tune_table("torch", {"[4]": "torch", "[256]": "triton", "[64]": "triton"}, "2026-01-01T00:00:01+00:00"))
+    [op] = json.loads(run("doctor", "--json").stdout)["ops"]
+    assert op["selection"] == (f"torch, the stored decision in use (user DB {user_db}), but 2 bucket(s) run triton "
+                               "(`autosel show --op toy.double` lists them)")
 
 
 @pytest.mark.parametrize("match, status, detail", [

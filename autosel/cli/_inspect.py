@@ -144,6 +144,12 @@ def doctor(db, as_json):
                  "the package that declares it" for name, error in plugin_errors.items()]
     in_use = {(e.decision.op, e.decision.mode): e for e in entries
               if e.status == "in use" and e.decision.bucket == OP_LEVEL_BUCKET}
+    other_buckets: dict[tuple, list[str]] = {}  # (op, mode) -> the winners of bucket rows in use that differ
+    for e in entries:
+        parent = in_use.get((e.decision.op, e.decision.mode))
+        if e.status == "in use" and e.decision.bucket != OP_LEVEL_BUCKET and parent is not None \
+                and e.decision.winner != parent.decision.winner:
+            other_buckets.setdefault((e.decision.op, e.decision.mode), []).append(e.decision.winner)
     ops = []
     for op in tuning.registry.ops():
         specs = tuning.registry.get(op)
@@ -159,7 +165,7 @@ def doctor(db, as_json):
         elif len(eligible) == 1:
             selection = f"{eligible[0]} (the only eligible backend)"
         else:
-            selection = _contested_selection(op, eligible, shapes, tuning.modes_for(platform), in_use)
+            selection = _contested_selection(op, eligible, shapes, tuning.modes_for(platform), in_use, other_buckets)
         stored = {mode: {"winner": e.decision.winner, "layer": e.layer_path, "layer_kind": e.layer_kind,
                          "near_match": e.detail if e.near else None}
                   for (name, mode), e in in_use.items() if name == op}
@@ -197,13 +203,18 @@ def _bytecode_notes() -> list[str]:
             "folder."]
 
 
-def _contested_selection(op: str, eligible: list[str], shapes: int, modes: list[str], in_use: dict) -> str:
-    """Per mode: the stored decision selection uses, or that the backends are measured at first use."""
+def _contested_selection(op: str, eligible: list[str], shapes: int, modes: list[str], in_use: dict,
+                         other_buckets: dict) -> str:
+    """Per mode: the stored decision selection uses (with its buckets that run another winner), or that the
+    backends are measured at first use."""
     parts = []
     for mode in modes:
         entry = in_use.get((op, mode))
         if entry is not None:
             text = f"{entry.decision.winner}, the stored decision in use ({entry.layer_kind} DB {entry.layer_path})"
+            if other := other_buckets.get((op, mode)):
+                text += (f", but {len(other)} bucket(s) run {', '.join(sorted(set(other)))} (`autosel show --op "
+                         f"{op}` lists them)")
             text += f", a {entry.detail}" if entry.near else ""
         elif shapes:
             text = (f"none stored: measured among {', '.join(eligible)} on {shapes} shapes at first use "
