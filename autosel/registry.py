@@ -261,6 +261,9 @@ def register_op(
     of a positional argument whose shape alone decides the bucket (a faster dispatch). `signature` documents
     how the op is called (shown by `autosel doctor`). `traced(backend, kernel)`: what torch.compile calls in
     place of a kernel it cannot trace, such as a torch custom op around it (OpDefinition.traced)."""
+    if isinstance(reference, str) and ":" in reference:  # a kernel target's form; registering imports nothing
+        raise ValueError(f"reference for op {op!r} is {reference!r}: pass the function itself, or the name of a "
+                         "backend registered for the op (such as 'torch') to compare with that backend")
     if isinstance(reference, str):
         reference = KernelBackend.parse(reference)
     if not callable(shapes):
@@ -271,6 +274,9 @@ def register_op(
             raise TypeError(f"shapes for op {op!r} must be a list of dicts such as [{{'tokens': 64}}] or a function "
                             f"of the platform, got {shapes!r}")
         shapes = tuple(dict(s) for s in check_shapes(op, list(shapes)))
+        if not shapes:  # it failed only when a tune came to time the op
+            raise ValueError(f"shapes for op {op!r} is empty: give at least one representative shape, such as "
+                             "[{'tokens': 64}]")
     return registry.define(
         OpDefinition(op=op, shapes=shapes, make_inputs=make_inputs, reference=reference, rtol=rtol, atol=atol,
                      shape_of=shape_of, bucket=bucket, route_key=route_key, signature=signature, traced=traced)

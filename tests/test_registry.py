@@ -258,6 +258,11 @@ def _inputs(shape, device):
     ({"shapes": [64]}, TypeError, "shape 0 of op 'g.nan' must be a dict"),
     ({"reference": 3}, TypeError, "reference for op 'g.nan' must be a backend name"),
     ({"reference": "cuda"}, ValueError, "unknown kernel backend 'cuda'"),
+    # A kernel target's form was read as a backend name ("unknown kernel backend 'mypkg.ref:rmsnorm'"):
+    ({"reference": "mypkg.ref:rmsnorm"}, ValueError, "reference for op 'g.nan' is 'mypkg.ref:rmsnorm': pass the "
+                                                     "function itself"),
+    # Empty shapes failed only when a tune came to time the op:
+    ({"shapes": []}, ValueError, "shapes for op 'g.nan' is empty: give at least one representative shape"),
 ])
 def test_register_op_rejects_bad_values_when_called(monkeypatch, kwargs, error, message):
     fresh = KernelRegistry()
