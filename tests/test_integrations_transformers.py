@@ -365,3 +365,56 @@ def test_readme_section_runs_as_pasted(tmp_path):
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith("autosel patched LlamaForCausalLM (transformers ")
     assert "rmsnorm 3, fused_add_rmsnorm 2, rope 2, silu_and_mul 2" in result.stdout
+
+
+def test_a_deep_copy_of_a_patched_model_is_refused_and_a_copy_made_after_undo_works():
+    # The copy's forwards were the original's closures: it ran the original's weights, and its handle undid the
+    # original.
+    import copy
+
+    model = tiny("llama")
+    expected = logits(model)
+    with patch_model(model, backend="torch"):
+        with pytest.raises(IntegrationError, match="a deep copy of it would run the original's modules; call undo()"):
+            copy.deepcopy(model)
+    twin = copy.deepcopy(model)
+    with patch_model(twin, backend="torch"):
+        torch.testing.assert_close(logits(twin), expected, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("change, says", [
+    (lambda m: m.train(), "was set to training"),  # no gradient reached gate_proj and up_proj
+    (lambda m: m.to(torch.bfloat16), "had its weights cast or replaced"),  # "expected m1 and m2 to have the same dtype"
+    (lambda m: setattr(m.model.layers[0].mlp.gate_proj, "weight",  # the fused weight kept the old one, silently
+                       torch.nn.Parameter(m.model.layers[0].mlp.gate_proj.weight.detach() * 2)),
+     "had its weights cast or replaced"),
+], ids=["train", "cast", "new-weight"])
+def test_a_patched_mlp_refuses_to_run_on_a_stale_fused_weight(change, says):
+    model = tiny("llama")
+    with patch_model(model, backend="torch"):
+        change(model)
+        with pytest.raises(IntegrationError, match=f"{says}: call undo\\(\\)"):
+            logits(model)
+
+
+def test_weights_and_biases_loaded_into_a_patched_model_reach_its_fused_gate_up():
+    # The fused bias was a copy: load_state_dict changed the biases, the patched MLP kept the old ones.
+    model, source = tiny("llama", mlp_bias=True), tiny("llama", mlp_bias=True)
+    with torch.no_grad():
+        for p in source.parameters():
+            p.add_(torch.randn_like(p) * 0.1)
+    expected = logits(source)
+    with patch_model(model, backend="torch"):
+        model.load_state_dict(source.state_dict())
+        torch.testing.assert_close(logits(model), expected, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(logits(model), expected, atol=1e-4, rtol=1e-4)  # undone: its own storage again
+
+
+def test_a_model_dispatched_by_accelerate_is_refused_unchanged():
+    # autosel's forwards replaced accelerate's hooked ones: offloaded weights were never loaded ("meta" tensors).
+    model = tiny("llama")
+    model.model.layers[1]._hf_hook = object()  # what accelerate's dispatch_model attaches
+    with pytest.raises(IntegrationError, match=r"is dispatched by accelerate \(a device_map with hooks on "
+                                               r"model.layers.1\)"):
+        patch_model(model, backend="torch")
+    assert replaced_forwards(model) == [] and getattr(model, "_autosel_patch", None) is None

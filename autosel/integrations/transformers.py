@@ -72,6 +72,14 @@ class PatchedModel:
     def __enter__(self) -> PatchedModel:
         return self
 
+    def __deepcopy__(self, memo) -> PatchedModel:
+        # copy.deepcopy(model) reaches here through model._autosel_patch. The forwards are closures over this model's
+        # modules, which deepcopy does not copy: the copy ran the original's weights, and its handle undid the
+        # original.
+        raise IntegrationError(f"{type(self.model).__name__} is patched by autosel, and a deep copy of it would run the "
+                               "original's modules; call undo() on its handle (model._autosel_patch), copy, then "
+                               "patch the copy")
+
     def __exit__(self, *exc) -> None:
         self.undo()
 
@@ -200,6 +208,12 @@ def check_model(model) -> tuple[str, torch.nn.Module]:
     if family not in FAMILIES:
         raise IntegrationError(f"{type(model).__name__} has model_type {family!r}; autosel.integrations.transformers "
                                f"patches {', '.join(FAMILIES)} models only. The model is unchanged.")
+    hooked = [name for name, module in model.named_modules() if hasattr(module, "_hf_hook")]
+    if hooked:  # autosel's forwards would replace accelerate's, which load offloaded weights and move tensors
+        raise IntegrationError(f"{type(model).__name__} is dispatched by accelerate (a device_map with hooks on "
+                               f"{hooked[0] or 'the model'}{' and more' if len(hooked) > 1 else ''}): autosel's "
+                               "forwards would bypass its hooks. Load the model onto one device (device_map=None or "
+                               "a single device, no offloading) to patch it. The model is unchanged.")
     inner = getattr(model, "model", model)
     problems = [f"{type(inner).__name__} has no {name}" for name in ("layers", "norm", "rotary_emb")
                 if not hasattr(inner, name)]
@@ -287,13 +301,19 @@ def positions_bound(cache, layer_idx: int, tokens: int) -> int:
 
 
 def fuse_gate_up(mlp, steps: list) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """One [2I, H] weight with gate_proj's and up_proj's weights as views of it (no second copy is kept);
-    undo gives each its own storage back."""
+    """One [2I, H] weight (and bias) with gate_proj's and up_proj's as views of it (no second copy is kept), so
+    in-place updates of theirs (load_state_dict, add_) reach it; undo gives each its own storage back."""
     gate, up = mlp.gate_proj.weight, mlp.up_proj.weight
     weight = torch.cat((gate.data, up.data))
     gate.data, up.data = weight[:gate.shape[0]], weight[gate.shape[0]:]
     steps.append(lambda: (setattr(gate, "data", gate.data.clone()), setattr(up, "data", up.data.clone())))
-    bias = None if mlp.gate_proj.bias is None else torch.cat((mlp.gate_proj.bias, mlp.up_proj.bias))
+    gate_bias, up_bias = mlp.gate_proj.bias, mlp.up_proj.bias
+    if gate_bias is None:
+        return weight, None
+    bias = torch.cat((gate_bias.data, up_bias.data))  # views too: load_state_dict reaches the fused bias
+    gate_bias.data, up_bias.data = bias[:gate_bias.shape[0]], bias[gate_bias.shape[0]:]
+    steps.append(lambda: (setattr(gate_bias, "data", gate_bias.data.clone()),
+                          setattr(up_bias, "data", up_bias.data.clone())))
     return weight, bias
 
 
@@ -358,10 +378,20 @@ def attention_forward(attn, rope: Callable, table: RopeTable, sliding: Callable 
 
 
 def mlp_forward(mlp, silu_and_mul: Callable, gate_up: tuple, mm: Callable | None) -> Callable:
-    """down_proj(silu(gate_proj(x)) * up_proj(x)) as down_proj(silu_and_mul(x @ [gate; up].T))."""
+    """down_proj(silu(gate_proj(x)) * up_proj(x)) as down_proj(silu_and_mul(x @ [gate; up].T)). Refuses to run
+    once the model is training, cast, or has a new gate_proj weight: the fused weight would be stale, silently
+    (no gradient reaches gate_proj and up_proj from it)."""
     weight, bias = gate_up
+    gate_proj = mlp.gate_proj
+    gate = gate_proj.weight
 
     def forward(x):
+        if mlp.training or gate.dtype != weight.dtype or gate_proj.weight is not gate:
+            raise IntegrationError(
+                f"{type(mlp).__name__} was patched by autosel for inference with one [gate; up] weight, and since "
+                f"then {'was set to training' if mlp.training else 'had its weights cast or replaced'}: call undo() "
+                "on the patch's handle (model._autosel_patch) before training, .to(), or changing weights, then "
+                "patch again")
         flat = x.reshape(-1, x.shape[-1])
         both = torch.nn.functional.linear(flat, weight, bias) if mm is None else mm(flat, weight)
         if mm is not None and bias is not None:
