@@ -427,6 +427,9 @@ def report(result: dict) -> str:
                             if plan.get("graph_from_tokens") else "") + ")",
               "decode": f"Decode: one token per sequence, {plan['kv']} tokens in a StaticCache (autosel: mode=\"graph\")"}
     for phase, data in result["phases"].items():
+        patched = {v["patched_mode"] for v in data["variants"].values() if v["patched_mode"]}
+        if phase == "decode" and patched == {"eager"}:  # a CPU has no graph mode: the patch took eager
+            titles[phase] = titles[phase].replace('mode="graph"', 'mode="eager", this device\'s only mode')
         how = "replayed from a CUDA graph" if data["graph"] else "called eagerly (no CUDA graph)"
         how += ", every variant under torch.compile" if plan.get("compile") else ""
         lines += [f"## {titles[phase]}, {how}", ""]
@@ -552,7 +555,10 @@ def main() -> None:
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     if args.plot_from:
-        plot(json.loads(args.plot_from.read_text()), args.plot_from.with_suffix(".png"))
+        try:
+            plot(json.loads(args.plot_from.read_text()), args.plot_from.with_suffix(".png"))
+        except ImportError:
+            parser.error("--plot-from needs matplotlib (pip install matplotlib)")
         return
     if args.out is None:
         parser.error("--out is required (or --plot-from JSON)")

@@ -196,6 +196,9 @@ def patch_model(model, *, backend: str | None = None, mode: str | None = None, f
 
 
 def structure_error(family: str | None, problems: list[str]) -> IntegrationError:
+    if transformers.__version__ == WRITTEN_FOR:  # the model itself differs (an emptied or edited one): no install helps
+        return IntegrationError(f"the {family} model is not what autosel.integrations.transformers replaces: "
+                                f"{'; '.join(problems)}. The model is unchanged: run it unpatched.")
     return IntegrationError(
         f"autosel.integrations.transformers was written for transformers {WRITTEN_FOR}; with transformers "
         f"{transformers.__version__} the {family} model is not what it replaces: {'; '.join(problems)}. The model is "
