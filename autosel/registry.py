@@ -119,7 +119,8 @@ class KernelRegistry:
 _plugins_loaded = False
 _plugins_lock = threading.RLock()  # re-entered by the hooks themselves: they register into the registry
 _loading = threading.local()  # .plugin, .added: the entry point whose hook runs on this thread, what it registered
-plugin_errors: dict[str, str] = {}
+plugin_errors: dict[str, str] = {}  # entry point -> why its hook raised: nothing of it is registered
+plugin_conflicts: dict[str, str] = {}  # entry point -> its registrations that conflicted, skipped (its others kept)
 
 
 _listeners: list[Callable[[str], None]] = []
@@ -186,7 +187,7 @@ def _conflict(current, error: ValueError):
     if plugin is None:
         raise error
     note = f"ValueError: {error}"
-    plugin_errors[plugin] = f"{plugin_errors[plugin]}; {note}" if plugin in plugin_errors else note
+    plugin_conflicts[plugin] = f"{plugin_conflicts[plugin]}; {note}" if plugin in plugin_conflicts else note
     log.warning("autosel.ops entry point %r: %s; that registration is skipped, its others are kept", plugin, error)
     return current
 
@@ -219,7 +220,7 @@ def load_plugins() -> None:
                     for target, registered in reversed(_loading.added):
                         target._forget(registered)
                     failure = f"{type(exc).__name__}: {exc}"
-                    noted = plugin_errors.get(entry.name)
+                    noted = plugin_conflicts.pop(entry.name, None)  # undone with the rest
                     plugin_errors[entry.name] = f"{failure}; {noted}" if noted else failure
                     log.warning("autosel.ops entry point %r (%s) failed: %s; its ops are not registered (the %d "
                                 "registrations it made before failing are undone)",

@@ -113,8 +113,9 @@ def doctor(db, as_json):
     """Check the platform, each op's backends, the DB layers, plug-ins and AUTOSEL_* variables.
 
     Exits 1 when something blocks selection: an AUTOSEL_* variable with a bad value (every selection raises
-    on it) or an `autosel.ops` plug-in that failed to load (its ops are missing). An op with no eligible backend
-    is reported but not blocking: callers that pass backend=... still work, and select_kernel explains itself.
+    on it) or an `autosel.ops` plug-in that failed to load (its ops are missing). A plug-in registration that
+    conflicted with another is skipped and named, not blocking. An op with no eligible backend is reported but not
+    blocking: callers that pass backend=... still work, and select_kernel explains itself.
 
     \b
     Examples:
@@ -138,10 +139,9 @@ def doctor(db, as_json):
         match = "exact"
     database = _read_db(_settings(db, full=False, match=False), db, refuse_unread=False)  # its layers say why
     platform, entries = _entries(database, (), match=match)
-    plugin_errors = dict(registry_module.plugin_errors)
-    blocking += [f"plug-in {name!r} failed to load ({error}); a plug-in that raised registers nothing, one whose "
-                 "registration conflicted keeps its others. Reinstall or fix "
-                 "the package that declares it" for name, error in plugin_errors.items()]
+    plugin_errors, plugin_conflicts = dict(registry_module.plugin_errors), dict(registry_module.plugin_conflicts)
+    blocking += [f"plug-in {name!r} failed to load ({error}); a plug-in that raised registers nothing. Reinstall or "
+                 "fix the package that declares it" for name, error in plugin_errors.items()]
     in_use = {(e.decision.op, e.decision.mode): e for e in entries
               if e.status == "in use" and e.decision.bucket == OP_LEVEL_BUCKET}
     other_buckets: dict[tuple, list[str]] = {}  # (op, mode) -> the winners of bucket rows in use that differ
@@ -180,10 +180,11 @@ def doctor(db, as_json):
                                  "device_name": platform.device_name,
                                  "multiprocessor_count": platform.multiprocessor_count,
                                  "versions": platform.version_map},
-                    "ops": ops, "layers": layers, "plugin_errors": plugin_errors, "environment": _environment(),
+                    "ops": ops, "layers": layers, "plugin_errors": plugin_errors, "plugin_conflicts": plugin_conflicts,
+                    "environment": _environment(),
                     "notes": notes})
     else:
-        _print_doctor(platform, ops, layers, plugin_errors, blocking, notes)
+        _print_doctor(platform, ops, layers, plugin_errors, plugin_conflicts, blocking, notes)
     if not ok:
         raise click.ClickException("selection is blocked: " + "; ".join(blocking))
 
@@ -225,7 +226,7 @@ def _contested_selection(op: str, eligible: list[str], shapes: int, modes: list[
     return "; ".join(parts)
 
 
-def _print_doctor(platform, ops, layers, plugin_errors, blocking, notes) -> None:
+def _print_doctor(platform, ops, layers, plugin_errors, plugin_conflicts, blocking, notes) -> None:
     console = _console()
     facts = _table("platform", "")
     for label, value in [("device", platform.device.value), ("arch", platform.arch or "-"),
@@ -251,10 +252,12 @@ def _print_doctor(platform, ops, layers, plugin_errors, blocking, notes) -> None
         layer_table.add_row(layer["kind"], layer["path"], "writable" if layer["writable"] else "read-only",
                             str(layer["schema_version"]), str(layer["rows"]), layer["problem"] or "-")
     console.print(layer_table)
-    if plugin_errors:
-        for name, error in plugin_errors.items():
-            console.print(f"Plug-in {name!r} failed to load: {error}", markup=False)
-    else:
+    for name, error in plugin_errors.items():
+        console.print(f"Plug-in {name!r} failed to load: {error}", markup=False)
+    for name, conflict in plugin_conflicts.items():
+        console.print(f"Plug-in {name!r}: a registration conflicted and was skipped, its others are kept: {conflict}",
+                      markup=False)
+    if not plugin_errors and not plugin_conflicts:
         console.print("Plug-ins: every autosel.ops entry point loaded.", markup=False)
     env = _table("variable", "value", "meaning", title="Environment")
     for item in _environment():

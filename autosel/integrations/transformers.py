@@ -5,7 +5,7 @@ captured in a CUDA graph is patched with mode="graph"), and the replacement forw
 does no selection and no DB read. Forwards are replaced on module instances, never on transformers' classes, so
 two models can differ and undo() restores each module exactly. The replacement forwards mirror transformers
 5.24.0's code; everything they rely on is checked before anything changes, and a model that does not have that
-structure raises IntegrationError naming the version this was written for.
+structure raises IntegrationError (naming the version this was written for when another is installed).
 """
 
 from __future__ import annotations
