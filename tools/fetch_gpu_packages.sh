@@ -129,10 +129,9 @@ fi
 
 # --- the preamble ------------------------------------------------------------------------------
 # .gpu/fi_aot.tar.gz (optional, not made here): <module>/<module>.so files that flashinfer compiled
-# on an H200 in an earlier run (tools/gpu_vendor_probe.py --cache-tar writes cached_ops/<module>/...).
-# Unpacked into flashinfer/data/aot/, flashinfer loads them as AOT modules and never calls nvcc.
-# Make it from probe outputs with: mkdir x && for t in fi_jit_cache*.tar.gz; do tar -xzf $t
-# --strip-components=1 -C x; done && tar -czf .gpu/fi_aot.tar.gz -C x .
+# on an H200 in an earlier run: `BENCH=heldout bash tools/gpu_run.sh` leaves them in $OUT/fi_aot.tar.gz; copy it
+# here. Unpacked into flashinfer/data/aot/, flashinfer loads them as AOT modules and never calls nvcc (call 22-1's
+# cold tune took 215 s without them, stop 20's 105-118 s with them: docs/H200.md).
 cat > "$out/activate.sh" <<'EOF'
 # Source from the repo root on the GPU machine: . .gpu/activate.sh
 mkdir -p /tmp/site && for t in .gpu/*.tar.xz; do tar -xJf "$t" -C /tmp/site; done && { [ ! -f .gpu/fi_aot.tar.gz ] || { mkdir -p /tmp/site/flashinfer/data/aot && tar -xzf .gpu/fi_aot.tar.gz -C /tmp/site/flashinfer/data/aot; }; } && python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .gpu/whl/*.whl && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH} FLASHINFER_USE_CUDA_NORM=1 FLASHINFER_WORKSPACE_BASE=${FLASHINFER_WORKSPACE_BASE:-/tmp/fiws}
