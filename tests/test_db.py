@@ -1011,3 +1011,15 @@ def test_a_tune_process_that_exits_without_closing_leaves_the_db_ready_to_ship(t
     assert child.returncode == 0, err
     assert not db_tools.wal_mode(path) and sorted(p.name for p in tmp_path.iterdir()) == ["build.db"]
     assert [d.winner for d in read_decisions(path)] == ["triton"]
+
+
+def test_stress_tool_refuses_a_folder_as_its_db_and_its_help_is_whole(tmp_path):
+    tool = [sys.executable, str(REPO / "tools" / "db_stress.py")]
+    # Used to break: an sqlite3.OperationalError traceback once the writers had failed.
+    out = subprocess.run([*tool, "--db", str(tmp_path)], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and out.stderr.splitlines()[-1] == (
+        f"db_stress.py: error: --db {tmp_path} is a folder; give a file path in it, such as {tmp_path / 'stress.db'}")
+    # Used to break: --help gave the docstring's first line, which stops mid-sentence.
+    out = subprocess.run([*tool, "--help"], capture_output=True, text=True, timeout=60)
+    assert "while they create the\nDB, a tuning-lease holder that hangs, and many processes selecting the same ops." \
+        in out.stdout

@@ -103,3 +103,77 @@ def test_the_dispatcher_over_the_best_fixed_backend_round_by_round(bench):
     assert bench.per_round(rows, "triton") == pytest.approx([(20 / 40) ** 0.5, (22 / 40) ** 0.5, (18 / 40) ** 0.5])
     rows[1]["rounds_us"].pop("triton")  # triton failed there: no comparison
     assert bench.per_round(rows, "triton") == []
+
+
+@pytest.fixture
+def whatif(monkeypatch):
+    monkeypatch.syspath_prepend(str(TOOL.parent))
+    return importlib.import_module("heldout_whatif")
+
+
+def _call(folder: Path, rows: list[dict], rejected: dict, tuned_mode: str = "eager") -> None:
+    """A device call's results: a tune.db where torch wins rmsnorm eager everywhere, and one held-out run's rows."""
+    from autosel.db import TuningDB
+    from autosel.decisions import CandidateResult, Decision, Measurement, ShapeResult
+
+    shapes = [{"tokens": 1, "hidden": 64}, {"tokens": 64, "hidden": 64}]
+    times = {"torch": (10.0, 10.0), "triton": (20.0, 20.0)}
+    decision = Decision(
+        op="layernorm.rmsnorm", mode=tuned_mode, bucket="*", winner="torch", platform_key="p", versions={}, margin=0.1,
+        candidates=tuple(CandidateResult(b, "ok", shapes=tuple(
+            ShapeResult(s, timing=Measurement(t, t, t, 45, "cpu", round_medians_us=(t, t, t)))
+            for s, t in zip(shapes, ts))) for b, ts in times.items()) + (CandidateResult("sgl_kernel", "rejected"),))
+    (folder / "heldout-eager").mkdir(parents=True)
+    TuningDB.open(folder / "tune.db", include_package=False).record(decision)
+    (folder / "heldout-eager" / "heldout.json").write_text(json.dumps(
+        [{"op": "layernorm.rmsnorm", "mode": "eager", "rows": rows, "rejected": rejected}]))
+
+
+def test_the_what_if_replays_the_held_out_figures_leaving_out_the_rejected_backends(bench, whatif, tmp_path):
+    from autosel.dispatch import BucketTable
+
+    # Used to break: the what-if took the per-shape best over every backend and named sgl_kernel, which the tune
+    # rejected, the best fixed backend; heldout_bench's table leaves it out of the best.
+    rows = [{"bucket": [4, 64], "us": {"torch": 12.0, "triton": 10.0, "sgl_kernel": 6.0}},
+            {"bucket": [32, 64], "us": {"torch": 9.0, "triton": 18.0, "sgl_kernel": 5.0}}]
+    rejected = {"sgl_kernel": "output differs from the reference"}
+    _call(tmp_path, rows, rejected)
+    [(op, mode, fixed, replayed)] = whatif.replay(tmp_path)
+    table = BucketTable(op, mode, "torch", {(1, 64): "torch", (64, 64): "torch"})
+    summary = bench.summarize(rows, table, rejected)
+    assert fixed == "torch" and replayed["current"] == pytest.approx(summary["dispatcher"])
+    assert all(replayed[b] == pytest.approx(summary[b]) for b in ("torch", "triton", "sgl_kernel"))
+
+
+@pytest.mark.parametrize("where, args, code, said", [
+    ("nosuch", [], 1, "nosuch: no such folder"),
+    ("graph-only", [], 1, "tune.db holds no op-level decision for layernorm.rmsnorm in eager mode"),
+    ("call", ["--swap", "bad"], 2, "'bad' is not OP:T,W:T,W=BACKEND"),
+    ("call", ["--swap", "layernorm.rmsnorm:8,64:4,64=triton"], 1,
+     "layernorm.rmsnorm has no tuned bucket (8, 64) in eager mode; its tuned buckets: (1, 64), (64, 64)"),
+    ("call", ["--swap", "gemm.mm:8,64,64:4,64,64=triton"], 1, "no held-out run here timed gemm.mm"),
+])
+def test_the_what_if_refuses_what_it_cannot_replay(whatif, tmp_path, capsys, where, args, code, said):
+    # Used to break: a missing folder or a malformed --swap printed an empty table and exited 0; a tune.db without
+    # the held-out run's decisions, or a --swap of an untuned bucket, raised KeyError.
+    rows = [{"bucket": [4, 64], "us": {"torch": 12.0, "triton": 10.0}}]
+    _call(tmp_path / "call", rows, {})
+    _call(tmp_path / "graph-only", rows, {}, tuned_mode="graph")
+    with pytest.raises(SystemExit) as exit_:
+        whatif.main([str(tmp_path / where), *args])
+    if code == 2:
+        assert exit_.value.code == 2 and said in capsys.readouterr().err
+    else:  # raise SystemExit(message): exit status 1
+        assert said in exit_.value.code
+
+
+@pytest.mark.parametrize("args, said", [
+    (["--op", "nosuch.*"], "no op matches --op 'nosuch.*'; known ops (several backends here, held-out shapes): "),
+    (["--mode", "graph"], "--mode graph: this cpu machine has no graph mode; it runs eager mode only"),
+])
+def test_a_run_that_would_time_nothing_or_mislabel_it_is_refused(bench, tmp_path, capsys, args, said):
+    # Used to break: --op matching nothing wrote nothing and exited 0; --mode graph on a CPU timed the eager
+    # decisions under a "graph" heading.
+    with pytest.raises(SystemExit) as exit_:
+        bench.main(["--out", str(tmp_path / "out"), *args])
+    assert exit_.value.code == 2 and said in capsys.readouterr().err and not (tmp_path / "out").exists()

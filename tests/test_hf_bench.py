@@ -149,3 +149,46 @@ def test_compile_runs_every_variants_step_compiled_and_still_matching_transforme
         assert sorted(size["results"]) == ["autosel", "transformers"]
         assert all(r["matches"] for r in size["results"].values())
     assert hf_bench.report(result).count(", every variant under torch.compile") == 2
+
+
+@pytest.mark.parametrize("args, said", [
+    (["--backends", "triton,nosuch,torch#2,autosel#2"], "--backends: unknown nosuch; known: torch, torch_compile, "),
+    (["--rounds", "0"], "--rounds 0: give a number above 0"),
+    (["--kv", "0"], "--kv 0: give a number above 0"),
+    (["--block-ms", "0"], "--block-ms 0: give a number above 0"),
+    (["--plot-from", "nosuch.json"], "--plot-from nosuch.json: no such file; give the hf_bench.json a run wrote"),
+])
+def test_hf_bench_refuses_a_usage_mistake_before_it_runs(hf_bench, monkeypatch, capsys, args, said):
+    # Used to break: a misspelt backend ran the whole benchmark, 0 rounds (or kv, block-ms) ran the default, and a
+    # missing --plot-from file was a FileNotFoundError traceback.
+    monkeypatch.setattr(hf_bench, "bench", lambda plan: pytest.fail("ran"))
+    with pytest.raises(SystemExit) as exit_:
+        hf_bench.main(["--tiny", "--device", "cpu", "--out", "unused", *args])
+    assert exit_.value.code == 2 and said in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("tool", ["hf_bench", "hf_check"])
+def test_the_help_gives_the_whole_description(monkeypatch, capsys, tool):
+    # Used to break: --help showed the docstring's first line, which stops mid-sentence.
+    monkeypatch.syspath_prepend(str(TOOLS))
+    module = importlib.import_module(tool)
+    with pytest.raises(SystemExit):
+        module.main(["--help"])
+    assert module.__doc__.split("\n\n")[0] in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("args, code, said", [
+    (["--backend", "nosuch"], 2, "--backend: unknown kernel backend 'nosuch'; known backends: torch, "),
+    (["--backend", "triton"], 1, "tiny-llama: backend='triton' cannot run layernorm.rmsnorm on this machine"),
+])
+def test_hf_check_says_in_one_line_why_a_backend_cannot_run(monkeypatch, tmp_path, capsys, args, code, said):
+    # Used to break: a ValueError (unknown backend) or IntegrationError (triton on a CPU) traceback.
+    monkeypatch.syspath_prepend(str(TOOLS))
+    hf_check = importlib.import_module("hf_check")
+    with pytest.raises(SystemExit) as exit_:
+        hf_check.main(["--model", "tiny-llama", "--layers", "1", "--tokens", "4", "--new-tokens", "1",
+                       "--device", "cpu", "--out", str(tmp_path), *args])
+    if code == 2:
+        assert exit_.value.code == 2 and said in capsys.readouterr().err
+    else:  # raise SystemExit(message): exit status 1
+        assert exit_.value.code.startswith(said)

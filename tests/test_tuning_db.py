@@ -101,3 +101,10 @@ def test_from_a_tune_writes_the_text_of_one_platform(tmp_path):
     assert read_decisions(out / "x.jsonl") == read_decisions(out / "x.db") == sorted(
         decisions, key=lambda d: tuple(vars(d.key).values()) + (d.created_at,))
     assert json.loads((out / "x.jsonl").read_text().splitlines()[0])["platform_key"] == decisions[0].platform_key
+
+
+def test_from_a_missing_file_is_one_line_not_a_traceback(tmp_path):
+    # Used to break: the DatabaseError's traceback.
+    result = tool("--folder", str(tmp_path), "--from", str(tmp_path / "missing.db"), "--name", "x")
+    assert result.returncode == 1 and result.stderr == (f"--from: cannot read {tmp_path / 'missing.db'} (No such file "
+                                                        "or directory); check the path\n")

@@ -19,6 +19,7 @@ import tempfile
 from pathlib import Path
 
 from autosel.db_tools import build_reproducible, export_decisions, read_decisions
+from autosel.errors import DatabaseError
 
 FOLDER = Path(__file__).resolve().parent.parent / "tuning_db"
 
@@ -35,7 +36,10 @@ def build(jsonl: Path, out: Path) -> int:
 
 def import_tune(source: Path, jsonl: Path, platform: str | None) -> int:
     """The canonical text of a tune's decisions (of one platform key, when given)."""
-    decisions = [d for d in read_decisions(source) if platform is None or d.platform_key == platform]
+    try:
+        decisions = [d for d in read_decisions(source) if platform is None or d.platform_key == platform]
+    except DatabaseError as exc:  # a missing or unreadable --from: its message names the file and what to check
+        raise SystemExit(f"--from: {exc}") from None
     if not decisions:
         raise SystemExit(f"{source} holds no decisions{' for ' + platform if platform else ''}; nothing written")
     return export_decisions(decisions, jsonl, fmt="jsonl", overwrite=True)

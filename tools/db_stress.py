@@ -1,7 +1,7 @@
 """Stress the tuning DB: many writers at once, writers killed with SIGKILL mid-write and while they create the
 DB, a tuning-lease holder that hangs, and many processes selecting the same ops.
 
-    python tools/db_stress.py --procs 16 --writes 200 --kills 50 --create-kills 100 --hang-waiters 8 \
+    python tools/db_stress.py --procs 16 --writes 200 --kills 50 --create-kills 100 --hang-waiters 8 \\
         --select-procs 16 --select-ops 200 [--db PATH] [--json] [--write-doc docs/RELIABILITY.md]
 
 Phase 1 starts --procs processes that each record --writes decisions into one DB, and counts rows and errors.
@@ -488,7 +488,7 @@ variable), KeyError for an unknown op or backend, a warning where a DB path cann
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--procs", type=int, default=16, help="concurrent writer processes (phase 1)")
     parser.add_argument("--writes", type=int, default=200, help="decisions per writer (phase 1)")
     parser.add_argument("--kills", type=int, default=50, help="writers killed mid-write (phase 2)")
@@ -520,6 +520,8 @@ def main(argv: list[str] | None = None) -> int:
         else:
             writer(args.db, args.worker, args.writes, args.log, args.lease)
         return 0
+    if args.db is not None and args.db.is_dir():  # else every writer, then count_rows, fails to open it
+        parser.error(f"--db {args.db} is a folder; give a file path in it, such as {args.db / 'stress.db'}")
     folder = Path(tempfile.mkdtemp(prefix="autosel-stress-"))
     db = args.db or folder / "stress.db"
     results = []

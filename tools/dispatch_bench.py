@@ -45,6 +45,10 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=21)
     parser.add_argument("--number", type=int, default=20000, help="calls per timed block")
     args = parser.parse_args()
+    if args.repeats < 2:
+        parser.error(f"--repeats {args.repeats}: give 2 or more (the p10-p90 spread needs two repeats)")
+    if args.number < 1:
+        parser.error(f"--number {args.number}: give 1 or more calls per timed block")
 
     os.environ["AUTOSEL_DB"] = os.path.join(tempfile.mkdtemp(), "bench.db")
     x, w = torch.randn(8, 4096), torch.randn(4096)

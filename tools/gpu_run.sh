@@ -16,7 +16,8 @@ set -uo pipefail
 deadline=$((SECONDS + ${TOTAL_S:-560}))
 . tools/gpu_env.sh || exit 1
 cat "$OUT/gpu.txt"
-left() { echo $((deadline - SECONDS)); }
+# Seconds to the deadline, at least 1: GNU timeout reads 0 as no limit and refuses a negative one (exit 125).
+left() { local s=$((deadline - SECONDS)); echo $((s > 1 ? s : 1)); }
 runs=${RUNS:-1}
 dir() { [ "$1" = 1 ] && echo "$OUT/bench" || echo "$OUT/bench-$1"; }
 bench() {  # bench N: tune N of every run of the stability benchmark, stopped at the deadline
@@ -46,7 +47,8 @@ if [ "${BENCH:-stability}" = heldout ]; then
   }
   if [ "$(nvidia-smi -L | wc -l)" -ge 2 ]; then
     (export CUDA_VISIBLE_DEVICES=1; tune; heldout eager) &
-    (export CUDA_VISIBLE_DEVICES=0; run_tests; while [ ! -f "$OUT/tuned" ] && [ "$(left)" -gt 0 ]; do sleep 2; done
+    (export CUDA_VISIBLE_DEVICES=0; run_tests
+     while [ ! -f "$OUT/tuned" ] && [ "$SECONDS" -lt "$deadline" ]; do sleep 2; done
      heldout graph)
     wait
   else

@@ -23,6 +23,7 @@ Writes DIR/heldout.md (the tables) and DIR/heldout.json (every median).
 from __future__ import annotations
 
 import argparse
+import fnmatch
 import json
 import math
 import sys
@@ -199,15 +200,24 @@ def main(argv: list[str] | None = None) -> int:
                              "set6: out of sample for every rule, representative shape and kernel change so far)")
     args = parser.parse_args(argv)
     held_out = SETS[args.shapes]
-    args.out.mkdir(parents=True, exist_ok=True)
     platform = platforms.current_platform()
+    known = [op for op, _ in tuning.contested_ops(platform) if op in held_out]
+    for pattern in args.op or ():
+        if not any(fnmatch.fnmatchcase(op, pattern) for op in known):
+            parser.error(f"no op matches --op {pattern!r}; known ops (several backends here, held-out shapes): "
+                         f"{', '.join(known) or 'none'}")
+    available = tuning.modes_for(platform)
+    if set(args.mode or available) - set(available):  # get_kernel would run the eager decisions, labelled graph
+        parser.error(f"--mode graph: this {platform.device.value} machine has no graph mode; it runs "
+                     f"{', '.join(available)} mode only")
+    args.out.mkdir(parents=True, exist_ok=True)
     lines = [f"Platform `{platform.key}`, versions {platform.version_map}; held-out shapes {args.shapes}.", "",
              "Time over the per-shape best: geometric mean, worst (inf: the pick failed a shape's check).", ""]
     results = []
     for op, eligible in tuning.contested_ops(platform, args.op):
         if op not in held_out:  # contested_ops already kept only the ops matching --op
             continue
-        for mode in args.mode or tuning.modes_for(platform):
+        for mode in args.mode or available:
             began = time.perf_counter()
             table = table_for(op, mode)
             rows = measure(op, mode, eligible, held_out[op], platform)

@@ -96,27 +96,50 @@ def tables(db: Path) -> dict[tuple[str, str], tuple[str, dict]]:
     return out
 
 
-def replay(call: Path, swap: str | None = None) -> list[tuple[str, str, str, dict]]:
-    """Per op and mode: the best fixed backend and (geomean, worst) of each rule's picks over the per-shape best."""
+def parse_swap(text: str) -> tuple[str, tuple, tuple, str]:
+    """--swap OP:T,W:T,W=BACKEND as (op, the tuned bucket dropped, the bucket in its place, the winner hypothesised)."""
+    try:
+        op, old, new = text.split(":")
+        new, backend = new.split("=")
+        return op, tuple(int(x) for x in old.split(",")), tuple(int(x) for x in new.split(",")), backend
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not OP:T,W:T,W=BACKEND, such as layernorm.rmsnorm:64,7168:4,7168=flashinfer") from None
+
+
+def replay(call: Path, swap: tuple | None = None) -> list[tuple[str, str, str, dict]]:
+    """Per op and mode: the best fixed backend and (geomean, worst) of each rule's picks over the per-shape best, the
+    best among the backends the tune did not reject, as heldout_bench.summarize takes it. `swap`: parse_swap's."""
+    if not (call / "tune.db").is_file():
+        raise SystemExit(f"{call}: {'no tune.db' if call.is_dir() else 'no such folder'}; give a device call's "
+                         "unpacked results (tune.db, heldout-eager/, heldout-graph/; tools/gpu_run.sh, BENCH=heldout)")
+    paths = [call / f"heldout-{mode}" / "heldout.json" for mode in ("eager", "graph")]
+    if not any(path.exists() for path in paths):
+        raise SystemExit(f"{call}: neither {paths[0].relative_to(call)} nor {paths[1].relative_to(call)}; "
+                         "run tools/heldout_bench.py --out DIR/heldout-MODE on the tune's DB first")
     tabs = tables(call / "tune.db")
     results = []
-    for mode in ("eager", "graph"):
-        path = call / f"heldout-{mode}" / "heldout.json"
+    for mode, path in zip(("eager", "graph"), paths):
         if not path.exists():
             continue
         for r in json.loads(path.read_text()):
-            op, rows = r["op"], r["rows"]
+            op, rows, rejected = r["op"], r["rows"], r.get("rejected", {})  # no "rejected" before heldout_bench had it
+            if (op, mode) not in tabs:
+                raise SystemExit(f"{call / 'tune.db'} holds no op-level decision for {op} in {mode} mode, which "
+                                 f"{path} timed; give the tune.db that run read")
             default, winners = tabs[(op, mode)]
             winners = dict(winners)
-            if swap and swap.split(":")[0] == op:
-                _, old, new = swap.split(":")
-                new, hypothesis = new.split("=")
-                del winners[tuple(int(x) for x in old.split(","))]
-                winners[tuple(int(x) for x in new.split(","))] = hypothesis
+            if swap and swap[0] == op:
+                _, old, new, hypothesis = swap
+                if old not in winners:
+                    raise SystemExit(f"--swap: {op} has no tuned bucket {old} in {mode} mode; its tuned buckets: "
+                                     + ", ".join(map(str, sorted(winners, key=key_order))))
+                del winners[old]
+                winners[new] = hypothesis
             ratios: dict[str, list[float]] = {}
             for row in rows:
                 us, key = row["us"], tuple(row["bucket"])
-                best = min(t for t in us.values() if t)
+                best = min(t for b, t in us.items() if t and b not in rejected)
                 for b in us:
                     ratios.setdefault(b, []).append((us[b] or math.inf) / best)
                 for name, rule in RULES.items():
@@ -125,15 +148,19 @@ def replay(call: Path, swap: str | None = None) -> list[tuple[str, str, str, dic
                     pick = winners.get(key) or (winners[near] if near is not None else default)
                     ratios.setdefault(name, []).append((us.get(pick) or math.inf) / best)
             summary = {n: (geomean(v) if all(map(math.isfinite, v)) else math.inf, max(v)) for n, v in ratios.items()}
-            fixed = min((b for b in rows[0]["us"]), key=lambda b: summary[b][0])
+            fixed = min((b for b in rows[0]["us"] if b not in rejected), key=lambda b: summary[b][0])
             results.append((op, mode, fixed, summary))
+    if swap and not any(op == swap[0] for op, *_ in results):
+        raise SystemExit(f"--swap: no held-out run here timed {swap[0]}; the ops timed: "
+                         + ", ".join(sorted({op for op, *_ in results})))
     return results
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("call", type=Path, help="a device call's results: tune.db, heldout-eager/, heldout-graph/")
-    parser.add_argument("--swap", help="OP:T,W:T,W=BACKEND: that tuned bucket replaced by another, winner hypothesised")
+    parser.add_argument("--swap", type=parse_swap,
+                        help="OP:T,W:T,W=BACKEND: that tuned bucket replaced by another, winner hypothesised")
     args = parser.parse_args(argv)
     print("| op, mode | best fixed | " + " | ".join(RULES) + " |")
     print("|---" * (len(RULES) + 2) + "|")

@@ -527,8 +527,8 @@ def numbers(text: str) -> tuple[int, ...]:
     return tuple(int(x) for x in text.split(","))
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="llama-3-8b", choices=sorted(MODELS))
     parser.add_argument("--layers", type=int)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -552,9 +552,11 @@ def main() -> None:
                         help="every variant's step under torch.compile, transformers' too (inductor's fusions)")
     parser.add_argument("--out", type=Path)
     parser.add_argument("--plot-from", type=Path, metavar="JSON", help="only write the PNG beside this hf_bench.json")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     if args.plot_from:
+        if not args.plot_from.is_file():
+            parser.error(f"--plot-from {args.plot_from}: no such file; give the hf_bench.json a run wrote")
         try:
             plot(json.loads(args.plot_from.read_text()), args.plot_from.with_suffix(".png"))
         except ImportError:
@@ -562,12 +564,20 @@ def main() -> None:
         return
     if args.out is None:
         parser.error("--out is required (or --plot-from JSON)")
+    for name in ("layers", "kv", "rounds", "block_ms"):  # refused, not read as "the default" by the `or`s below
+        if getattr(args, name) is not None and getattr(args, name) <= 0:
+            parser.error(f"--{name.replace('_', '-')} {getattr(args, name):g}: give a number above 0")
+    backends = tuple(filter(None, args.backends.split(",")))
+    unknown = [b for b in backends if b.split("#")[0] not in BACKENDS and not b.startswith(f"{MEASURED}#")]
+    if unknown:
+        parser.error(f"--backends: unknown {', '.join(unknown)}; known: {', '.join(BACKENDS)}, a copy NAME#2 of one, "
+                     f"or {MEASURED}#2 (a copy of autosel's measured variant)")
     tiny = args.tiny
     plan = Plan(model="tiny-llama" if tiny else args.model, layers=args.layers or (2 if tiny else 4),
                 device=args.device, dtype=args.dtype,
                 prefill_tokens=args.prefill_tokens or ((16, 64) if tiny else (512, 2048, 8192)),
                 decode_batches=args.decode_batches or ((1, 4) if tiny else (1, 8, 64)),
-                kv=args.kv or (32 if tiny else 512), backends=tuple(filter(None, args.backends.split(","))),
+                kv=args.kv or (32 if tiny else 512), backends=backends,
                 rounds=args.rounds or (3 if tiny else 10), block_ms=args.block_ms or (2 if tiny else 25),
                 projections=args.projections, graph=not args.no_graph, prefill_mode=args.prefill_mode,
                 graph_from_tokens=args.graph_from_tokens, compile=args.compile)

@@ -19,7 +19,9 @@ import transformers
 from hf_models import MODELS, build  # tools/hf_models.py, beside this file
 
 from autosel.checks import TOLERANCES
+from autosel.errors import IntegrationError
 from autosel.integrations.transformers import patch_model
+from autosel.spec import KernelBackend
 
 def first_difference(a: torch.Tensor, b: torch.Tensor) -> int | None:
     """The first generated step where the two greedy sequences differ, else None."""
@@ -69,8 +71,8 @@ def check(name: str, args) -> dict:
     }
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", action="append", choices=sorted(MODELS), help="default: llama-3-8b and qwen3-8b")
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -82,11 +84,19 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=32)
     parser.add_argument("--new-tokens", type=int, default=8)
     parser.add_argument("--out", type=Path, required=True)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    if args.backend:
+        try:
+            args.backend = KernelBackend.parse(args.backend).value
+        except ValueError as exc:
+            parser.error(f"--backend: {exc}")
     args.out.mkdir(parents=True, exist_ok=True)
     rows = []
     for name in args.model or ["llama-3-8b", "qwen3-8b"]:
-        rows.append(check(name, args))
+        try:
+            rows.append(check(name, args))
+        except IntegrationError as exc:  # patch_model refused (--backend cannot run here, say): its sentence says why
+            raise SystemExit(f"{name}: {exc}") from None
         print(json.dumps(rows[-1]), flush=True)
         torch.cuda.empty_cache() if args.device == "cuda" else None
     (args.out / "hf_check.json").write_text(json.dumps({"transformers": transformers.__version__,

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import fnmatch
 import json
 import logging
 import os
@@ -143,10 +144,16 @@ def main() -> int:
     parser.add_argument("--budget-s", type=float, default=2.0, help="AUTOSEL_BUDGET_S for rank 0's tunes")
     parser.add_argument("--op", action="append", help="only ops matching this glob (repeatable)")
     args = parser.parse_args()
+    if "RANK" not in os.environ:  # torchrun sets it; without it init_process_group fails with a traceback
+        parser.error("run it under torchrun: torchrun --nproc-per-node 2 tools/ranks_check.py --out DIR")
 
     cuda = torch.cuda.is_available()
     if cuda:
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    known = [op for op, _ in tuning.contested_ops(platforms.current_platform())]  # the platform of this rank's device
+    for pattern in args.op or ():
+        if not any(fnmatch.fnmatchcase(op, pattern) for op in known):  # else an empty table passes
+            parser.error(f"no op matches --op {pattern!r}; known ops (several backends here): {', '.join(known)}")
     dist.init_process_group("nccl" if cuda else "gloo", timeout=datetime.timedelta(minutes=30))
     rank, size = dist.get_rank(), dist.get_world_size()
     logging.basicConfig(level=logging.WARNING, format=f"[rank {rank}] %(name)s: %(message)s")

@@ -298,7 +298,7 @@ def compare(args, first, second) -> None:
     print(text, flush=True)
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--op", action="append", help="glob of ops to tune (repeatable); default all")
@@ -310,12 +310,20 @@ def main() -> int:
     parser.add_argument("--replay", action="store_true",
                         help="with --compare: decide the stored evidence again under the current rule")
     parser.add_argument("--margin-floor", type=float, action="append",
-                        help="with --compare: decide the stored evidence again under this floor (repeatable)")
-    args = parser.parse_args()
+                        help="with --compare: decide the stored evidence again under this floor (repeatable; "
+                             "with --replay, after the current rule)")
+    args = parser.parse_args(argv)
+    if (args.replay or args.margin_floor) and not args.compare:
+        parser.error("--replay and --margin-floor decide two stored tunes again: give them with --compare")
+    if args.compare:
+        missing = [f"tune{i}.db" for i in (1, 2) if not (args.out / f"tune{i}.db").is_file()]
+        if missing:
+            raise SystemExit(f"{args.out}: no {' or '.join(missing)} to compare; make them first with "
+                             f"python tools/stability_bench.py --out {args.out} (or --index 1, then --index 2)")
     args.out.mkdir(parents=True, exist_ok=True)
     if args.compare and (args.replay or args.margin_floor):  # what-if: the stored evidence decided again
         runs = [stored_outcomes(args.out / f"tune{i}.db") for i in (1, 2)]
-        for floor in args.margin_floor or [None]:
+        for floor in ([None] if args.replay else []) + (args.margin_floor or []):  # None: today's rule
             policy = DEFAULT_POLICY if floor is None else dataclasses.replace(DEFAULT_POLICY, margin_floor=floor)
             first, second = (replayed(r, policy) for r in runs)
             text, _ = stability(first, second)

@@ -112,7 +112,7 @@ def bucket_winners(outcomes, policy: Policy) -> dict[tuple, str]:
     return out
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("dirs", type=Path, nargs="+")
     parser.add_argument("--drift", action="store_true")
@@ -123,7 +123,11 @@ def main() -> int:
                         help="replay with this floor for one timing method (repeatable)")
     parser.add_argument("--settled", type=float, metavar="FACTOR",
                         help="replay each tune*.db as if pairs FACTOR behind after round one had sat out the rest")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    for d in args.dirs:  # every folder checked before any is read: a typo in the last fails at once
+        if not (any(d.glob("tune*.db")) if args.settled else all((d / f"tune{i}.db").is_file() for i in (1, 2))):
+            raise SystemExit(f"{d}: no {'tune*.db' if args.settled else 'tune1.db and tune2.db'}; give folders "
+                             "tools/stability_bench.py wrote its two tunes into")
     policy = DEFAULT_POLICY
     if args.host_speed_range:
         policy = dataclasses.replace(policy, host_speeds=(1 / args.host_speed_range, args.host_speed_range))
