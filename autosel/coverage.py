@@ -76,7 +76,7 @@ def _with_buckets(found: Coverage, decision: Decision, layer, db, usable, defini
 
 def _here(op, mode, specs, definition, db, platform, match, buckets) -> Coverage:
     from autosel.platforms import version_vector
-    from autosel.tuning import decision_key, lookup_stored
+    from autosel.tuning import decision_key, lookup_stored, outdated
 
     eligible = [s for s in specs if s.is_available(platform)]
     if len(specs) == 1 or len(eligible) == 1:
@@ -90,10 +90,10 @@ def _here(op, mode, specs, definition, db, platform, match, buckets) -> Coverage
     key = decision_key(op, eligible, platform, mode, versions)
     hit = lookup_stored(db, key, eligible, match=match, versions=versions, say=False)  # selection's own lookup
     if hit is None and (older := db.lookup(key, usable=usable)) is not None:
+        reason = outdated(db, older[0], older[1], names, definition)
         return Coverage(op, mode, False, f"the stored {mode} decision ({older[0].winner}, {older[1].kind} DB "
-                        f"{older[1].path}) never timed {', '.join(older[0].untimed(names))}, eligible here since it "
-                        "was made: re-tune the op (selection keeps it only where nothing can be timed: "
-                        "AUTOSEL_TUNE=off, CUDA-graph capture)")
+                        f"{older[1].path}) {reason}: re-tune the op (selection keeps it only where nothing can be "
+                        "timed: AUTOSEL_TUNE=off, CUDA-graph capture)")
     if hit is None:
         stored = [d for d, _ in db.decisions(op) if d.mode == mode and d.bucket == OP_LEVEL_BUCKET]
         why = _closest_miss(stored, platform.key, versions)

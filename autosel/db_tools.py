@@ -242,7 +242,7 @@ def check_evidence(decision: Decision) -> Decision:
     _expect(decision.tune_s, number, "tune_s")
     _expect(decision.lead_over_runner_up, number, "lead_over_runner_up", optional=True)
     _expect(decision.runner_up, text, "runner_up", optional=True)
-    for name in ("method", "created_at", "autosel_version"):
+    for name in ("method", "created_at", "autosel_version", "checked_with"):
         _expect(getattr(decision, name), text, name)
     for name, version in decision.versions.items():
         _expect(name, text, "a versions key")

@@ -121,6 +121,7 @@ class Decision:
     tune_s: float = 0.0
     created_at: str = ""
     autosel_version: str = ""
+    checked_with: str = ""  # OpDefinition.checked_with when it was tuned; "" in rows stored before it was kept
 
     @property
     def key(self) -> DecisionKey:
@@ -139,7 +140,10 @@ class Decision:
         return [b for b in eligible if b not in considered]
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        data = asdict(self)
+        if not data["checked_with"]:  # rows stored before it was kept read and write as they did
+            del data["checked_with"]
+        return data
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "Decision":

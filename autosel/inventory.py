@@ -100,6 +100,11 @@ class Inventory:
                     bucket_winners.get((layer.path, table_key(decision)), set()) - set(eligible))):
                 status, detail = "stale", (f"its bucket rows run {', '.join(gone)}, not eligible here (unregistered or "
                                            "uninstalled since): `autosel tune` times the eligible backends again")
+            elif decision.bucket == OP_LEVEL_BUCKET and decision.checked_with and (
+                    definition := self.registry.definition(decision.op)) and decision.checked_with != (
+                    now := definition.checked_with):
+                status, detail = "stale", (f"checked with {decision.checked_with}; the op is checked with {now} now: "
+                                           "`autosel tune` times it again")
             elif decision.bucket == OP_LEVEL_BUCKET and decision.key in used:
                 status, detail = "shadowed", f"the {used[decision.key]} layer's row is used instead"
             else:  # a bucket row is settled beside the op-level row of its layer (_bucket_status), as selection reads it

@@ -352,6 +352,15 @@ class OpDefinition:
                             "kernel itself to trace it as it is)")
         return answer
 
+    @property
+    def checked_with(self) -> str:
+        """What a candidate's correctness is judged by: the tolerances and the reference. Stored with each decision;
+        one made under others is not the op's answer now (a winner the current check might reject)."""
+        ref = self.reference
+        name = ("the op's torch backend" if ref is None else ref.value if isinstance(ref, KernelBackend)
+                else f"{getattr(ref, '__module__', '?')}:{getattr(ref, '__qualname__', type(ref).__name__)}")
+        return f"rtol={self.rtol}, atol={self.atol}, reference {name}"
+
     def shapes_for(self, platform: "PlatformInfo") -> list[dict]:
         if not callable(self.shapes):
             return [dict(s) for s in self.shapes]

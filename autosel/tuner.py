@@ -331,7 +331,7 @@ class Tuner:
                                if c.samples.get(i) else None for i in range(len(shapes))] for c in candidates}
         stats = {c.backend: timings[c.backend] for c in measured}  # registration order: the first is the default
         common = dict(mode=mode, platform_key=platform_key, versions=dict(versions), method=self.timer.method,
-                      tune_s=tune_s, autosel_version=autosel_version,
+                      tune_s=tune_s, autosel_version=autosel_version, checked_with=definition.checked_with,
                       created_at=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))
         verdict = self.policy.judge(stats)
         decision = _decision(op, OP_LEVEL_BUCKET, verdict, candidates, timings, shapes, range(len(shapes)), common)

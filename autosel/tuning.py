@@ -105,21 +105,33 @@ def stored_table(op: str, eligible: list[KernelSpec], platform: PlatformInfo, mo
 _near_said: set[tuple] = set()  # near-match rows this process has said it uses
 
 
+def outdated(db, decision: Decision, layer, names: list[str], definition) -> str:
+    """Why a stored op-level decision whose winner can run here is not this machine's answer now, or "": it never
+    timed a backend eligible here (registered or installed since), its bucket rows run one that is not (gone
+    since), or it was checked with other tolerances or another reference than the op's now (`definition`)."""
+    if untimed := decision.untimed(names):
+        return f"never timed {', '.join(untimed)}, eligible here since it was made"
+    gone = sorted({row.winner for row in db.buckets(decision, layer)} - set(names))
+    if gone:
+        return f"has bucket rows that run {', '.join(gone)}, not eligible here since it was made"
+    if definition is not None and decision.checked_with and decision.checked_with != definition.checked_with:
+        return f"was checked with {decision.checked_with}; the op is checked with {definition.checked_with} now"
+    return ""
+
+
 def lookup_stored(db, key: DecisionKey, eligible: list[KernelSpec], *, match: str = "exact",
                   versions: dict[str, str] | None = None, say: bool = True, every_backend: bool = True
                   ) -> tuple[Decision, tuple[Decision, ...], Any] | None:
     """The stored op-level decision, the bucket rows of its layer and that layer, or None. A row whose winner is
-    not eligible here is passed over, and so, unless every_backend is false, is one that never timed a backend
-    eligible here (Decision.untimed) or whose bucket rows name a winner not eligible here (a tune here would
-    choose among other backends). match: AUTOSEL_MATCH; "device" or "arch" take the closest near row when no
+    not eligible here is passed over, and so, unless every_backend is false, is one that is `outdated`. match: AUTOSEL_MATCH; "device" or "arch" take the closest near row when no
     exact one is stored, and say so once unless `say` is false (versions: this machine's, for saying what
     differs)."""
     names = [s.backend.value for s in eligible]
     usable = set(names).__contains__
+    definition = registry.definition(key.op)
 
     def fits(decision: Decision, layer) -> bool:
-        return not every_backend or (not decision.untimed(names) and all(
-            usable(row.winner) for row in db.buckets(decision, layer)))
+        return not every_backend or not outdated(db, decision, layer, names, definition)
 
     hit = db.lookup(key, usable=usable, fits=fits)
     near = hit is None and match != "exact"
@@ -150,13 +162,12 @@ def _say_near(key: DecisionKey, decision: Decision, layer, buckets: int, match: 
 _untimed_said: set[tuple[str, str]] = set()  # (op, mode) whose older decision this process has said it keeps
 
 
-def _say_untimed(op: str, mode: str, decision: Decision, eligible: list[KernelSpec], why: str) -> None:
+def _say_untimed(op: str, mode: str, decision: Decision, reason: str, why: str) -> None:
     if (op, mode) in _untimed_said:
         return
     _untimed_said.add((op, mode))
-    log.warning("op %r (%s mode): the stored decision (%s) never timed %s, eligible here since it was made; it "
-                "is kept, since nothing can be timed now (%s). Run `autosel tune` to time every eligible backend",
-                op, mode, decision.winner, ", ".join(decision.untimed(s.backend.value for s in eligible)), why)
+    log.warning("op %r (%s mode): the stored decision (%s) %s; it is kept, since nothing can be timed now (%s). "
+                "Run `autosel tune` to time every eligible backend", op, mode, decision.winner, reason, why)
 
 
 def _decide_here(op: str, eligible: list[KernelSpec], platform: PlatformInfo, mode: str,
@@ -176,17 +187,17 @@ def _decide_here(op: str, eligible: list[KernelSpec], platform: PlatformInfo, mo
     # Where nothing can be timed now, a row that misses only a newer backend decides, rather than fail a served
     # model at its start.
     why_not = _why_not_timed(op, platform, settings)
+    reason = "" if older is None else outdated(db, older[0], older[2], spec_list(eligible), registry.definition(op))
     if older is not None and why_not:
-        _say_untimed(op, mode, older[0], eligible, why_not)
+        _say_untimed(op, mode, older[0], reason, why_not)
         if (older[0].platform_key, older[0].key.versions_hash) != (key.platform_key, key.versions_hash):
             _say_near(key, older[0], older[2], len(older[1]), settings.match, versions)
         return table_of(*older[:2])
     definition = _tunable(op, eligible, platform, mode, why_not)
     if (op, mode) not in _announced:  # a tune blocks the caller for tens of seconds: say so, once
         _announced.add((op, mode))
-        why = (": AUTOSEL_TUNE=force is set" if retune else
-               f"'s stored decision never timed {', '.join(older[0].untimed(spec_list(eligible)))}, eligible here "
-               "since it was made" if older is not None else " has no stored decision for this machine")
+        why = (": AUTOSEL_TUNE=force is set" if retune else f"'s stored decision {reason}" if older is not None
+               else " has no stored decision for this machine")
         _announce_tune(op, mode, why, eligible, settings, db)
     try:
         recorded = tune_and_record(definition, eligible, platform=platform, mode=mode, db=db,

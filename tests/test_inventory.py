@@ -99,3 +99,19 @@ def test_a_decision_whose_bucket_rows_run_a_backend_gone_since_is_stale_with_its
     assert [(e.status, e.detail.split(":")[0]) for e in entries] == [
         ("stale", "its bucket rows run triton, not eligible here (unregistered or uninstalled since)"),
         ("unusable", "winner 'triton' is not eligible here (eligible")]
+
+
+def test_a_decision_checked_with_other_tolerances_than_the_ops_now_is_stale():
+    from autosel.spec import OpDefinition
+
+    registry = KernelRegistry()
+    for spec in SPECS:
+        registry.register(spec)
+    registry.define(OpDefinition("toy.op", shapes=[{"n": 1}], make_inputs=lambda shape, device: (), atol=1e-2))
+    then = replace(row("*", "torch"), checked_with="rtol=None, atol=0.001, reference the op's torch backend")
+    [entry] = Inventory(CPU, registry).entries([(then, Layer("user.db", "user"))])
+    assert (entry.status, entry.detail) == ("stale", "checked with rtol=None, atol=0.001, reference the op's torch "
+                                                     "backend; the op is checked with rtol=None, atol=0.01, reference "
+                                                     "the op's torch backend now: `autosel tune` times it again")
+    [entry] = Inventory(CPU, registry).entries([(replace(then, checked_with=""), Layer("user.db", "user"))])
+    assert entry.status == "in use"  # a row stored before the check was kept cannot tell

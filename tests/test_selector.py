@@ -391,6 +391,38 @@ def test_a_stored_table_whose_bucket_winner_is_no_longer_eligible_is_tuned_again
     assert selector.get_kernel("toy.split").table.winners == {(16,): "torch", (1 << 20,): "jit"}
 
 
+def test_a_decision_checked_with_other_tolerances_than_the_ops_now_is_tuned_again(reg, monkeypatch, caplog):
+    # A winner chosen under loose tolerances stayed in use after the op's were tightened, and `tune` said "stored".
+    import logging
+
+    import toy_kernels
+
+    def define(atol):
+        reg._ops.pop("toy.double", None)  # the engine's next start, with the op declared anew
+        reg.define(OpDefinition("toy.double", shapes=toy_kernels.SHAPES, make_inputs=toy_kernels.inputs, atol=atol))
+
+    reg.register(KernelSpec("toy.double", B.TORCH, "toy_kernels:slow"))
+    reg.register(KernelSpec("toy.double", B.TRITON, "toy_kernels:fast"))
+    define(1e-3)
+    assert selector.select_kernel("toy.double").backend == B.TRITON
+    [(stored, _)] = tuning.database().decisions("toy.double")
+    assert stored.checked_with == "rtol=None, atol=0.001, reference the op's torch backend"
+    define(1e-2)
+    selector.clear_cache()
+    monkeypatch.setenv("AUTOSEL_TUNE", "off")
+    monkeypatch.setattr(tuning, "_untimed_said", set())
+    caplog.set_level(logging.WARNING, logger="autosel")
+    assert selector.select_kernel("toy.double").backend == B.TRITON  # nothing can be timed: kept, and said so
+    assert ("the stored decision (triton) was checked with rtol=None, atol=0.001, reference the op's torch backend; "
+            "the op is checked with rtol=None, atol=0.01, reference the op's torch backend now; it is kept") in \
+        " ".join(caplog.messages)
+    monkeypatch.delenv("AUTOSEL_TUNE")
+    selector.clear_cache()
+    assert selector.select_kernel("toy.double").backend == B.TRITON
+    [(stored, _)] = tuning.database().decisions("toy.double")
+    assert stored.checked_with.startswith("rtol=None, atol=0.01,")  # tuned again under the op's check now
+
+
 def test_an_op_without_shapes_keeps_a_decision_that_misses_only_a_newer_backend(reg, monkeypatch):
     # It raised "multiple backends ... no representative shapes", though a usable row was stored.
     toy(reg, B.TORCH, B.CUTE_DSL)
