@@ -233,12 +233,13 @@ def open_user(path: Path) -> list[OpenFile]:
         path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         return _readonly(path, f"cannot create folder {path.parent} ({exc.strerror or exc})")
-    if path.exists() and not path.is_file():  # SQLite would open a device and leave a journal beside it
-        return _readonly(path, "it is not a regular file (a device, a folder or a pipe); left untouched", ro=False)
     problem = None
     for attempt in range(2):
         inode, conn = _inode(path), None
         try:
+            if path.exists() and not path.is_file():  # SQLite would open a device and leave a journal beside it
+                return _readonly(path, "it is not a regular file (a device, a folder or a pipe); left untouched",
+                                 ro=False)
             if path.is_file() and path.stat().st_size:
                 version, written_by, kind = _inspect_file(path)
                 if version > db_tools.SCHEMA_VERSION:
