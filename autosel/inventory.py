@@ -107,7 +107,7 @@ class Inventory:
                                            "`autosel tune` times it again")
             elif decision.bucket == OP_LEVEL_BUCKET and decision.key in used:
                 status, detail = "shadowed", f"the {used[decision.key]} layer's row is used instead"
-            else:  # a bucket row is settled beside the op-level row of its layer (_bucket_status), as selection reads it
+            else:  # a bucket row is settled beside the op-level row of its layer (_bucket_status), as selection does
                 status, detail = "in use", ""
                 if decision.bucket == OP_LEVEL_BUCKET:
                     used[decision.key] = layer.kind

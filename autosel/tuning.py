@@ -123,9 +123,9 @@ def lookup_stored(db, key: DecisionKey, eligible: list[KernelSpec], *, match: st
                   versions: dict[str, str] | None = None, say: bool = True, every_backend: bool = True
                   ) -> tuple[Decision, tuple[Decision, ...], Any] | None:
     """The stored op-level decision, the bucket rows of its layer and that layer, or None. A row whose winner is
-    not eligible here is passed over, and so, unless every_backend is false, is one that is `outdated`. match: AUTOSEL_MATCH; "device" or "arch" take the closest near row when no
-    exact one is stored, and say so once unless `say` is false (versions: this machine's, for saying what
-    differs)."""
+    not eligible here is passed over, and so, unless every_backend is false, is one that is `outdated`. match:
+    AUTOSEL_MATCH; "device" or "arch" take the closest near row when no exact one is stored, and say so once unless
+    `say` is false (versions: this machine's, for saying what differs)."""
     names = [s.backend.value for s in eligible]
     usable = set(names).__contains__
     definition = registry.definition(key.op)
@@ -184,8 +184,8 @@ def _decide_here(op: str, eligible: list[KernelSpec], platform: PlatformInfo, mo
             return table_of(*found[:2])
         older = lookup_stored(db, key, eligible, match=settings.match, versions=versions, every_backend=False,
                               say=False)
-    # Where nothing can be timed now, a row that misses only a newer backend decides, rather than fail a served
-    # model at its start.
+    # Where nothing can be timed now, a row that is only outdated (a newer backend, one gone, another check)
+    # decides, rather than fail a served model at its start.
     why_not = _why_not_timed(op, platform, settings)
     reason = "" if older is None else outdated(db, older[0], older[2], spec_list(eligible), registry.definition(op))
     if older is not None and why_not:

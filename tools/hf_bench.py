@@ -10,8 +10,8 @@ then B C A, ...), as autosel's tuner interleaves its candidates, so what the mac
 the prefill on the eager decisions alone, beside it. A variant named again with a suffix ("--backends
 triton,triton#2,autosel#2") runs once more on its own copy of the model: how far two copies of one variant read
 apart (a copy of autosel is not a fixed backend). --compile runs every variant's step, unpatched transformers' too,
-under torch.compile (inductor, default mode, static shapes; decode steps are captured after it compiled): whether patching a model
-one compiles still pays, against inductor fusing transformers' own norms, rope and activations.
+under torch.compile (inductor, default mode, static shapes; decode steps are captured after it compiled): whether
+patching a model one compiles still pays, against inductor fusing transformers' own norms, rope and activations.
 Writes hf_bench.md, hf_bench.json and (with matplotlib) hf_bench.png under --out.
 
     python tools/hf_bench.py --out "$OUT"                                  # on the H200

@@ -76,8 +76,8 @@ class PatchedModel:
         # copy.deepcopy(model) reaches here through model._autosel_patch. The forwards are closures over this model's
         # modules, which deepcopy does not copy: the copy ran the original's weights, and its handle undid the
         # original.
-        raise IntegrationError(f"{type(self.model).__name__} is patched by autosel, and a deep copy of it would run the "
-                               "original's modules; call undo() on its handle (model._autosel_patch), copy, then "
+        raise IntegrationError(f"{type(self.model).__name__} is patched by autosel, and a deep copy of it would run "
+                               "the original's modules; call undo() on its handle (model._autosel_patch), copy, then "
                                "patch the copy")
 
     def __exit__(self, *exc) -> None:
