@@ -75,6 +75,17 @@ def _log_ticks(lo: float, hi: float) -> tuple[float, float, list[tuple[float, bo
     return lo_exp, hi_exp, ticks
 
 
+def runs_at(decision: Decision, buckets: Sequence[Decision]) -> dict[str, str]:
+    """Shape (as sorted JSON) -> the backend get_kernel runs there: the winner of the bucket row listing the shape,
+    else the op-level winner. Not the per-shape verdict stored in per_shape_winners, whose default is the first
+    registered backend where a bucket's is the op-level winner: on the shipped H200 DB the two differed at 23
+    shapes."""
+    runs = {json.dumps(s, sort_keys=True): decision.winner for s in bucket_shapes(decision)}
+    for row in buckets:
+        runs.update({json.dumps(s, sort_keys=True): row.winner for s in bucket_shapes(row)})
+    return runs
+
+
 def bucket_runs(shapes: Sequence[dict], buckets: Sequence[Decision]) -> list[tuple[int, int, Decision | None]]:
     """The x axis (shapes from the smallest, shape_order) cut where the bucket changes: (first place, place after
     the last, the bucket row listing those shapes or None). A shape's bucket is the row whose candidates list it.
@@ -104,7 +115,7 @@ def svg_chart(decision: Decision, *, buckets: Sequence[Decision] = (), width: in
     if not timed:
         return '<p class="muted">No candidate was timed, so there is nothing to plot.</p>'
     shapes = [s.shape for s in timed[0].shapes]
-    per_shape_winner = {shape: backend for shape, backend in decision.per_shape_winners}
+    runs_here = runs_at(decision, buckets)
     fastest = fastest_at(decision)
     position = {index: n for n, index in enumerate(shape_order(shapes))}  # shape index -> place on the x axis
     values = [v for c in timed for s in c.shapes if s.timing
@@ -191,7 +202,7 @@ def svg_chart(decision: Decision, *, buckets: Sequence[Decision] = (), width: in
             if t.p20_us > 0 and t.p80_us > 0:
                 out.append(f'<line x1="{cx:.1f}" x2="{cx:.1f}" y1="{y(t.p80_us):.1f}" y2="{y(t.p20_us):.1f}" '
                            f'stroke="{color}" stroke-width="1"/>')
-            shape_winner = per_shape_winner.get(json.dumps(shapes[i], sort_keys=True)) == candidate.backend
+            shape_winner = runs_here.get(json.dumps(shapes[i], sort_keys=True)) == candidate.backend
             is_fastest = fastest.get(i) == candidate.backend
             ring = ' stroke="#111" stroke-width="2"' if is_fastest else ""
             tip = (f"{candidate.backend} at {shape_text(shapes[i])}: median {format_us(t.median_us)} "
@@ -199,7 +210,7 @@ def svg_chart(decision: Decision, *, buckets: Sequence[Decision] = (), width: in
                    + (f"; host {format_us(t.host_us)}, device {format_us(t.device_us)} per call"
                       if t.host_us and t.device_us else "")
                    + ("; fastest at this shape" if is_fastest else "")
-                   + ("; chosen at this shape" if shape_winner else ""))
+                   + ("; get_kernel runs it at this shape" if shape_winner else ""))
             out.append(f'<circle cx="{cx:.1f}" cy="{cy:.1f}" r="{6 if is_fastest else 3.5}" fill="{color}"{ring}>'
                        f'<title>{html.escape(tip)}</title></circle>')
     legend_x, legend_y = left + plot_w + 16, top + 8

@@ -7,7 +7,7 @@ import json
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
-from autosel.chart import bucket_shapes, fastest_at, format_us, shape_order, svg_chart
+from autosel.chart import bucket_shapes, fastest_at, format_us, runs_at, shape_order, svg_chart
 from autosel.decisions import OP_LEVEL_BUCKET, CandidateResult, Decision, bucket_order, format_lead
 from autosel.inventory import Entry
 from autosel.policy import geomean, rule_for, shape_text
@@ -126,11 +126,11 @@ def _candidates_table(decision: Decision) -> str:
             "<th>first call (with compile)</th><th>reason</th></tr>" + "".join(rows) + "</table>")
 
 
-def _per_shape_table(decision: Decision) -> str:
+def _per_shape_table(decision: Decision, buckets: list[Decision]) -> str:
     timed = [c for c in decision.candidates if any(s.timing for s in c.shapes)]
     if not timed:
         return ""
-    winners = dict(decision.per_shape_winners)
+    winners = runs_at(decision, buckets)
     fastest = fastest_at(decision)
     head = "".join(f"<th>{_e(c.backend)}</th>" for c in timed)
     rows = []
@@ -142,15 +142,15 @@ def _per_shape_table(decision: Decision) -> str:
         for c in timed:
             timing = c.shapes[i].timing if i < len(c.shapes) else None
             cls = "num winner" if fastest.get(i) == c.backend else "num"
-            mark = ' <span class="chosen" title="chosen at this shape">✓</span>' if c.backend == winner else ""
+            mark = ' <span class="chosen" title="get_kernel runs it at this shape">✓</span>' if c.backend == winner else ""
             cells.append(f'<td class="{cls}">{_e(format_us(timing.median_us if timing else None))}{mark}</td>')
         rows.append(f"<tr><td><code>{_e(shape_text(shape))}</code></td><td>{_e(winner)}</td>{''.join(cells)}</tr>")
-    note = ('<p class="muted">Bold: the fastest median at that shape. ✓ and "chosen here": the backend the rule '
-            "picked at that shape, which keeps the first-registered one unless another beat it by more than the "
-            "noise in every round"
+    note = ('<p class="muted">Bold: the fastest median at that shape. ✓ and "runs here": the backend get_kernel runs '
+            "at that shape, its bucket's winner (or the op-level winner), which is kept unless another beat it by "
+            "more than the noise in every round"
             + ("; a dropped candidate's first-round times are shown but it cannot win" if any(
                 c.status == "dropped" for c in timed) else "") + ".</p>")
-    return (f"<table><tr><th>shape</th><th>chosen here</th>{head}</tr>" + "".join(rows) + "</table>" + note)
+    return (f"<table><tr><th>shape</th><th>runs here</th>{head}</tr>" + "".join(rows) + "</table>" + note)
 
 
 def _runner_up_words(d: Decision) -> str:
@@ -228,7 +228,7 @@ def _op_section(section: Section) -> str:
             f"<h3>Time per backend across the shapes</h3>{chart}"
             f"{_buckets_part(section)}"
             f"<h3>Candidates</h3>{_candidates_table(d)}"
-            f"<h3>Per-shape winners</h3>{_per_shape_table(d)}</section>")
+            f"<h3>Per-shape winners</h3>{_per_shape_table(d, [b.decision for b in section.buckets])}</section>")
 
 
 def _orphan_section(section: Section) -> str:

@@ -4,6 +4,7 @@ winner marked, reasons escaped."""
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 
 import pytest
 
@@ -77,7 +78,7 @@ def test_chart_is_log_scale_with_the_winner_marked():
     # the winner's line is drawn thicker than the others, and last (on top)
     widths = re.findall(r'<polyline points="[^"]+" fill="none" stroke="[^"]+" stroke-width="([\d.]+)"', svg)
     assert widths == ["1.6", "3.5"]
-    assert "chosen at this shape" in svg and "triton at tokens=512, hidden=4096: median 300 µs" in svg
+    assert "get_kernel runs it at this shape" in svg and "triton at tokens=512, hidden=4096: median 300 µs" in svg
 
 
 def test_the_margin_line_names_the_timing_methods_floor():
@@ -164,7 +165,7 @@ def test_per_shape_table_bolds_the_fastest_and_marks_the_chosen_apart():
     # The table bolded the chosen backend, so a kept default looked fastest; the README says the fastest is marked.
     html = page(kept_default())
     row = re.search(r"<code>tokens=1, hidden=4096</code>.*?</tr>", html).group(0)
-    assert '<td class="num">8 µs <span class="chosen" title="chosen at this shape">✓</span></td>' in row
+    assert '<td class="num">8 µs <span class="chosen" title="get_kernel runs it at this shape">✓</span></td>' in row
     assert '<td class="num winner">5 µs</td>' in row
     svg = svg_chart(kept_default())
     assert re.search(r'r="6" fill="[^"]+" stroke="#111" stroke-width="2"><title>triton at tokens=1', svg)
@@ -292,3 +293,22 @@ def test_sections_keep_layer_order_and_put_bucket_rows_beside_their_tune():
     assert first.entry == user[0] and [b.decision.bucket for b in first.buckets] == [
         "[16, 4096]", "[512, 4096]", "[4096, 4096]"]
     assert second.entry == shadowed and second.buckets == () and first.differ == 1
+
+
+def test_the_per_shape_tick_is_what_get_kernel_runs_there_not_the_stored_per_shape_verdict():
+    # The per-shape verdict falls back to the first-registered backend, a bucket to the op-level winner: on the
+    # shipped H200 DB the page ticked triton at 23 shapes whose bucket ran flashinfer.
+    op_level = replace(kept_default(), winner="triton", per_shape_winners=(
+        ('{"hidden": 4096, "tokens": 1}', "torch"), ('{"hidden": 4096, "tokens": 512}', "torch")))
+    small = replace(op_level, bucket="[1, 4096]", winner="torch", candidates=tuple(
+        replace(c, shapes=c.shapes[:1]) for c in op_level.candidates))
+    big = replace(op_level, bucket="[512, 4096]", winner="triton", candidates=tuple(
+        replace(c, shapes=c.shapes[1:]) for c in op_level.candidates))
+    from autosel.report import _per_shape_table
+
+    table = _per_shape_table(op_level, [small, big])
+    rows = {shape: re.search(rf"<code>{shape}</code></td><td>(\w+)</td>", table).group(1)
+            for shape in ("tokens=1, hidden=4096", "tokens=512, hidden=4096")}
+    assert rows == {"tokens=1, hidden=4096": "torch", "tokens=512, hidden=4096": "triton"}
+    assert "get_kernel runs it at this shape" in svg_chart(op_level, buckets=[small, big]).split(
+        "triton at tokens=512")[1].split("</title>")[0]
