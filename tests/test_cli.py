@@ -1329,6 +1329,14 @@ def test_check_fails_on_an_empty_db_and_names_what_is_missing(reg, tmp_path):
     assert report["ok"] is False and [m["op"] for m in report["missing"]] == ["toy.double"]
 
 
+def test_check_for_graph_mode_on_a_cpu_target_is_a_usage_error(reg):
+    # It exited 1 saying to tune on the target, which never stores graph-mode rows on a CPU.
+    toy(reg, B.TORCH, B.TRITON)
+    result = run("check", "--require", "toy.double", "--mode", "graph")
+    assert result.exit_code == 2 and f"{CPU.key} has no graph mode (selection there runs eager mode only)" in \
+        result.stderr
+
+
 def test_check_with_buckets_needs_the_bucket_rows_of_an_op_that_declares_buckets(reg):
     bucketed(reg)
     store(decision())  # an op-level row alone, as a tune before buckets left it

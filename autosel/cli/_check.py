@@ -69,6 +69,9 @@ def check(required, modes, platform_key, buckets, db, as_json):
     platform = platforms.current_platform()
     target = platform_key or platform.key
     ops = _required(required, tuning.registry.ops())
+    if set(modes) - set(coverage.modes_of(target)):  # no tune could ever store it: the advice below would go round
+        raise click.BadParameter(f"{target} has no graph mode (selection there runs eager mode only)",
+                                 param_hint="--mode")
     results = coverage.check(ops, db=database, registry=tuning.registry, platform=platform, target=target,
                              modes=list(modes) or None, match=settings.match, buckets=buckets)
     missing = [r for r in results if not r.ok]
