@@ -365,10 +365,15 @@ def first_tables(sources: Iterable[Iterable[Decision]]) -> list[Decision]:
                 orphans.add(key)
             else:
                 chosen.setdefault(key, table)
-    for key in sorted(orphans - chosen.keys()):
+    _say_left_out(orphans - chosen.keys())
+    return sorted((d for table in chosen.values() for d in table.values()), key=_sort_key)
+
+
+def _say_left_out(orphans: set[TableKey]) -> None:
+    """Warn of tables whose bucket rows are left out: no source holds their op-level row."""
+    for key in sorted(orphans):
         logger.warning("left out the bucket rows of %s (%s mode, %s): their op-level row is not there, and "
                        "selection never reads bucket rows without it", key[1], key[2], key[0])
-    return sorted((d for table in chosen.values() for d in table.values()), key=_sort_key)
 
 
 PAGE_SIZE = 4096  # fixed, so a reproducible build does not follow the SQLite library's default
@@ -492,17 +497,17 @@ def merge(inputs: Sequence[Path], out: Path, *, prefer: str | None = None, overw
     if prefer not in PREFER:
         raise DatabaseError(f"prefer={prefer!r} is not valid; use None (leave conflicts out), 'newest' or 'first'")
     seen: dict[TableKey, list[tuple[str, dict[str, Decision]]]] = {}
-    read = []
+    orphans: set[TableKey] = set()
     for source in inputs:
-        rows = read_decisions(Path(source))
-        read.append(rows)
-        for key, table in tables(rows).items():
+        for key, table in tables(read_decisions(Path(source))).items():
             if OP_LEVEL_BUCKET in table:
                 seen.setdefault(key, []).append((str(source), table))
-    if not any(read):
+            else:
+                orphans.add(key)
+    if not seen and not orphans:
         raise DatabaseError(f"none of {', '.join(map(str, inputs))} holds a decision, so {out} was not written; "
                             "check the inputs (autosel export writes them)")
-    first_tables(read)  # warns of bucket rows without their op-level row, which are left out
+    _say_left_out(orphans - seen.keys())
     kept, conflicts = [], []
     for found in seen.values():
         newest = max(found, key=lambda item: item[1][OP_LEVEL_BUCKET].created_at)[1]
