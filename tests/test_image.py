@@ -125,3 +125,11 @@ def test_check_fails_for_an_empty_db_and_a_target_no_layer_covers(venv):
                                                  "exited, or a file made by `autosel export --format sqlite`.")
     assert error.startswith(f"Error: 12 of 12 required (op, mode) pairs have no usable decision for {target}: "
                             f"layernorm.rmsnorm (eager): no usable eager decision for {target} (stored for: ")
+
+
+def test_installed_autosel_carries_and_builds_its_triton_launcher(venv):
+    # triton_launch.c is package data: without it an installed autosel launched every Triton call through Triton.
+    pytest.importorskip("triton")
+    probe = _run(venv, "python", "-c", "from autosel.ops import triton_launch as t; print(t.direct_module() is not None)",
+                 TRITON_CACHE_DIR=str(venv / "triton-cache"))
+    assert probe.stdout.strip() == "True", probe.stderr

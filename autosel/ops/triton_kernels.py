@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import inspect
 import os
 
@@ -121,15 +122,11 @@ def _rmsnorm_kernel(
 _launch_rmsnorm_kernel = FastLaunch(_rmsnorm_kernel)
 
 
-def _launch_rmsnorm(x2, res2, weight, out, out_stride: int, eps: float) -> None:
-    """out: any tensor whose rows start out_stride elements apart (a view of it would cost host time per call)."""
-    n_rows, n_cols = x2.shape
-    if weight.shape != (n_cols,):
-        raise ValueError(f"weight has shape {tuple(weight.shape)}, expected ({n_cols},) to match x")
-    if n_rows == 0:
-        return
-    weight = weight if weight.stride(0) == 1 else weight.contiguous()
-    max_cols = _MAX_ROW_BYTES // x2.element_size()
+@functools.lru_cache(maxsize=4096)
+def _rmsnorm_plan(n_rows: int, n_cols: int, element_size: int) -> tuple:
+    """(grid, num_warps, constexprs without, constexprs with the residual add) for a [n_rows, n_cols] norm: kept
+    per shape, since working it out costs about a microsecond of host time a call."""
+    max_cols = _MAX_ROW_BYTES // element_size
     block_n = next_power_of_2(n_cols)
     one_pass = block_n <= max_cols
     if not one_pass:
@@ -139,13 +136,26 @@ def _launch_rmsnorm(x2, res2, weight, out, out_stride: int, eps: float) -> None:
     # it ran 1.1-1.4x behind 8 warps on the H200 from 600 tokens up at hidden 2304 to 4096, and at most 5% ahead
     # at 1-64 tokens; at hidden 5376 and 8192 both rules give 16 (docs/H200.md, "The Triton rmsnorm's warps").
     per_thread = 16 if one_pass and block_m == 1 else 8
-    _launch_rmsnorm_kernel(
-        (_cdiv(n_rows, block_m),),
-        (x2, res2 if res2 is not None else x2, weight, out,
-         n_rows, n_cols, x2.stride(0), res2.stride(0) if res2 is not None else 0, out_stride, eps),
-        (block_m, block_n, one_pass, res2 is not None),  # BLOCK_M, BLOCK_N, ONE_PASS, ADD_RESIDUAL
-        _num_warps(block_m * block_n, per_thread=per_thread),
-    )
+    # BLOCK_M, BLOCK_N, ONE_PASS, ADD_RESIDUAL
+    return ((_cdiv(n_rows, block_m),), _num_warps(block_m * block_n, per_thread=per_thread),
+            (block_m, block_n, one_pass, False), (block_m, block_n, one_pass, True))
+
+
+def _launch_rmsnorm(x2, res2, weight, out, out_stride: int, eps: float) -> None:
+    """out: any tensor whose rows start out_stride elements apart (a view of it would cost host time per call)."""
+    n_rows, n_cols = x2.shape
+    if weight.shape != (n_cols,):
+        raise ValueError(f"weight has shape {tuple(weight.shape)}, expected ({n_cols},) to match x")
+    if n_rows == 0:
+        return
+    weight = weight if weight.stride(0) == 1 else weight.contiguous()
+    grid, num_warps, plain, with_residual = _rmsnorm_plan(n_rows, n_cols, x2.element_size())
+    if res2 is None:
+        _launch_rmsnorm_kernel(grid, (x2, x2, weight, out, n_rows, n_cols, x2.stride(0), 0, out_stride, eps),
+                               plain, num_warps)
+    else:
+        _launch_rmsnorm_kernel(grid, (x2, res2, weight, out, n_rows, n_cols, x2.stride(0), res2.stride(0),
+                                      out_stride, eps), with_residual, num_warps)
 
 
 def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

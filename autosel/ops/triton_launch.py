@@ -2,22 +2,25 @@
 
 `kernel[grid](*args)` runs JITFunction.run on every call: it binds the arguments, works out each one's
 specialization (dtype, 16-byte alignment, integers equal to 1 or divisible by 16), builds a cache key from them
-and looks the compiled kernel up. Triton's own issues put that at about 12 us of Python per launch with many
-arguments, against about 3 us for calling the compiled kernel (triton-lang/triton#6064, and the identity fast
-path of facebookexperimental/triton#1231). In eager mode a launch-bound norm or activation costs the larger of its
-host and device time, and on the H200's host autosel's Triton calls spent 30-50 us of host time against the
-vendors' 11-22. Launched directly they spend 3-9 us less (docs/H200.md, "Triton's launch, directly", which also
-splits what is left).
+and looks the compiled kernel up; then Triton's launcher parses some twenty arguments, asks the driver about
+every pointer and launches. Triton's own issues put the Python part at about 12 us per launch with many
+arguments (triton-lang/triton#6064). In eager mode a launch-bound norm or activation costs the larger of its
+host and device time, so that host time is what loses autosel's Triton kernels the small eager shapes
+(docs/H200.md, "Triton's launch, directly" and "Triton's launch in C").
 
-FastLaunch keeps the compiled kernel Triton returns for a specialization, under a key this module computes from
-the same properties Triton specializes on, and launches it directly the next time: the same call Triton makes at
-the end of JITFunction.run (Triton 3.3 and later). The first call of each specialization goes through Triton
-unchanged (it compiles, or loads from Triton's cache); so does every call under TRITON_INTERPRET, and every call
-where this Triton lacks the pieces the direct launch needs.
+FastLaunch keeps each compiled kernel Triton returns for a specialization, under the key Triton specializes
+on, and launches it directly the next time, from C: `triton_launch.c` computes the key, looks the kernel up and
+calls the driver's cuLaunchKernel in one call, built at first use with the helper Triton builds its own
+launchers with. The first call of each specialization goes through Triton unchanged (it compiles, or loads
+from Triton's cache); so does every call under TRITON_INTERPRET, while a profiler's launch hook is set, and
+where the C module cannot be built or a kernel needs what it does not pass (scratch memory, clusters).
 """
 
 from __future__ import annotations
 
+import functools
+import logging
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -28,30 +31,35 @@ try:  # the launch hooks' home from Triton 3.3 (profilers such as proton set the
 except ImportError:  # older Triton: every call goes through JITFunction.run
     _knobs = None
 
-_I32, _U64 = 1 << 31, 1 << 63  # Triton's integer types: i32 below 2**31 in magnitude, u64 from 2**63, else i64
+logger = logging.getLogger(__name__)
+
+# How the C launcher passes each type of Triton's signature, and its size in bytes ('-': a constant, not passed).
+_KINDS = {"i32": ("i", 4), "i64": ("l", 8), "u64": ("K", 8), "fp32": ("f", 4), "u1": ("b", 1), "i1": ("b", 1),
+          "constexpr": ("-", 0)}
 
 
-def arg_key(arg: Any) -> Any:
-    """What Triton specializes a runtime argument on: a tensor's dtype and whether its address is 16-byte
-    aligned; an integer's type (i32, i64 or u64), whether it is 1 and whether it divides by 16; a float's
-    type alone. Two calls with equal keys run the same compiled kernel."""
-    if isinstance(arg, torch.Tensor):
-        return arg.dtype, not arg.data_ptr() & 15
-    if isinstance(arg, bool) or arg is None or isinstance(arg, float):
-        return type(arg)
-    if isinstance(arg, int):
-        return arg == 1, not arg & 15, -_I32 <= arg < _I32, arg >= _U64
-    raise TypeError(f"FastLaunch has no key for a {type(arg).__name__} argument; pass tensors, ints, floats, "
-                    "bools or None")
+@functools.cache
+def direct_module() -> Any:
+    """The C half (triton_launch.c), built once per machine into Triton's cache; None where it cannot be."""
+    try:
+        from triton.runtime.build import compile_module_from_src
+
+        source = Path(__file__).with_name("triton_launch.c").read_text()
+        return compile_module_from_src(src=source, name="autosel_triton_launch")
+    except Exception as exc:  # no C compiler, no Python headers, a Triton without the helper: Triton's path
+        logger.warning("autosel's Triton kernels launch through Triton's own path, a few microseconds more per "
+                       "call: the direct launcher could not be built (%s: %s). A C compiler and Python's headers "
+                       "are what Triton itself needs for its launchers.", type(exc).__name__, exc)
+        return None
 
 
-def args_key(args: tuple) -> tuple:
-    """arg_key of each argument, with plain tensors and ints keyed inline. This runs on every launch: for the
-    rmsnorm's ten arguments on the H200's host, 3.0 us inline against 6.2 us through arg_key (call 17-1,
-    docs/H200.md)."""
-    return tuple([(a.dtype, not a.data_ptr() & 15) if type(a) is torch.Tensor
-                  else (a == 1, not a & 15, -_I32 <= a < _I32, a >= _U64) if type(a) is int
-                  else arg_key(a) for a in args])
+def launch_key(prefix: Any, args: tuple) -> tuple | None:
+    """The key FastLaunch keeps a compiled kernel under: `prefix`, a byte per argument saying what Triton
+    specializes it on (a tensor's 16-byte alignment; an integer's width, whether it is 1 and whether it divides by
+    16; only the type of a float, a bool or None) and each tensor's dtype. Two calls with equal keys run the same
+    compiled kernel. None for an argument of another type, or where the C module cannot be built."""
+    module = direct_module()
+    return None if module is None else module.key(prefix, args)
 
 
 class FastLaunch:
@@ -59,36 +67,67 @@ class FastLaunch:
 
     `args` are the kernel's runtime arguments and `constexprs` the values of its constexpr parameters, which
     must come after the runtime ones in its signature. The compiled kernel for each (device, num_warps,
-    constexprs, args_key of the runtime arguments) is kept after its first launch; from then on the call takes
-    the current device's current stream (so a CUDA graph capture records it) and launches it directly.
+    constexprs, launch_key of the runtime arguments) is kept after its first launch; from then on the call
+    launches it on the current device's current stream (so a CUDA graph capture records it) from C.
     """
 
     def __init__(self, fn) -> None:
         self.fn = fn
-        self.compiled: dict[tuple, Any] = {}
+        self.kept: dict[tuple, tuple] = {}
         # Under TRITON_INTERPRET, @triton.jit makes an InterpretedFunction, which runs on the CPU: no direct launch.
         self.enabled = isinstance(fn, JITFunction) and _knobs is not None
+        self.direct = direct_module() if self.enabled else None
+        self.enabled = self.direct is not None
 
     def __call__(self, grid: tuple, args: tuple, constexprs: tuple, num_warps: int) -> None:
         if not self.enabled:
             self.fn[grid](*args, *constexprs, num_warps=num_warps)
             return
         device = torch.cuda.current_device()
-        key = (device, num_warps, constexprs, args_key(args))
-        kernel = self.compiled.get(key)
-        if kernel is None:
-            kernel = self.fn[grid](*args, *constexprs, num_warps=num_warps)
-            kernel = kernel.result() if hasattr(kernel, "result") else kernel  # an asynchronous compile's future
-            if all(hasattr(kernel, name) for name in ("run", "function", "packed_metadata", "launch_metadata")):
-                self.compiled[key] = kernel
-            else:  # not the CompiledKernel this module was written for: stay on Triton's path
-                self.enabled = False
+        prefix = (device, num_warps, constexprs)
+        if _knobs.runtime.launch_enter_hook is None and self.direct.launch(
+                self.kept, prefix, grid, _current_stream(device), args):
             return
-        stream = _current_stream(device)
-        enter, leave = _knobs.runtime.launch_enter_hook, _knobs.runtime.launch_exit_hook
-        metadata = None if enter is None else kernel.launch_metadata(grid, stream, *args, *constexprs)
-        kernel.run(grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1, stream,
-                   kernel.function, kernel.packed_metadata, metadata, enter, leave, *args, *constexprs)
+        kernel = self.fn[grid](*args, *constexprs, num_warps=num_warps)
+        kernel = kernel.result() if hasattr(kernel, "result") else kernel  # an asynchronous compile's future
+        key = self.direct.key(prefix, args)
+        if key is not None and key not in self.kept:
+            entry = self._entry(kernel, len(args))
+            if entry is None:  # not a kernel the C launcher can pass everything to: Triton's path from now on
+                self.enabled = False
+            else:
+                self.kept[key] = entry
+
+    def _entry(self, kernel: Any, n_args: int) -> tuple | None:
+        """What the C launcher needs to launch `kernel` (see triton_launch.c), checked against the parameters the
+        loaded kernel declares; None, with the reason logged, where it cannot launch it."""
+        metadata = getattr(kernel, "metadata", None)
+        signature = list(getattr(getattr(kernel, "src", None), "signature", {}).values())
+        function = getattr(kernel, "function", None)
+        if metadata is None or function is None or len(signature) < n_args:
+            return _unsupported(kernel, "not the CompiledKernel this module was written for")
+        needs = [name for name in ("global_scratch_size", "profile_scratch_size", "launch_cooperative_grid",
+                                   "launch_pdl", "tensordesc_meta") if getattr(metadata, name, None)]
+        if getattr(metadata, "num_ctas", 1) != 1:
+            needs.append("num_ctas")
+        if needs:
+            return _unsupported(kernel, "it needs " + ", ".join(needs))
+        if any(kind != "constexpr" for kind in signature[n_args:]):
+            return _unsupported(kernel, "a runtime parameter comes after a constexpr one")
+        kinds = [("p", 8) if kind.startswith("*") else _KINDS.get(kind) for kind in signature[:n_args]]
+        if None in kinds:
+            return _unsupported(kernel, f"a parameter of type {signature[kinds.index(None)]}")
+        passed = [size for kind, size in kinds if kind != "-"]
+        declared = self.direct.param_sizes(function)
+        if declared is None or list(declared[:len(passed)]) != passed or any(s != 8 for s in declared[len(passed):]):
+            return _unsupported(kernel, f"its parameters are {declared} bytes, not {passed} and null pointers")
+        return (function, 32 * metadata.num_warps, metadata.shared, "".join(k for k, _ in kinds).encode(),
+                len(declared) - len(passed))
+
+
+def _unsupported(kernel: Any, why: str) -> None:
+    logger.info("Triton kernel %s launches through Triton's own path: %s", getattr(kernel, "name", kernel), why)
+    return None
 
 
 def _current_stream(device: int) -> int:

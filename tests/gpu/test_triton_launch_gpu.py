@@ -1,5 +1,6 @@
-"""GPU tests for autosel.ops.triton_launch: calls after the first take the direct launch, give the reference's
-answer, get a kernel of their own when Triton would specialize differently, and can be captured in a CUDA graph."""
+"""GPU tests for autosel.ops.triton_launch: calls after the first take the direct launch (in C, never Triton's path),
+give the reference's answer, get a kernel of their own when Triton would specialize differently, and can be captured
+in a CUDA graph."""
 
 from __future__ import annotations
 
@@ -34,11 +35,11 @@ def test_repeated_calls_take_the_direct_launch_and_match_the_reference():
     assert launcher.enabled
     weight = torch.randn(4096, device="cuda").to(torch.bfloat16)
     tk.rmsnorm(_rows(37, 4096), weight, EPS)
-    kept = len(launcher.compiled)
+    kept = len(launcher.kept)
     for _ in range(3):  # new data each time, the same specialization: no new kernel, right answers
         x = _rows(37, 4096)
         torch.testing.assert_close(tk.rmsnorm(x, weight, EPS), _ref_rmsnorm(x, weight), rtol=2e-2, atol=2e-2)
-    assert len(launcher.compiled) == kept >= 1
+    assert len(launcher.kept) == kept >= 1
 
 
 @pytest.mark.parametrize("width, offset", [(4096, 1), (4100, 0), (4100, 1)], ids=["misaligned", "odd", "both"])
@@ -49,11 +50,75 @@ def test_a_call_triton_specializes_differently_gets_its_own_kernel(width, offset
     launcher = tk._launch_rmsnorm_kernel
     weight = torch.randn(width, device="cuda").to(torch.bfloat16)
     tk.rmsnorm(_rows(37, 4096), weight[:4096].contiguous(), EPS)
-    before = set(launcher.compiled)
+    before = set(launcher.kept)
     for _ in range(2):  # the first compiles (or loads) the kernel, the second launches it directly
         x = _rows(37, width, offset=offset)
         torch.testing.assert_close(tk.rmsnorm(x, weight, EPS), _ref_rmsnorm(x, weight), rtol=2e-2, atol=2e-2)
-    assert set(launcher.compiled) - before, "the differently specialized call reused a kept kernel"
+    assert set(launcher.kept) - before, "the differently specialized call reused a kept kernel"
+
+
+class _NotTritonsPath:
+    """Stands in for a launcher's Triton function: a call that reaches Triton's path fails the test."""
+
+    def __getitem__(self, grid):
+        raise AssertionError("a call with a kept kernel went through Triton's own launch")
+
+
+def _in_place(fn, *args, written):
+    """Call an in-place kernel on copies of args and return the copies it writes (by position)."""
+    copies = [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
+    fn(*copies)
+    return tuple(copies[i] for i in written)
+
+
+def _every_kernel_call(tk, tokens):
+    """(FastLaunch, its call, the torch backend's answer) for each of autosel's Triton kernels that FastLaunch
+    launches; every call takes fresh copies of its inputs."""
+    from autosel.ops import torch_impl
+
+    x, gate_up = _rows(tokens, 4096), _rows(tokens, 2 * 1408)
+    weight = torch.randn(4096, device="cuda").to(torch.bfloat16)
+    rope_args = (torch.arange(tokens, device="cuda") % 64, _rows(tokens, 8 * 128), _rows(tokens, 2 * 128), 128,
+                 torch.randn(64, 128, device="cuda"), True)
+    calls = [(tk._launch_rmsnorm_kernel, "rmsnorm", (x, weight, EPS), None),
+             (tk._launch_rmsnorm_kernel, "fused_add_rmsnorm", (x, x, weight, EPS), (0, 1)),
+             (tk._launch_act_and_mul, "silu_and_mul", (gate_up,), None),
+             (tk._launch_act_and_mul, "gelu_and_mul", (gate_up,), None),
+             (tk._launch_rope, "rope", rope_args, (1, 2))]
+
+    def run(module, name, args, written):
+        fn = getattr(module, name)
+        return fn(*args) if written is None else _in_place(fn, *args, written=written)
+
+    return [(launcher, name, lambda n=name, a=args, w=written: run(tk, n, a, w),
+             lambda n=name, a=args, w=written: run(torch_impl, n, a, w))
+            for launcher, name, args, written in calls]
+
+
+@pytest.mark.parametrize("tokens", [1, 16, 37])
+def test_every_kernel_launches_from_c_after_its_first_call(tokens, monkeypatch):
+    """1 token: Triton makes n_rows a constant, so the launcher must leave it out; 16: divisible; 37: neither."""
+    tk = _kernels()
+    for launcher, name, call, reference in _every_kernel_call(tk, tokens):
+        call()  # the first call of this specialization: compiled or loaded through Triton, then kept
+        assert launcher.enabled, f"{name}: the direct launch was switched off"
+        with monkeypatch.context() as patch:
+            patch.setattr(launcher, "fn", _NotTritonsPath())
+            torch.testing.assert_close(call(), reference(), rtol=2e-2, atol=2e-2, msg=name)
+
+
+def test_a_launch_hook_sends_calls_through_triton(monkeypatch):
+    """A profiler's launch hook (proton sets one) must see every launch: the C launcher would skip it."""
+    from triton import knobs
+
+    tk = _kernels()
+    x = _rows(8, 4096)
+    weight = torch.randn(4096, device="cuda").to(torch.bfloat16)
+    tk.rmsnorm(x, weight, EPS)
+    seen = []
+    monkeypatch.setattr(knobs.runtime, "launch_enter_hook", seen.append)
+    tk.rmsnorm(x, weight, EPS)
+    assert len(seen) == 1
 
 
 def test_direct_launches_are_captured_in_a_cuda_graph():
