@@ -13,9 +13,10 @@ kept to reproduce the published table; set2 (the default) was chosen after them 
 A; set3 was made after that run; set4 after the representative shapes at the eager crossovers were chosen on sets
 2 and 3 (docs/BENCHMARKS.md section 2b); set5 after the Triton rmsnorm's row tiles were chosen on set4's figures
 (a kernel since reverted; set5 then judged its warps rule, the vendors' PDL off and the direct Triton launches);
-set6 was made in stop 22 before any run of it, and is in no rule's, shape's or kernel change's sample yet:
+set6 was made in stop 22 before any run of it; set7 in stop 24 before any run of it, to judge the Triton kernels
+launched from C, and is in no rule's, shape's or kernel change's sample yet:
 
-    python tools/heldout_bench.py --out DIR --shapes set6
+    python tools/heldout_bench.py --out DIR --shapes set7
 
 Writes DIR/heldout.md (the tables) and DIR/heldout.json (every median).
 """
@@ -121,7 +122,17 @@ SET5 = _held_out(TOKENS_5, rmsnorm=(2880, 1536), fused=(6656, 1152), silu=(8960,
 TOKENS_6 = (10, 17, 72, 180, 480, 1300, 2700, 3900, 6500, 15000)
 SET6 = _held_out(TOKENS_6, rmsnorm=(960, 6400), fused=(1024, 4544), silu=(4864, 22016), gelu=(16384, 24576),
                  rope=((14, 2), (56, 8)), mm=((1152, 896), (8192, 28672)))
-SETS = {"set1": SET1, "set2": SET2, "set3": SET3, "set4": SET4, "set5": SET5, "set6": SET6}
+# set7: shapes of no earlier set and no representative shape, made in stop 24 before any run of it, to judge autosel's
+# Triton kernels launched from C (docs/H200.md, "Triton's launch in C"), chosen on none of them. Token counts none of
+# sets 1-6's (buckets 16, 32, 64, 256, 512, 1024, 2048, 2048, 4096, 8192), and widths none of the op's earlier sets':
+# hidden 896 (Qwen2.5-0.5B) and 8192 (Llama-3-70B) for rmsnorm, 2880 (gpt-oss) and 7168 (DeepSeek-V3) for
+# fused_add_rmsnorm; intermediate 3072 (Qwen3-0.6B) and 28672 (Llama-3-70B) for silu, 2048 (Gemma-3-270M) and 14336
+# (Gemma-2-9B) for gelu; rope 40/10 heads (Phi-4) and 32/16 (Gemma-2-27B); GEMMs of Phi-4 qkv (7680, 5120) and
+# TinyLlama down (2048, 5632).
+TOKENS_7 = (12, 26, 88, 220, 560, 950, 1700, 2400, 4800, 10500)
+SET7 = _held_out(TOKENS_7, rmsnorm=(896, 8192), fused=(2880, 7168), silu=(3072, 28672), gelu=(2048, 14336),
+                 rope=((40, 10), (32, 16)), mm=((7680, 5120), (2048, 5632)))
+SETS = {"set1": SET1, "set2": SET2, "set3": SET3, "set4": SET4, "set5": SET5, "set6": SET6, "set7": SET7}
 
 
 def table_for(op: str, mode: str) -> BucketTable:
