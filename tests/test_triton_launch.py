@@ -84,3 +84,18 @@ def test_interpreted_kernels_are_launched_through_triton():
         pass
 
     assert not FastLaunch(InterpretedFunction(kernel)).enabled
+
+
+def test_launch_hooks_count_as_set_only_when_one_is_there(monkeypatch):
+    # Triton 3.6 made the hook an always-present HookChain: read as "set", it sent every call through Triton.
+    from triton import knobs
+
+    from autosel.ops.triton_launch import _hooked
+
+    assert not _hooked()
+    hooks = knobs.runtime.launch_enter_hook
+    if hasattr(hooks, "calls"):
+        monkeypatch.setattr(hooks, "calls", [print])
+    else:
+        monkeypatch.setattr(knobs.runtime, "launch_enter_hook", print)
+    assert _hooked()

@@ -85,8 +85,7 @@ class FastLaunch:
             return
         device = torch.cuda.current_device()
         prefix = (device, num_warps, constexprs)
-        if _knobs.runtime.launch_enter_hook is None and self.direct.launch(
-                self.kept, prefix, grid, _current_stream(device), args):
+        if not _hooked() and self.direct.launch(self.kept, prefix, grid, _current_stream(device), args):
             return
         kernel = self.fn[grid](*args, *constexprs, num_warps=num_warps)
         kernel = kernel.result() if hasattr(kernel, "result") else kernel  # an asynchronous compile's future
@@ -123,6 +122,13 @@ class FastLaunch:
             return _unsupported(kernel, f"its parameters are {declared} bytes, not {passed} and null pointers")
         return (function, 32 * metadata.num_warps, metadata.shared, "".join(k for k, _ in kinds).encode(),
                 len(declared) - len(passed))
+
+
+def _hooked() -> bool:
+    """Whether a launch hook is set (a profiler's, such as proton's): every launch must then go through Triton,
+    which calls it. From Triton 3.6 the hook is a HookChain, set when it holds a call; before, a function or None."""
+    hook = _knobs.runtime.launch_enter_hook
+    return hook is not None and bool(getattr(hook, "calls", True))
 
 
 def _unsupported(kernel: Any, why: str) -> None:
