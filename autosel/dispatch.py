@@ -308,12 +308,14 @@ def by_tokens(eager: Callable[..., Any], graph: Callable[..., Any], threshold: i
     """A kernel that runs `graph` (get_kernel(op, mode="graph")) on calls of at least `threshold` tokens and `eager`
     on shorter ones; `eager` itself when the two are one kernel. For an engine that runs its prefill eagerly: a long
     prefill keeps the GPU behind the host, so its calls cost their device time, which the graph decisions are made
-    on. The tokens are the first argument's first dimension, as in every built-in op (rope: the positions). Its
-    `parts` are (eager, graph, threshold)."""
+    on. The tokens are the first argument's first dimension, as in every built-in op (rope: the positions); keyword
+    arguments are passed on. Its `parts` are (eager, graph, threshold)."""
     if graph is eager:
         return eager
 
-    def kernel(*args):
+    def kernel(*args, **kwargs):
+        if kwargs:  # a branch of its own: positional calls skip passing an empty kwargs dict on
+            return (graph if args[0].shape[0] >= threshold else eager)(*args, **kwargs)
         return (graph if args[0].shape[0] >= threshold else eager)(*args)
     kernel.parts = (eager, graph, threshold)
     return kernel

@@ -307,3 +307,18 @@ def test_by_tokens_runs_the_graph_kernel_from_the_threshold_and_is_the_kernel_it
     kernel = autosel.by_tokens(eager, graph, 8)
     assert [kernel(torch.empty(n, 2), 1e-6) for n in (1, 7, 8, 4096)] == ["eager", "eager", "graph", "graph"]
     assert kernel.parts == (eager, graph, 8)
+
+
+# Regression: by_tokens' kernel took *args only, so by_tokens(e, g, n)(x, w, eps=1e-6) raised TypeError.
+def test_by_tokens_passes_keyword_arguments_on_to_the_kernel_it_runs():
+    import torch
+
+    def eager(x, w, eps=0.0):
+        return ("eager", eps)
+
+    def graph(x, w, eps=0.0):
+        return ("graph", eps)
+    kernel = autosel.by_tokens(eager, graph, 8)
+    assert kernel(torch.empty(7, 2), None, eps=1e-6) == ("eager", 1e-6)
+    assert kernel(torch.empty(8, 2), None, eps=1e-6) == ("graph", 1e-6)
+    assert kernel(torch.empty(8, 2), None) == ("graph", 0.0)
