@@ -138,6 +138,22 @@ def test_the_built_in_bucket_keys():
     assert mm_bucket(torch.empty(2, 12, 4096), torch.empty(6144, 4096)) == (32, 6144, 4096)
 
 
+# Regression: AUTOSEL_RECORD read a [2, 7, 4096] `a` of gemm.mm as m=2, k=7, not the bucket's m=16, k=4096.
+@pytest.mark.parametrize("a_shape", [(14, 4096), (2, 7, 4096), (1, 2, 7, 4096)])
+def test_mm_records_the_shape_its_dispatcher_buckets(a_shape, tmp_path, monkeypatch):
+    import json
+
+    from autosel import dispatch
+    from autosel.ops.gemm import mm_bucket, mm_shape
+
+    monkeypatch.setattr(dispatch, "_recorded", set())  # each case writes its own file
+    a, b = torch.empty(a_shape, dtype=torch.bfloat16), torch.empty(64, 4096, dtype=torch.bfloat16)
+    path = tmp_path / "record.jsonl"
+    dispatch.recording("gemm.mm", lambda a, b: None, path, "eager", mm_shape)(a, b)
+    written = json.loads(path.read_text())["shape"]
+    assert (written["m"], written["n"], written["k"]) == mm_bucket(a, b) == (16, 64, 4096)
+
+
 def test_token_buckets_round_to_the_nearest_power_of_two_and_every_bucket_function_agrees():
     import torch
 

@@ -28,7 +28,8 @@ def mm_inputs(shape: dict, device: str) -> tuple:
 
 
 def mm_shape(a, b) -> dict:
-    return {"m": token_bucket(a.shape[0]), "n": b.shape[0], "k": a.shape[1], "dtype": dtype_name(a)}
+    m, n, k = _mm_key(a, b, token_bucket)  # the dispatcher's bucket, so a [..., K] `a` records its M too
+    return {"m": m, "n": n, "k": k, "dtype": dtype_name(a)}
 
 
 def _mm_key(a, b, tokens_key) -> tuple:
