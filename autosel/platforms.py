@@ -1,4 +1,8 @@
-"""Detecting the machine: device type, architecture, device name, multiprocessor count and versions."""
+"""The machine autosel runs on: detecting it (device type, architecture, device name, multiprocessor count and
+versions, and the version vector decisions are keyed by), how near a stored platform key is to it (AUTOSEL_MATCH's
+ranking: platform_nearness, near_rank, MATCH_ACCEPTS), whether a CUDA graph is being captured on it
+(capturing_cuda_graph), which GPU a child process sees as its own (visible_gpu_name) and which packages every
+process compiles again for want of bytecode (missing_bytecode)."""
 
 from __future__ import annotations
 

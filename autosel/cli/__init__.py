@@ -1,7 +1,7 @@
 """The `autosel` command line; the only package that prints or exits (exit 0 ok, 1 error, 2 usage).
 
-The group and what the commands share live here; the commands live in _tune, _inspect (show, doctor, report)
-and _files (export, merge, prune), imported at the end so that they register on `main`.
+The group and what the commands share live here; the commands live in _tune (tune), _inspect (show, doctor, report),
+_files (export, merge, prune) and _check (check), imported at the end so that they register on `main`.
 """
 
 from __future__ import annotations

@@ -60,10 +60,6 @@ class PatchedModel:
         self.kernels = kernels or {}
         self._steps = steps
 
-    @property
-    def active(self) -> bool:
-        return bool(self._steps)
-
     def undo(self) -> None:
         """Restore every replaced forward and the gate/up weights' own storage; a second call does nothing."""
         while self._steps:
