@@ -7,7 +7,7 @@ from dataclasses import dataclass, replace
 from typing import Sequence
 
 from autosel.decisions import OP_LEVEL_BUCKET, Decision, versions_hash
-from autosel.inventory import near_detail, version_diff
+from autosel.inventory import closest, near_detail, version_diff
 from autosel.platforms import PlatformInfo, installed_version, key_fields, near_rank
 
 # Versions that only the target machine can tell (its driver, the runtime torch finds there): not compared
@@ -113,18 +113,32 @@ def _closest_miss(stored: list[Decision], platform_key: str, versions: dict[str,
 
 
 def _there(op, mode, specs, definition, db, target, match, buckets) -> Coverage:
-    registered = {s.backend.value for s in specs}.__contains__
+    from autosel.tuning import outdated
+
+    names = [s.backend.value for s in specs]
+    registered = set(names).__contains__
     rows = [(d, layer) for d, layer in db.decisions(op)
             if d.op == op and d.mode == mode and d.bucket == OP_LEVEL_BUCKET]
-    best = None
-    for index, (decision, layer) in enumerate(rows):
-        rank = 0 if decision.platform_key == target else near_rank(decision.platform_key, target, match)
+    layers = list(dict.fromkeys(layer.path for _, layer in rows))
+    found, passed_over = [], []
+    for decision, layer in rows:
         differ = _differ_here(decision.versions)
-        if rank is None or (differ and match == "exact") or not registered(decision.winner):
+        exact = decision.platform_key == target and not differ
+        rank = -1 if exact else near_rank(decision.platform_key, target, match)  # exact rows first, as lookup
+        if rank is None or not registered(decision.winner):
             continue
-        order = (rank, bool(differ), index)  # the target's own rows first, agreeing versions first, layer order
-        if best is None or order < best[0]:
-            best = (order, decision, layer, differ)
+        # Selection's own rule (tuning.outdated), as far as it can be told from here: which backends are eligible
+        # on the target is not known here, so the row is judged as one that cannot tell what it timed
+        # (Decision.untimed), against the backends registered here; other tolerances still count.
+        if reason := outdated(db, replace(decision, candidates=()), layer, names, definition):
+            passed_over.append((decision, layer, reason))
+            continue
+        found.append((rank, layers.index(layer.path), decision.created_at, (decision, layer, differ)))
+    best = closest(found)  # the row TuningDB.lookup / lookup_near would take on the target
+    if best is None and passed_over:
+        decision, layer, reason = passed_over[0]
+        return Coverage(op, mode, False, f"the stored {mode} decision for {target} ({decision.winner}, {layer.kind} "
+                        f"DB {layer.path}) {reason}: re-tune the op on the target")
     if best is None:
         same = [d for d, _ in rows if d.platform_key == target]
         known = [d for d in same if registered(d.winner)]
@@ -133,7 +147,7 @@ def _there(op, mode, specs, definition, db, target, match, buckets) -> Coverage:
                "here)" if same else
                f" (stored for: {', '.join(sorted({d.platform_key for d, _ in rows}))})" if rows else " (none stored)")
         return Coverage(op, mode, False, f"no usable {mode} decision for {target}{why}")
-    _, decision, layer, differ = best
+    decision, layer, differ = best
     unchecked = sorted(k for k in decision.versions if k in TARGET_ONLY_VERSIONS)
     detail = f"{decision.winner} ({layer.kind} DB {layer.path})" + (
         f"; {', '.join(unchecked)} not checked (only the target can tell)" if unchecked else "")

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Iterable
+from typing import Callable, Iterable, TypeVar
 
 from autosel.db_tools import table_key
 from autosel.decisions import OP_LEVEL_BUCKET, Decision, versions_hash
@@ -39,6 +39,32 @@ def near_detail(decision: Decision, platform_key: str, versions: dict[str, str])
     return "near match: " + ("; ".join(parts) or "same key")
 
 
+T = TypeVar("T")
+
+
+def closest(found: Iterable[tuple[int, int, str, T]]) -> T | None:
+    """The near row that TuningDB.lookup_near takes among (rank, layer index, created_at, row) tuples of rows that
+    fit: the same device before the same arch, then the earlier layer, then the newest row; None when none fit."""
+    newest_first = sorted(found, key=lambda item: item[2], reverse=True)
+    best = min(newest_first, key=lambda item: item[:2], default=None)  # min keeps the first: the newest
+    return None if best is None else best[3]
+
+
+class StoredRows:
+    """Rows already read from the DB (the ones `autosel show` lists), answering TuningDB.buckets from them, so that
+    tuning.outdated judges a listed row exactly as selection judges it in the DB."""
+
+    def __init__(self, pairs: Iterable[tuple[Decision, object]]) -> None:
+        self._tables: dict[tuple, list[Decision]] = {}  # (layer path, tune) -> its bucket rows
+        for decision, layer in pairs:
+            if decision.bucket != OP_LEVEL_BUCKET:
+                self._tables.setdefault((layer.path, table_key(decision)), []).append(decision)
+
+    def buckets(self, decision: Decision, layer, usable: Callable[[str], bool] = lambda backend: True
+                ) -> list[Decision]:
+        return [d for d in self._tables.get((layer.path, table_key(decision)), []) if usable(d.winner)]
+
+
 class Inventory:
     """Classifies stored decisions against this machine: platform key, current version vector, eligibility."""
 
@@ -72,16 +98,21 @@ class Inventory:
             return None  # other machines' rows and unknown ops cannot be judged from here
         return self.staleness(decision)
 
+    def outdated(self, rows, decision: Decision, layer) -> str:
+        """Why selection passes over this op-level row although its winner can run here, or "": selection's own
+        rule (tuning.outdated, the `fits` of its lookups), so that show and selection never disagree.
+        rows: the DB, or StoredRows of the rows listed."""
+        from autosel.tuning import outdated
+
+        return outdated(rows, decision, layer, self.current(decision.op)[1], self.registry.definition(decision.op))
+
     def entries(self, pairs: Iterable[tuple[Decision, object]]) -> list[Entry]:
         """In layer order: the first current, usable op-level row of a key is "in use", later ones "shadowed"; a
         bucket row is in use where the op-level row of its layer is."""
         pairs = list(pairs)
+        rows = StoredRows(pairs)
         used: dict = {}
         out = []
-        bucket_winners: dict[tuple, set[str]] = {}  # (layer path, tune) -> the winners of its bucket rows
-        for decision, layer in pairs:
-            if decision.bucket != OP_LEVEL_BUCKET:
-                bucket_winners.setdefault((layer.path, table_key(decision)), set()).add(decision.winner)
         for decision, layer in pairs:
             specs, eligible, _ = self.current(decision.op)
             stale = self.staleness(decision)
@@ -93,18 +124,8 @@ class Inventory:
                 status, detail = "unusable", "no backend of this op can run here (`autosel doctor` says why)"
             elif decision.winner not in eligible:
                 status, detail = "unusable", f"winner {decision.winner!r} is not eligible here (eligible: {eligible})"
-            elif decision.bucket == OP_LEVEL_BUCKET and (untimed := decision.untimed(eligible)):
-                status, detail = "stale", (f"never timed {', '.join(untimed)}, eligible here (registered or "
-                                           "installed since): `autosel tune` times it")
-            elif decision.bucket == OP_LEVEL_BUCKET and (gone := sorted(
-                    bucket_winners.get((layer.path, table_key(decision)), set()) - set(eligible))):
-                status, detail = "stale", (f"its bucket rows run {', '.join(gone)}, not eligible here (unregistered or "
-                                           "uninstalled since): `autosel tune` times the eligible backends again")
-            elif decision.bucket == OP_LEVEL_BUCKET and decision.checked_with and (
-                    definition := self.registry.definition(decision.op)) and decision.checked_with != (
-                    now := definition.checked_with):
-                status, detail = "stale", (f"checked with {decision.checked_with}; the op is checked with {now} now: "
-                                           "`autosel tune` times it again")
+            elif decision.bucket == OP_LEVEL_BUCKET and (reason := self.outdated(rows, decision, layer)):
+                status, detail = "stale", f"{reason}: `autosel tune` times the eligible backends again"
             elif decision.bucket == OP_LEVEL_BUCKET and decision.key in used:
                 status, detail = "shadowed", f"the {used[decision.key]} layer's row is used instead"
             else:  # a bucket row is settled beside the op-level row of its layer (_bucket_status), as selection does
@@ -112,40 +133,49 @@ class Inventory:
                 if decision.bucket == OP_LEVEL_BUCKET:
                     used[decision.key] = layer.kind
             out.append(Entry(decision, layer.path, layer.kind, status, detail))
-        out = self._near_matches(out) if self.match != "exact" else out
+        if self.match != "exact":
+            out = self._near_matches(list(zip(out, (layer for _, layer in pairs))), rows)
         op_level = {(e.layer_path, e.decision.key): e for e in out if e.decision.bucket == OP_LEVEL_BUCKET}
         return [self._bucket_status(e, op_level) for e in out]
 
-    def _near_matches(self, entries: list[Entry]) -> list[Entry]:
-        """Mark the rows selection takes as near matches, as TuningDB.lookup_near picks them: per op and mode
-        without an exact op-level row in use, the closest stale tune (same device before same arch, earlier
-        layer, newest row), its op-level row and its bucket rows of the same layer."""
-        exact = {(e.decision.op, e.decision.mode) for e in entries
+    def _near_matches(self, listed: list[tuple[Entry, object]], rows: StoredRows) -> list[Entry]:
+        """Mark the rows selection takes as near matches, as TuningDB.lookup_near picks them with the `fits` of
+        tuning.lookup_stored: per op and mode without an exact op-level row in use, among the op-level rows of
+        another key that AUTOSEL_MATCH accepts, whose winner is eligible and that are not `outdated`, the closest
+        (same device before same arch, earlier layer, newest row); then its bucket rows of the same layer. A row
+        passed over only for being outdated says why."""
+        exact = {(e.decision.op, e.decision.mode) for e, _ in listed
                  if e.status == "in use" and e.decision.bucket == OP_LEVEL_BUCKET}
-        layers = list(dict.fromkeys(e.layer_path for e in entries))
-        candidates = []
-        for e in entries:
+        layers = list(dict.fromkeys(e.layer_path for e, _ in listed))
+        found: dict[tuple, list] = {}
+        passed_over: dict[int, str] = {}  # position in `listed` -> why selection does not take it
+        for position, (e, layer) in enumerate(listed):
             d = e.decision
+            _, eligible, versions = self.current(d.op)
             rank = near_rank(d.platform_key, self.platform.key, self.match)
-            if (e.status == "stale" and d.bucket == OP_LEVEL_BUCKET and rank is not None
-                    and (d.op, d.mode) not in exact and d.winner in self.current(d.op)[1]
-                    and not d.untimed(self.current(d.op)[1])):
-                candidates.append((rank, layers.index(e.layer_path), e))
-        candidates.sort(key=lambda item: item[2].decision.created_at, reverse=True)
-        chosen: dict[tuple, tuple] = {}
-        for rank, index, e in sorted(candidates, key=lambda item: item[:2]):  # stable: newest first within a rank
-            d = e.decision
-            chosen.setdefault((d.op, d.mode), (d.platform_key, d.key.versions_hash, e.layer_path))
+            if (d.bucket != OP_LEVEL_BUCKET or (d.op, d.mode) in exact or rank is None or not eligible
+                    or (d.platform_key, d.key.versions_hash) == (self.platform.key, versions_hash(versions))
+                    or d.winner not in eligible):
+                continue  # not a near row lookup_near would consider (the exact key is lookup's, judged above)
+            if reason := self.outdated(rows, d, layer):
+                passed_over[position] = reason
+                continue
+            found.setdefault((d.op, d.mode), []).append(
+                (rank, layers.index(e.layer_path), d.created_at, (d.platform_key, d.key.versions_hash, e.layer_path)))
+        chosen = {op_mode: closest(items) for op_mode, items in found.items()}
         out = []
-        for e in entries:
+        for position, (e, _) in enumerate(listed):
             d = e.decision
+            _, eligible, versions = self.current(d.op)
             if e.status == "stale" and chosen.get((d.op, d.mode)) == (d.platform_key, d.key.versions_hash, e.layer_path):
-                if d.winner in self.current(d.op)[1]:
-                    e = replace(e, status="in use", near=True,
-                                detail=near_detail(d, self.platform.key, self.current(d.op)[2]))
+                if d.winner in eligible:
+                    e = replace(e, status="in use", near=True, detail=near_detail(d, self.platform.key, versions))
                 else:
-                    e = replace(e, status="unusable",
-                                detail=f"winner {d.winner!r} is not eligible here (eligible: {self.current(d.op)[1]})")
+                    e = replace(e, status="unusable", detail=f"winner {d.winner!r} is not eligible here (eligible: "
+                                                             f"{eligible})")
+            elif position in passed_over:
+                e = replace(e, detail=f"{e.detail}; not taken as a near match (AUTOSEL_MATCH={self.match}): it "
+                                      f"{passed_over[position]}")
             out.append(e)
         return out
 

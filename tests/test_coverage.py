@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from autosel import coverage
@@ -9,7 +11,7 @@ from autosel.db import TuningDB, export_decisions
 from autosel.decisions import CandidateResult, Decision
 from autosel.platforms import PlatformInfo, installed_version
 from autosel.registry import KernelRegistry
-from autosel.spec import KernelBackend as B, KernelSpec
+from autosel.spec import KernelBackend as B, KernelSpec, OpDefinition
 
 HERE = PlatformInfo("cpu", arch="x86_64", device_name="build host", multiprocessor_count=8)
 H200, H100 = "cuda/sm_90/NVIDIA_H200/132", "cuda/sm_90/NVIDIA_H100_80GB_HBM3/132"
@@ -84,3 +86,22 @@ def test_a_decision_that_never_timed_a_backend_eligible_here_is_not_counted_and_
     assert found.detail.startswith("the stored eager decision (torch, shipped DB ") and found.detail.endswith(
         "never timed triton, eligible here since it was made: re-tune the op (selection keeps it only where nothing "
         "can be timed: AUTOSEL_TUNE=off, CUDA-graph capture)")
+
+
+def test_a_target_row_checked_with_other_tolerances_than_the_ops_now_is_not_counted(tmp_path, registry):
+    # check counted it for the target, where selection passes it over (tuning.outdated) and tunes again.
+    registry.define(OpDefinition("toy.op", shapes=[{"n": 1}], make_inputs=lambda shape, device: (), atol=0.02))
+    then = replace(row(H200, "triton"), checked_with="rtol=None, atol=0.5, reference the op's torch backend")
+    [found] = covered(tmp_path, registry, then)
+    assert not found.ok and found.detail == (
+        f"the stored graph decision for {H200} (triton, shipped DB {tmp_path / 'ship.db'}) was checked with "
+        "rtol=None, atol=0.5, reference the op's torch backend; the op is checked with rtol=None, atol=0.02, "
+        "reference the op's torch backend now: re-tune the op on the target")
+
+
+def test_of_two_near_rows_of_one_layer_the_newest_counts_as_selection_takes_it(tmp_path, registry):
+    # check took the first stored row where lookup_near takes the newest.
+    older = row(H200, "torch", torch="1.0")
+    newer = replace(row(H200, "triton", torch="0.9"), created_at="2026-02-01T00:00:00+00:00")
+    [found] = covered(tmp_path, registry, older, newer, match="device")
+    assert (found.ok, found.winner) == (True, "triton")

@@ -8,7 +8,7 @@ from autosel.decisions import CandidateResult, Decision
 from autosel.inventory import Inventory
 from autosel.platforms import PlatformInfo, version_vector
 from autosel.registry import KernelRegistry
-from autosel.spec import KernelBackend as B, KernelSpec
+from autosel.spec import KernelBackend as B, KernelSpec, OpDefinition
 
 CPU = PlatformInfo("cpu", arch="x86_64", device_name="test cpu", multiprocessor_count=2)
 
@@ -81,7 +81,7 @@ def test_a_decision_that_never_timed_a_backend_eligible_here_is_stale_with_its_b
     entries = Inventory(CPU, registry).entries([(row("*", "torch"), Layer("user.db", "user")),
                                                 (row("[1]", "triton"), Layer("user.db", "user"))])
     assert [(e.status, e.detail.split(":")[0]) for e in entries] == [
-        ("stale", "never timed jit, eligible here (registered or installed since)"),
+        ("stale", "never timed jit, eligible here since it was made"),
         ("shadowed", "its op-level row in this layer is stale; get_kernel reads bucket rows beside the op-level "
                      "decision it uses")]
 
@@ -97,21 +97,62 @@ def test_a_decision_whose_bucket_rows_run_a_backend_gone_since_is_stale_with_its
                                                 (replace(decision, bucket="[1]", winner="triton"),
                                                  Layer("user.db", "user"))])
     assert [(e.status, e.detail.split(":")[0]) for e in entries] == [
-        ("stale", "its bucket rows run triton, not eligible here (unregistered or uninstalled since)"),
+        ("stale", "has bucket rows that run triton, not eligible here since it was made"),
         ("unusable", "winner 'triton' is not eligible here (eligible")]
 
 
 def test_a_decision_checked_with_other_tolerances_than_the_ops_now_is_stale():
-    from autosel.spec import OpDefinition
-
     registry = KernelRegistry()
     for spec in SPECS:
         registry.register(spec)
     registry.define(OpDefinition("toy.op", shapes=[{"n": 1}], make_inputs=lambda shape, device: (), atol=1e-2))
     then = replace(row("*", "torch"), checked_with="rtol=None, atol=0.001, reference the op's torch backend")
     [entry] = Inventory(CPU, registry).entries([(then, Layer("user.db", "user"))])
-    assert (entry.status, entry.detail) == ("stale", "checked with rtol=None, atol=0.001, reference the op's torch "
-                                                     "backend; the op is checked with rtol=None, atol=0.01, reference "
-                                                     "the op's torch backend now: `autosel tune` times it again")
+    assert (entry.status, entry.detail) == ("stale", "was checked with rtol=None, atol=0.001, reference the op's "
+                                                     "torch backend; the op is checked with rtol=None, atol=0.01, "
+                                                     "reference the op's torch backend now: `autosel tune` times the "
+                                                     "eligible backends again")
     [entry] = Inventory(CPU, registry).entries([(replace(then, checked_with=""), Layer("user.db", "user"))])
     assert entry.status == "in use"  # a row stored before the check was kept cannot tell
+
+
+def checked(atol: float) -> KernelRegistry:
+    """The toy op's two backends, checked with `atol` now."""
+    registry = KernelRegistry()
+    for spec in SPECS:
+        registry.register(spec)
+    registry.define(OpDefinition("toy.op", shapes=[{"n": 1}], make_inputs=lambda shape, device: (), atol=atol))
+    return registry
+
+
+ATOL_02 = "rtol=None, atol=0.02, reference the op's torch backend"
+ATOL_5 = "rtol=None, atol=0.5, reference the op's torch backend"
+
+
+def near(torch: str, checked_with: str, created_at: str, winner: str = "torch") -> Decision:
+    """An op-level row of this platform stored under another torch: a near row under AUTOSEL_MATCH=device."""
+    now = row("*", winner)
+    return replace(now, versions={**now.versions, "torch": torch}, checked_with=checked_with, created_at=created_at)
+
+
+def test_a_near_row_checked_with_other_tolerances_is_not_in_use():
+    # Used to break: with AUTOSEL_MATCH=device show called a near row checked with atol=0.5 "in use" while
+    # selection (lookup_near, fits=tuning.outdated) passed it over and tuned again.
+    [entry] = Inventory(CPU, checked(0.02), match="device").entries(
+        [(near("1.0.0", ATOL_5, "2026-01-01T00:00:00+00:00"), Layer("user.db", "user"))])
+    assert (entry.status, entry.near) == ("stale", False)
+    assert entry.detail.endswith(f"; not taken as a near match (AUTOSEL_MATCH=device): it was checked with {ATOL_5}; "
+                                 f"the op is checked with {ATOL_02} now")
+
+
+def test_the_near_match_is_the_closest_row_that_selection_s_rule_accepts():
+    # show took the newest near row (or the exact key's own outdated row, "near match: same key") without asking
+    # tuning.outdated; lookup_near takes the newest row that fits.
+    user = Layer("user.db", "user")
+    exact = replace(row("*", "triton"), checked_with=ATOL_5, created_at="2026-03-01T00:00:00+00:00")
+    newest = near("1.0.0", ATOL_5, "2026-02-01T00:00:00+00:00", winner="triton")
+    fits = near("0.9.0", ATOL_02, "2026-01-01T00:00:00+00:00")
+    entries = Inventory(CPU, checked(0.02), match="device").entries([(exact, user), (newest, user), (fits, user)])
+    assert [(e.decision.versions.get("torch"), e.status, e.near) for e in entries] == [
+        (None, "stale", False), ("1.0.0", "stale", False), ("0.9.0", "in use", True)]
+    assert entries[2].detail == "near match: versions differ: torch 0.9.0 -> (none)"
