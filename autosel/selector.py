@@ -85,8 +85,19 @@ def _choose(op: str, backend: KernelBackend | str | None, mode: str | None
 # --- get_kernel: a cache that a concurrent clear_cache() cannot repopulate with stale entries --------------
 
 _cache: dict[tuple, Callable[..., Any]] = {}
-_generation = 0
+_generation = 0  # clear_cache() bumps it, _forget_kernels(op) bumps op's: a lookup in flight then stores nothing
+_op_generations: dict[str, int] = {}
 _cache_lock = threading.Lock()
+
+
+def _stamp_locked(op: str) -> tuple[int, int]:
+    """What a lookup of `op` compares before and after its build; the caller holds _cache_lock."""
+    return _generation, _op_generations.get(op, 0)
+
+
+def _stamp(op: str) -> tuple[int, int]:
+    with _cache_lock:
+        return _stamp_locked(op)
 
 
 def get_kernel(op: str, backend: KernelBackend | str | None = None, *, mode: str | None = None) -> Callable[..., Any]:
@@ -103,11 +114,13 @@ def get_kernel(op: str, backend: KernelBackend | str | None = None, *, mode: str
         return fn
     if _compiling():  # a first call inside code torch.compile traces, as the selector autosel replaces allowed
         return getattr(sys.modules[__name__], _traced_name(key))
-    with _cache_lock:
-        generation = _generation
+    load_plugins()  # before the stamp: the plug-ins' registrations are not news to this lookup
+    stamp = _stamp(op)
     fn = _build(*key)
     with _cache_lock:
-        if generation == _generation:  # a clear_cache() during the lookup wins: do not store a stale entry
+        # A clear_cache(), or a registration for op, during the lookup wins: its result, chosen from the specs
+        # before it, is returned but not stored, so the next call selects again.
+        if stamp == _stamp_locked(op):
             fn = _cache.setdefault(key, fn)  # threads that built it at once all return the first one stored
     return fn
 
@@ -131,11 +144,16 @@ def _traced_name(key: tuple) -> str:
         name = _traced.get(key)
         if name is not None and getattr(sys.modules[__name__], name, None) is not None:
             return name
-    fn = _build(*key)
-    with _cache_lock:
-        name = _traced.setdefault(key, f"_traced_kernel_{len(_traced)}")
-        setattr(sys.modules[__name__], name, fn)
-    return name
+    load_plugins()
+    while True:  # compiled code keeps the kernel it reads: never one chosen before a registration for the op
+        stamp = _stamp(key[0])
+        fn = _build(*key)
+        with _cache_lock:
+            if stamp != _stamp_locked(key[0]):
+                continue
+            name = _traced.setdefault(key, f"_traced_kernel_{len(_traced)}")
+            setattr(sys.modules[__name__], name, fn)
+        return name
 
 
 # What torch.compiler.assume_constant_result(_traced_name) sets, set here so that importing autosel imports no torch.
@@ -186,12 +204,14 @@ def clear_cache() -> None:
 
 
 def _forget_kernels(op: str | None = None) -> None:
-    """Forget the resolved kernels (of `op` only, if given, and then only if some were cached)."""
+    """Forget the resolved kernels (of `op` only, if given), those in the cache and those being resolved: a lookup
+    in flight may have read the registry before this registration, so it stores nothing, cached kernels or not."""
     global _cache, _generation
     with _cache_lock:
-        if op is not None and not any(key[0] == op for key in (*_cache, *_traced)):
-            return
-        _generation += 1
+        if op is None:
+            _generation += 1
+        else:
+            _op_generations[op] = _op_generations.get(op, 0) + 1
         dropped = [fn for key, fn in _cache.items() if op is None or key[0] == op]
         _cache = {key: fn for key, fn in _cache.items() if op is not None and key[0] != op}
         for key, name in _traced.items():  # compiled code guarded on the kernel it read: it traces again

@@ -229,10 +229,118 @@ def test_force_retunes_once_per_process(reg, monkeypatch):
     original = autosel.tuner.Tuner.tune_buckets
     monkeypatch.setattr(autosel.tuner.Tuner, "tune_buckets", lambda self, *a, **k: calls.append(1) or original(self, *a, **k))
     monkeypatch.setenv("AUTOSEL_TUNE", "force")
-    monkeypatch.setattr(tuning, "_forced_done", set())
+    monkeypatch.setattr(tuning, "_tunes_here", {})
     assert selector.select_kernel("toy.double").backend == B.TRITON
     assert selector.select_kernel("toy.double").backend == B.TRITON
     assert len(calls) == 1
+
+
+@pytest.fixture
+def tunes(monkeypatch):
+    """Each tune's (start, end) on time.monotonic(), and the most tunes ever running at once."""
+    import time
+
+    import autosel.tuner
+
+    spans, running, most, lock = [], [0], [0], threading.Lock()
+    original = autosel.tuner.Tuner.tune_buckets
+
+    def counted(self, *args, **kwargs):
+        with lock:
+            running[0] += 1
+            most[0] = max(most[0], running[0])
+        start = time.monotonic()
+        try:
+            return original(self, *args, **kwargs)
+        finally:
+            with lock:
+                running[0] -= 1
+                spans.append((start, time.monotonic()))
+
+    monkeypatch.setattr(autosel.tuner.Tuner, "tune_buckets", counted)
+    return spans, most
+
+
+def waiting_for_the_lease(monkeypatch) -> list[threading.Event]:
+    """Events set as threads start waiting for a tuning lease: the first event by the first waiter, and so on."""
+    from autosel.db import TuningDB
+
+    events = [threading.Event() for _ in range(8)]
+    said, original = [], TuningDB._say_waiting
+
+    def say(*args):
+        original(*args)
+        said.append(1)
+        events[min(len(said), len(events)) - 1].set()
+
+    monkeypatch.setattr(TuningDB, "_say_waiting", staticmethod(say))
+    return events
+
+
+def test_force_tunes_once_per_process_when_threads_select_at_once(reg, monkeypatch, tunes):
+    # With AUTOSEL_TUNE=force, four threads selecting at once tuned four times, three of them at once and outside
+    # the lease: each waiter saw the lease free, skipped the lookup because force was set, and timed the op itself.
+    spans, most = tunes
+    toy(reg, B.TORCH, B.TRITON)
+    selector.select_kernel("toy.double")  # an earlier process's decision
+    monkeypatch.setattr(tuning, "_tunes_here", {})  # this process has timed nothing
+    del spans[:]
+    monkeypatch.setenv("AUTOSEL_TUNE", "force")
+    waiting = waiting_for_the_lease(monkeypatch)
+    import autosel.tuner
+
+    counted = autosel.tuner.Tuner.tune_buckets
+
+    def first_waits_for_the_others(self, *args, **kwargs):  # the three others wait for the lease before it times
+        waiting[2].wait(10)
+        return counted(self, *args, **kwargs)
+
+    monkeypatch.setattr(autosel.tuner.Tuner, "tune_buckets", first_waits_for_the_others)
+    got = []
+    threads = [threading.Thread(target=lambda: got.append(selector.select_kernel("toy.double").backend))
+               for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert got == [B.TRITON] * 4
+    assert (len(spans), most[0]) == (1, 1), spans
+    assert selector.select_kernel("toy.double").backend == B.TRITON and len(spans) == 1  # once per process
+
+
+@pytest.mark.parametrize("force, shapes", [(True, None), (False, [{"n": 1000}])], ids=["force", "other-shapes"])
+def test_a_waiter_whose_lease_holder_left_nothing_it_can_use_takes_the_lease_before_tuning(reg, monkeypatch, tunes,
+                                                                                          force, shapes):
+    # A waiter that saw another process release the lease tuned outside it when it had to time the op anyway
+    # (force, or shapes the stored decision was not measured on): two processes could time one op at once.
+    import sqlite3
+
+    spans, _ = tunes
+    toy(reg, B.TORCH, B.TRITON)
+    selector.select_kernel("toy.double")
+    del spans[:]
+    import autosel.tuner
+
+    counted = autosel.tuner.Tuner.tune_buckets
+    leases = []
+
+    def sees_its_lease(self, *args, **kwargs):
+        with sqlite3.connect(os.environ["AUTOSEL_DB"]) as conn:
+            leases.append(conn.execute("SELECT count(*) FROM leases").fetchone()[0])
+        return counted(self, *args, **kwargs)
+
+    monkeypatch.setattr(autosel.tuner.Tuner, "tune_buckets", sees_its_lease)
+    waiting = waiting_for_the_lease(monkeypatch)
+    db, result = tuning.database(), {}
+    with db.lease(CPU.key, "toy.double", "eager") as took:  # "another process" holds it and records nothing
+        assert took
+        worker = threading.Thread(target=lambda: result.setdefault("recorded", tuning.tune_and_record(
+            reg.definition("toy.double"), reg.get("toy.double"), platform=CPU, mode="eager", db=db, budget_s=5,
+            force=force, shapes=shapes)))
+        worker.start()
+        assert waiting[0].wait(10)
+    worker.join(60)
+    assert result["recorded"].tuned and leases == [1]
 
 
 def test_a_tune_at_run_time_says_once_per_op_and_mode_what_it_times_and_how_to_avoid_it(reg, monkeypatch, caplog,
@@ -327,6 +435,28 @@ def test_get_kernel_forgets_an_op_when_a_backend_is_registered_for_it(reg, monke
     assert fast is not slow and fast is reg.get_backend("toy.double", B.TRITON).load()
     assert selector.select_kernel("toy.double").backend == B.TRITON
     assert selector.get_kernel("toy.other") is other  # other ops keep their kernels
+
+
+@pytest.mark.parametrize("traced", [False, True], ids=["eager", "traced"])
+def test_a_backend_registered_while_get_kernel_resolves_the_op_is_timed_at_the_next_call(reg, monkeypatch, traced):
+    # get_kernel cached the kernel its lookup chose from the specs before the registration (nothing of the op was
+    # cached yet, so there was nothing to forget), and returned it forever while select_kernel timed the new backend.
+    import autosel.tuner
+
+    toy(reg, B.TORCH, B.CUTE_DSL)  # cute_dsl returns NaN: torch wins without the new backend
+    original = autosel.tuner.Tuner.tune_buckets
+
+    def a_plugin_registers_meanwhile(self, *args, **kwargs):
+        if len(reg.get("toy.double")) == 2:
+            reg.register(KernelSpec("toy.double", B.TRITON, "toy_kernels:fast"))  # a plug-in's, 64x faster
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(autosel.tuner.Tuner, "tune_buckets", a_plugin_registers_meanwhile)
+    monkeypatch.setattr(selector, "_compiling", lambda: traced)  # traced: the path torch.compile's tracing takes
+    selector.get_kernel("toy.double")
+    fast = reg.get_backend("toy.double", B.TRITON).load()
+    assert selector.get_kernel("toy.double") is fast
+    assert selector.select_kernel("toy.double").backend == B.TRITON
 
 
 def test_get_kernel_forgets_an_op_when_its_definition_comes_after_its_kernels_were_resolved(reg, monkeypatch):
@@ -782,6 +912,20 @@ def test_a_process_that_takes_the_lease_after_another_tuned_runs_the_stored_deci
     recorded = tuning.tune_and_record(reg.definition("toy.double"), reg.get("toy.double"), platform=CPU,
                                       mode="eager", db=tuning.database(), budget_s=5)
     assert recorded.decision.winner == stored.backend.value and tunes == [] and not recorded.tuned
+
+
+@pytest.mark.parametrize("reference, expected", [(None, "slow"), (B.TRITON, "fast"), ("callable", "nan")])
+def test_candidates_are_checked_against_the_reference_backend_s_kernel_else_the_reference_callable(
+        reg, reference, expected):
+    import toy_kernels
+
+    reg.register(KernelSpec("toy.ref", B.TORCH, "toy_kernels:slow"))
+    reg.register(KernelSpec("toy.ref", B.TRITON, "toy_kernels:fast"))
+    definition = reg.define(OpDefinition("toy.ref", shapes=toy_kernels.SHAPES, make_inputs=toy_kernels.inputs,
+                                         reference=toy_kernels.nan if reference == "callable" else reference))
+    [job] = tuning.plan_jobs(CPU, tuning.database(), ["toy.ref"], modes=["eager"])
+    assert tuning.reference_for(definition) is tuning.reference_for(definition, job.reference) \
+        is getattr(toy_kernels, expected)
 
 
 def test_a_batch_job_another_process_recorded_meanwhile_is_reported_stored_not_tuned(reg):
