@@ -277,7 +277,7 @@ class TuningDB:
     def lease(self, platform_key: str, op: str, mode: str, *, budget_s: float | None = None,
               ttl_s: float | None = None, wait_s: float | None = None, poll_s: float = 0.2) -> Iterator[bool]:
         """True: this process holds the tuning lease (tune, record, release on exit). False: another holder
-        finished while we waited; look up again.
+        finished while we waited; look up again, and take the lease again before timing anything.
 
         budget_s: the tune's time budget; the lease expires, and a waiter stops waiting and takes it over, after
         lease_seconds(budget_s) unless ttl_s / wait_s say otherwise. A waiter logs once whom it waits for.

@@ -37,7 +37,7 @@ def multiple_backends_message(op: str, platform: PlatformInfo, eligible: list[Ke
 
 _databases: dict[tuple, Any] = {}
 _databases_lock = threading.Lock()
-_forced_done: set[DecisionKey] = set()
+_tunes_here: dict[DecisionKey, int] = {}  # key -> how many tunes of it this process has recorded
 _announced: set[tuple[str, str]] = set()  # (op, mode) whose run-time tune this process has warned about
 
 
@@ -176,7 +176,7 @@ def _decide_here(op: str, eligible: list[KernelSpec], platform: PlatformInfo, mo
     versions = version_vector(platform, eligible)
     key = decision_key(op, eligible, platform, mode, versions)
     db = database(settings)
-    retune = settings.tune == "force" and key not in _forced_done
+    retune = settings.tune == "force" and key not in _tunes_here  # force: once per process
     older = None
     if not retune:
         found = lookup_stored(db, key, eligible, match=settings.match, versions=versions)
@@ -264,8 +264,10 @@ def tune_and_record(definition: OpDefinition, eligible: list[KernelSpec], *, pla
     """Tune under the DB's lease for (platform, op, mode), so processes on one device time it once; record the
     op-level decision and its per-bucket decisions together. Whoever takes the lease looks the decision up
     again first: another process may have written it since this one missed (one measured on every given shape,
-    when `shapes` are given); then nothing is timed (Recorded.tuned is False). reference: what the candidates are
-    checked against, by default reference_for(definition, eligible)."""
+    when `shapes` are given); then nothing is timed (Recorded.tuned is False). force: time it although a decision
+    is stored, unless another thread of this process timed it while this one waited for the lease. A waiter whose
+    lease holder left nothing it can use waits for the lease again: nothing is timed outside it. reference: what
+    the candidates are checked against, by default reference_for(definition)."""
     from autosel import __version__
     from autosel.timing import timer_for
     from autosel.tuner import Tuner
@@ -273,26 +275,33 @@ def tune_and_record(definition: OpDefinition, eligible: list[KernelSpec], *, pla
     op = definition.op
     versions = version_vector(platform, eligible)  # read once: it asks the installed packages' metadata
     key = decision_key(op, eligible, platform, mode, versions)
-    with db.lease(platform.key, op, mode, budget_s=budget_s):  # expires, and waiters stop, with the budget
-        found = None if force else lookup_stored(db, key, eligible)
-        if found is not None and (shapes is None or _decided_on(found[0], shapes)):
-            return Recorded(*found[:2], tuned=False)
-        tuner = Tuner(timer=timer_for(platform.torch_device, mode), device=platform.torch_device,
-                      budget_s=budget_s, on_event=on_event, isolate_timeout_s=isolate_timeout_s)
-        decision, buckets = tuner.tune_buckets(
-            definition, eligible, reference=reference_for(definition, eligible) if reference is None else reference,
-            shapes=shapes or definition.shapes_for(platform), mode=mode, platform_key=platform.key,
-            versions=versions, autosel_version=__version__)
-        db.record(decision, buckets)
-    _forced_done.add(key)
+    tunes_before = _tunes_here.get(key, 0)
+    while True:
+        with db.lease(platform.key, op, mode, budget_s=budget_s) as took:  # expires, and waiters stop, with the budget
+            retune = force and _tunes_here.get(key, 0) == tunes_before  # another thread's forced tune is this one's
+            found = None if retune else lookup_stored(db, key, eligible)
+            if found is not None and (shapes is None or _decided_on(found[0], shapes)):
+                return Recorded(*found[:2], tuned=False)
+            if not took:  # its holder left nothing this call can use: wait for the lease again, never tune outside it
+                continue
+            tuner = Tuner(timer=timer_for(platform.torch_device, mode), device=platform.torch_device,
+                          budget_s=budget_s, on_event=on_event, isolate_timeout_s=isolate_timeout_s)
+            decision, buckets = tuner.tune_buckets(
+                definition, eligible, reference=reference_for(definition) if reference is None else reference,
+                shapes=shapes or definition.shapes_for(platform), mode=mode, platform_key=platform.key,
+                versions=versions, autosel_version=__version__)
+            db.record(decision, buckets)
+            _tunes_here[key] = _tunes_here.get(key, 0) + 1
+        break
     log.info("op %r (%s mode): %s chosen %s", op, mode, decision.winner,
              f"over {decision.runner_up}" if decision.runner_up else "(no runner-up measured to the end)")
     return Recorded(decision, tuple(buckets), tuned=True)
 
 
-def reference_for(definition: OpDefinition, eligible: list[KernelSpec]) -> Callable[..., Any]:
-    """The op's declared reference: a callable, a backend of the op, or by default its torch backend."""
-    spec = reference_spec(definition)
+def reference_for(definition: OpDefinition, spec: KernelSpec | None = None) -> Callable[..., Any]:
+    """What the op's candidates are checked against: its reference backend's kernel, else its reference callable.
+    spec: reference_spec(definition) already looked up (a TuneJob carries it), else it is looked up here."""
+    spec = reference_spec(definition) if spec is None else spec
     return definition.reference if spec is None else spec.load()
 
 
@@ -461,7 +470,7 @@ def run_job(job: TuneJob, *, platform: PlatformInfo, db, budget_s: float, force:
         return TuneOutcome(job.op, job.mode, "failed", None, detail, platform_key=job.platform_key)
 
     try:
-        reference = job.definition.reference if job.reference is None else job.reference.load()
+        reference = reference_for(job.definition, job.reference)
         recorded = tune_and_record(job.definition, list(job.eligible), platform=platform, mode=job.mode, db=db,
                                    budget_s=budget_s, force=force, shapes=list(job.shapes), on_event=on_event,
                                    isolate_timeout_s=isolate_timeout_s, reference=reference)

@@ -162,7 +162,7 @@ def measure(op: str, mode: str, eligible: list, shapes: list[dict], platform) ->
     definition = registry.definition(op)
     tuner = Tuner(timer=timer_for(platform.torch_device, mode), device=platform.torch_device,
                   drop_factor=math.inf, budget_s=1e9)
-    decision, buckets = tuner.tune_buckets(definition, eligible, reference=tuning.reference_for(definition, eligible),
+    decision, buckets = tuner.tune_buckets(definition, eligible, reference=tuning.reference_for(definition),
                                            shapes=shapes, mode=mode, platform_key=platform.key, versions={})
     bucket_of_shape = {json.dumps(s.shape, sort_keys=True): list(parse_bucket(row.bucket))
                        for row in buckets for s in row.candidates[0].shapes}
