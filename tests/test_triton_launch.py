@@ -99,3 +99,43 @@ def test_launch_hooks_count_as_set_only_when_one_is_there(monkeypatch):
     else:
         monkeypatch.setattr(knobs.runtime, "launch_enter_hook", print)
     assert _hooked()
+
+
+def _kernel_and_launcher(signature: dict, **metadata):
+    """FastLaunch of a real JITFunction and a stand-in for the CompiledKernel Triton returns for `signature`."""
+    from types import SimpleNamespace
+
+    from triton.runtime.jit import JITFunction
+
+    def scale(x_ptr, n, eps, BLOCK: "tl.constexpr"):  # noqa: F821 (never traced: only its parameters are read)
+        pass
+
+    launcher = FastLaunch(JITFunction(scale))
+    # The driver's answer for such a kernel (a pointer, an int32, a float32, then Triton's two scratch pointers):
+    # no GPU here to load one and ask.
+    launcher.direct = SimpleNamespace(param_sizes=lambda function: (8, 4, 4, 8, 8))
+    compiled = SimpleNamespace(name="scale", function=1, src=SimpleNamespace(signature=signature),
+                               metadata=SimpleNamespace(num_warps=4, shared=0, **metadata))
+    return launcher, compiled
+
+
+@pytest.mark.parametrize("args, signature, metadata", [
+    ((torch.zeros(4), 16, 2), {"x_ptr": "*fp32", "n": "i32", "eps": "fp32", "BLOCK": "constexpr"}, {}),
+    ((torch.zeros(4), 16, 1e-6, 64), {"x_ptr": "*fp32", "n": "i32", "eps": "fp32", "BLOCK": "constexpr"}, {}),
+    ((torch.zeros(4), 16, 1e-6), {"x_ptr": "*fp32", "n": "i32", "eps": "fp32", "BLOCK": "constexpr"},
+     {"instrumentation_mode": "gsan"}),
+    ((torch.zeros(4), 16, 1e-6), {"x_ptr": "*fp32", "n": "i32", "eps": "fp32", "BLOCK": "constexpr"},
+     {"global_scratch_size": 128}),
+], ids=["int-for-a-float", "constexpr-as-argument", "sanitizer", "scratch"])
+def test_a_kernel_the_c_launcher_would_pass_otherwise_than_triton_is_not_kept(args, signature, metadata):
+    # An int eps was packed as its bits (2 arrived as 2.8e-45), a constexpr passed as an argument shared a kernel
+    # with every other value of it, and a sanitizer's or scratch memory's extra parameters were passed as nulls.
+    launcher, compiled = _kernel_and_launcher(signature, **metadata)
+    assert launcher._entry(compiled, args) is None
+
+
+def test_a_kernel_the_c_launcher_passes_as_triton_does_is_kept_with_its_compiled_kernel():
+    launcher, compiled = _kernel_and_launcher({"x_ptr": "*fp32", "n": "i32", "eps": "fp32", "BLOCK": "constexpr"})
+    entry = launcher._entry(compiled, (torch.zeros(4), 16, 1e-6))
+    # Triton 3.9 unloads a compiled kernel's module when the object goes: the entry holds it.
+    assert entry == (1, 128, 0, b"pif", 2, compiled)

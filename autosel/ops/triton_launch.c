@@ -14,7 +14,8 @@
    param_sizes(function) -> tuple of int
        The byte size of each parameter of a loaded kernel (cuFuncGetParamInfo), to check an entry against.
 
-   An entry is (function, threads per block, shared memory bytes, kinds, trailing null pointers): kinds has one
+   An entry is (function, threads per block, shared memory bytes, kinds, trailing null pointers, the compiled
+   kernel, held so that its module stays loaded): kinds has one
    character per argument saying how it is passed: 'p' a tensor's address, 'i' int32, 'l' int64, 'K' uint64,
    'f' float32, 'b' one byte, '-' not passed (Triton made it a constant). */
 
@@ -195,7 +196,9 @@ static PyObject *launch(PyObject *self, PyObject *const *a, Py_ssize_t nargs) {
     unsigned threads, shared, n_nulls;
     const char *kinds;
     Py_ssize_t n_kinds;
-    if (!PyArg_ParseTuple(entry, "KIIy#I", &function, &threads, &shared, &kinds, &n_kinds, &n_nulls)) return NULL;
+    PyObject *kernel;  /* held by the entry so that Triton keeps the function loaded; not used here */
+    if (!PyArg_ParseTuple(entry, "KIIy#IO", &function, &threads, &shared, &kinds, &n_kinds, &n_nulls, &kernel))
+        return NULL;
     if (n_kinds != n || n_nulls > MAX_NULLS) {
         PyErr_SetString(PyExc_ValueError, "a kept Triton kernel's entry does not match its arguments");
         return NULL;

@@ -91,22 +91,25 @@ class FastLaunch:
         kernel = kernel.result() if hasattr(kernel, "result") else kernel  # an asynchronous compile's future
         key = self.direct.key(prefix, args)
         if key is not None and key not in self.kept:
-            entry = self._entry(kernel, len(args))
+            entry = self._entry(kernel, args)
             if entry is None:  # not a kernel the C launcher can pass everything to: Triton's path from now on
                 self.enabled = False
             else:
                 self.kept[key] = entry
 
-    def _entry(self, kernel: Any, n_args: int) -> tuple | None:
-        """What the C launcher needs to launch `kernel` (see triton_launch.c), checked against the parameters the
-        loaded kernel declares; None, with the reason logged, where it cannot launch it."""
+    def _entry(self, kernel: Any, args: tuple) -> tuple | None:
+        """What the C launcher needs to launch `kernel` with arguments like `args` (see triton_launch.c), checked
+        against the parameters the loaded kernel declares; None, with the reason logged, where it cannot launch it.
+        The entry holds `kernel` itself: Triton 3.9 unloads a compiled kernel's module when the object goes."""
         metadata = getattr(kernel, "metadata", None)
         signature = list(getattr(getattr(kernel, "src", None), "signature", {}).values())
         function = getattr(kernel, "function", None)
+        n_args = len(args)
         if metadata is None or function is None or len(signature) < n_args:
             return _unsupported(kernel, "not the CompiledKernel this module was written for")
         needs = [name for name in ("global_scratch_size", "profile_scratch_size", "launch_cooperative_grid",
-                                   "launch_pdl", "tensordesc_meta") if getattr(metadata, name, None)]
+                                   "launch_pdl", "tensordesc_meta", "instrumentation_mode")
+                 if getattr(metadata, name, None)]
         if getattr(metadata, "num_ctas", 1) != 1:
             needs.append("num_ctas")
         if needs:
@@ -116,19 +119,35 @@ class FastLaunch:
         kinds = [("p", 8) if kind.startswith("*") else _KINDS.get(kind) for kind in signature[:n_args]]
         if None in kinds:
             return _unsupported(kernel, f"a parameter of type {signature[kinds.index(None)]}")
+        # The key reads an argument's Python type, the packing the signature's: they must agree (an int passed to a
+        # float parameter would be packed as its bits; a constexpr passed as an argument keyed by type alone).
+        for arg, (kind, _), param in zip(args, kinds, self.fn.params):
+            if param.is_constexpr or not _packs(kind, arg):
+                return _unsupported(kernel, f"argument {param.name}={arg!r} is passed as kind {kind!r}")
         passed = [size for kind, size in kinds if kind != "-"]
         declared = self.direct.param_sizes(function)
-        if declared is None or list(declared[:len(passed)]) != passed or any(s != 8 for s in declared[len(passed):]):
-            return _unsupported(kernel, f"its parameters are {declared} bytes, not {passed} and null pointers")
+        # After the arguments Triton appends its scratch pointers, null here: one (Triton 3.3, 3.4) or two (3.5 on).
+        if (declared is None or list(declared[:len(passed)]) != passed
+                or declared[len(passed):] not in ((8,), (8, 8))):
+            return _unsupported(kernel, f"its parameters are {declared} bytes, not {passed} and scratch pointers")
         return (function, 32 * metadata.num_warps, metadata.shared, "".join(k for k, _ in kinds).encode(),
-                len(declared) - len(passed))
+                len(declared) - len(passed), kernel)
+
+
+def _packs(kind: str, arg: Any) -> bool:
+    """Whether the C launcher passes `arg` as Triton would for a parameter of this kind."""
+    if kind == "-":
+        return arg is None or (type(arg) is int and arg == 1)
+    return {"p": isinstance(arg, torch.Tensor), "f": type(arg) is float, "b": type(arg) is bool}.get(
+        kind, type(arg) is int)
 
 
 def _hooked() -> bool:
     """Whether a launch hook is set (a profiler's, such as proton's): every launch must then go through Triton,
-    which calls it. From Triton 3.6 the hook is a HookChain, set when it holds a call; before, a function or None."""
-    hook = _knobs.runtime.launch_enter_hook
-    return hook is not None and bool(getattr(hook, "calls", True))
+    which calls it. From Triton 3.6 a hook is a HookChain, set when it holds a call; before, a function or None."""
+    runtime = _knobs.runtime
+    return any(hook is not None and bool(getattr(hook, "calls", True))
+               for hook in (runtime.launch_enter_hook, runtime.launch_exit_hook))
 
 
 def _unsupported(kernel: Any, why: str) -> None:
