@@ -32,7 +32,7 @@ class Rule:
 # may lose one round of three.
 #
 # Eager ties go to a backend before a Triton kernel: an eager call costs the larger of its host and device time,
-# and a Triton kernel's launch costs the host about twice a vendor's (autosel's, launched from C: 9.9-10.7 us a
+# and a Triton kernel's launch costs the host about twice a vendor's (autosel's, launched from C: 9.9-11.1 us a
 # call against flashinfer's 5.4-5.8 on the H200's host, docs/H200.md call 24-3). Level over the representative
 # shapes, a Triton kernel then loses the launch-bound shapes routed to it: with triton first in registration
 # order, a tie made it eager rmsnorm's op-level winner and held-out shapes ran at 1.25x the per-shape best against

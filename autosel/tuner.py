@@ -329,7 +329,7 @@ class Tuner:
             raise NoCandidateError(f"op {op!r}: no candidate passed the checks ({reasons})")
         timings = {c.backend: [summarize(c.samples[i], self.timer.method, c.rounds.get(i), c.splits.get(i))
                                if c.samples.get(i) else None for i in range(len(shapes))] for c in candidates}
-        stats = {c.backend: timings[c.backend] for c in measured}  # registration order: the first is the default
+        stats = {c.backend: timings[c.backend] for c in measured}  # registration order: the policy's tie-break
         common = dict(mode=mode, platform_key=platform_key, versions=dict(versions), method=self.timer.method,
                       tune_s=tune_s, autosel_version=autosel_version, checked_with=definition.checked_with,
                       created_at=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))
