@@ -8,7 +8,7 @@ from typing import Sequence
 
 from autosel.decisions import OP_LEVEL_BUCKET, Decision, versions_hash
 from autosel.inventory import closest, near_detail, version_diff
-from autosel.platforms import PlatformInfo, installed_version, key_fields, near_rank
+from autosel.platforms import PlatformInfo, installed_version, key_fields, modes_for_device, near_rank
 
 # Versions that only the target machine can tell (its driver, the runtime torch finds there): not compared
 # when checking a DB for another platform than this machine.
@@ -31,7 +31,7 @@ class Coverage:
 
 def modes_of(platform_key: str) -> list[str]:
     """The modes selection on a platform uses: a GPU replays graphs too (as `autosel tune` tunes there)."""
-    return ["eager", "graph"] if key_fields(platform_key)[0] in ("cuda", "hip") else ["eager"]
+    return list(modes_for_device(key_fields(platform_key)[0]))
 
 
 def check(ops: Sequence[str], *, db, registry, platform: PlatformInfo, target: str | None = None,

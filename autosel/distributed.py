@@ -7,8 +7,9 @@ make it, in the same order (engines select their kernels at model initialisation
 set_group, every rank of that group (a pipeline stage's ranks, say). The agreed
 table is kept per (op, mode, platform), so later selections of it (select_kernel, get_kernel with another
 backend argument or an explicit mode, inside CUDA-graph capture too) are not collectives, until clear_cache()
-forgets it, which every rank must then do alike. No first agreement is made while a CUDA graph is being
-captured, where a collective would be recorded into the graph.
+forgets it, or a registration for the op (a new backend, its definition) forgets that op's, which every rank must
+then do alike. No first agreement is made while a CUDA graph is being captured, where a collective would be
+recorded into the graph.
 
 With AUTOSEL_CHECK_RANKS=1 every other rank also looks up what its own DB would have chosen and warns where that
 differs from rank 0's table (`differences`), so an operator sees how far the ranks' own tunes disagree.
@@ -96,6 +97,7 @@ _flights: dict[tuple, "_Flight"] = {}  # key -> the broadcast of it under way on
 _agreed_lock = threading.Lock()
 _broadcast_lock = threading.Lock()  # one broadcast at a time on this rank, whatever its key
 _generation = 0  # forget_agreements() during a broadcast: its answer is not kept
+_op_generations: dict[str, int] = {}  # ...and forget_agreements(op), for a broadcast of that op
 _group: Callable[[], object] = lambda: None  # a weak reference to the process group the answers were agreed in
 
 
@@ -106,12 +108,23 @@ class _Flight:
         self.done, self.answer, self.error = threading.Event(), None, None
 
 
-def forget_agreements() -> None:
-    """Forget every agreed answer (selector.clear_cache): the next selection of each op is a collective again."""
+def forget_agreements(op: str | None = None) -> None:
+    """Forget every agreed answer (selector.clear_cache), or those of `op` only (a backend registered for it): the
+    next selection of each op forgotten is a collective again, so every rank must forget alike."""
     global _generation
     with _agreed_lock:
-        _agreed.clear()
-        _generation += 1
+        if op is None:
+            _agreed.clear()
+            _generation += 1
+        else:
+            for key in [key for key in _agreed if key[0] == op]:
+                del _agreed[key]
+            _op_generations[op] = _op_generations.get(op, 0) + 1
+
+
+def _stamp_locked(key: tuple) -> tuple[int, int]:
+    """What a broadcast of `key` compares before and after: a forget_agreements() meanwhile keeps its answer out."""
+    return _generation, _op_generations.get(key[0], 0)
 
 
 def agree(decide: Callable[[], T], *, what: str, key: tuple, in_capture: bool = False) -> T:
@@ -121,7 +134,8 @@ def agree(decide: Callable[[], T], *, what: str, key: tuple, in_capture: bool = 
     a time, each naming its op: a rank that received another op's answer than it asked for (ranks selecting in
     different orders) raises rather than run it. Any exception on rank 0 reaches every rank: the contract's
     KeyError and ValueError as themselves, anything else as a TuningError naming it, so no rank is left waiting
-    in the broadcast; errors are not kept."""
+    in the broadcast; errors are not kept. key: a tuple whose first item is the op (forget_agreements(op) drops
+    the keys of that op)."""
     global _group
     world = _world()
     if world is None:
@@ -138,7 +152,7 @@ def agree(decide: Callable[[], T], *, what: str, key: tuple, in_capture: bool = 
         mine = flight is None and not in_capture
         if mine:
             flight = _flights[key] = _Flight()
-            generation = _generation
+            stamp = _stamp_locked(key)
     if in_capture:  # no collective may be recorded into the graph: this rank's own answer
         return decide()
     if not mine:
@@ -150,7 +164,7 @@ def agree(decide: Callable[[], T], *, what: str, key: tuple, in_capture: bool = 
         with _broadcast_lock:
             flight.answer = _broadcast(decide, what, world)
         with _agreed_lock:
-            if generation == _generation:
+            if stamp == _stamp_locked(key):
                 _agreed[key] = flight.answer
         return flight.answer  # type: ignore[return-value]
     except BaseException as exc:

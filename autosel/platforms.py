@@ -1,8 +1,9 @@
 """The machine autosel runs on: detecting it (device type, architecture, device name, multiprocessor count and
 versions, and the version vector decisions are keyed by), how near a stored platform key is to it (AUTOSEL_MATCH's
 ranking: platform_nearness, near_rank, MATCH_ACCEPTS), whether a CUDA graph is being captured on it
-(capturing_cuda_graph), which GPU a child process sees as its own (visible_gpu_name) and which packages every
-process compiles again for want of bytecode (missing_bytecode)."""
+(capturing_cuda_graph), which execution modes a device type has (modes_for_device), which GPU a child process sees
+as its own (visible_gpu_name) and which packages every process compiles again for want of bytecode
+(missing_bytecode)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Callable
 
+from autosel.config import EXECUTION_MODES
 from autosel.spec import DeviceType
 
 log = logging.getLogger(__name__)
@@ -54,6 +56,17 @@ def near_rank(stored: str, current: str, match: str) -> int | None:
     accepts = MATCH_ACCEPTS[match]
     nearness = platform_nearness(stored, current)
     return accepts.index(nearness) if nearness in accepts else None
+
+
+# Device types with CUDA graphs (HIP's through torch.cuda): selection and tuning there have a graph mode too.
+_GRAPH_DEVICE_TYPES = ("cuda", "hip")
+
+
+def modes_for_device(device_type: str) -> tuple[str, ...]:
+    """The execution modes a device type selects and tunes in: eager and graph where CUDA graphs are replayed
+    (prefill launches eagerly, decode replays graphs), else eager only. device_type: PlatformInfo.device's value,
+    or a platform key's first field (key_fields)."""
+    return EXECUTION_MODES if device_type in _GRAPH_DEVICE_TYPES else ("eager",)
 
 
 @functools.lru_cache(maxsize=None)

@@ -24,9 +24,10 @@ def _check_mode(mode: str | None) -> None:
 
 
 def resolve_mode(mode: str | None, platform: PlatformInfo, settings: config.Settings | None = None) -> str:
-    """The caller's mode, else graph while capturing, else AUTOSEL_MODE, else eager. Only CUDA has graphs."""
+    """The caller's mode, else graph while capturing, else AUTOSEL_MODE, else eager. Only a device with CUDA
+    graphs (platforms.modes_for_device: CUDA, HIP) has a graph mode."""
     _check_mode(mode)
-    if platform.torch_device != "cuda":
+    if "graph" not in platforms.modes_for_device(platform.device.value):
         return "eager"
     if mode is not None:
         return mode
@@ -197,16 +198,18 @@ def clear_cache() -> None:
     """Forget every resolved kernel; lookups in flight finish but do not repopulate the new cache. With several
     ranks it also forgets the tables agreed with rank 0, so call it on every rank alike: the next selection of
     each op is a collective again (autosel.distributed)."""
-    from autosel.distributed import forget_agreements
-
     _forget_kernels()
-    forget_agreements()
 
 
 def _forget_kernels(op: str | None = None) -> None:
     """Forget the resolved kernels (of `op` only, if given), those in the cache and those being resolved: a lookup
-    in flight may have read the registry before this registration, so it stores nothing, cached kernels or not."""
+    in flight may have read the registry before this registration, so it stores nothing, cached kernels or not.
+    With several ranks, forget the tables agreed with rank 0 too: else every rank would select the agreed table
+    again, which never timed the new backend (registered on every rank alike, the next selection is a collective
+    on each)."""
     global _cache, _generation
+    from autosel.distributed import forget_agreements
+
     with _cache_lock:
         if op is None:
             _generation += 1
@@ -223,6 +226,7 @@ def _forget_kernels(op: str | None = None) -> None:
         chosen_alone.clear()
     else:
         chosen_alone.discard(op)
+    forget_agreements(op)
 
 
 # A backend registered for an op already resolved is timed at its next selection (a stored decision that never

@@ -366,8 +366,8 @@ def contested_ops(platform: PlatformInfo, patterns: list[str] | None = None) -> 
 
 
 def modes_for(platform: PlatformInfo) -> list[str]:
-    """CUDA tunes both execution modes (prefill launches eagerly, decode replays graphs); others eager only."""
-    return list(config.EXECUTION_MODES) if platform.torch_device == "cuda" else ["eager"]
+    """The modes a tune on `platform` times: eager and graph on a GPU with CUDA graphs, else eager only."""
+    return list(platforms.modes_for_device(platform.device.value))
 
 
 def tune_ops(patterns: list[str] | None = None, *, force: bool = False, budget_s: float | None = None,

@@ -273,6 +273,43 @@ def test_set_group_refuses_a_group_this_rank_is_not_in_and_a_group_gone_with_its
                                      "with the process group it belonged to?); call set_group again")
 
 
+GROW = textwrap.dedent("""
+    import datetime, json, os
+    import torch
+    import torch.distributed as dist
+    import toy_kernels
+    from autosel import selector
+    from autosel.spec import KernelBackend as B, KernelSpec, OpDefinition
+
+    rank = int(os.environ["RANK"])
+    dist.init_process_group("gloo", init_method="file://" + os.environ["INIT_FILE"], rank=rank, world_size=2,
+                            timeout=datetime.timedelta(seconds=60))
+    timed = toy_kernels.use_fresh_registry()
+    reg = selector.registry
+    reg.register(KernelSpec("toy.grow", B.TORCH, "toy_kernels:slow"))
+    reg.register(KernelSpec("toy.grow", B.CUTE_DSL, "toy_kernels:nan"))  # wrong: torch wins without triton
+    reg.define(OpDefinition("toy.grow", shapes=toy_kernels.SHAPES, make_inputs=toy_kernels.inputs))
+    if rank == 1:  # runs whatever rank 0 sends: alone, with tuning off and an empty DB, it would raise
+        os.environ["AUTOSEL_TUNE"] = "off"
+    before = selector.get_kernel("toy.grow").__name__
+    reg.register(KernelSpec("toy.grow", B.TRITON, "toy_kernels:fast"))  # a plug-in's, on every rank
+    after = selector.get_kernel("toy.grow").__name__
+    ones = torch.ones(1)
+    dist.all_reduce(ones)  # the ranks' collectives still pair up
+    print(json.dumps({"rank": rank, "before": before, "after": after, "timed": len(timed),
+                      "all_reduce": ones.item()}))
+    dist.destroy_process_group()
+""")
+
+
+def test_a_backend_registered_on_every_rank_is_agreed_on_again(tmp_path):
+    # get_kernel forgot the op's kernels, but every rank kept serving the table agreed before the registration:
+    # the new backend was never timed on a multi-rank run, until clear_cache().
+    results, _ = run_ranks(GROW, 2, tmp_path, AUTOSEL_BUDGET_S="5")
+    assert [(r["rank"], r["before"], r["after"], r["timed"], r["all_reduce"]) for r in results] == [
+        (0, "slow", "fast", 2, 2.0), (1, "slow", "fast", 0, 2.0)]
+
+
 def test_a_ranks_own_answer_is_looked_up_and_never_tuned(monkeypatch):
     reg = KernelRegistry()
     use_registry(monkeypatch, reg)
@@ -352,6 +389,22 @@ def test_an_agreement_cleared_during_its_broadcast_is_returned_not_kept(fake_wor
     assert fake_world.broadcasts == 2  # not kept: asked again, agreed again
     assert distributed.agree(lambda: "torch", what="op", key=("toy.op", "eager")) == "torch"
     assert fake_world.broadcasts == 2  # kept this time
+
+
+def test_forgetting_an_op_forgets_its_agreements_only_and_one_under_way(fake_world):
+    # A registration for an op forgot get_kernel's kernels but not the table the ranks had agreed: it was served
+    # again, without the new backend, until clear_cache().
+    from autosel import distributed
+
+    for key in (("toy.op", "eager"), ("toy.op", "graph"), ("toy.other", "eager")):
+        distributed.agree(lambda: "torch", what="op", key=key)
+    distributed.forget_agreements("toy.op")
+    assert set(distributed._agreed) == {("toy.other", "eager")}
+    fake_world.during = lambda: distributed.forget_agreements("toy.op")  # registered during its broadcast
+    distributed.agree(lambda: "triton", what="op", key=("toy.op", "eager"))
+    fake_world.during = None
+    assert distributed.agree(lambda: "triton", what="op", key=("toy.op", "eager")) == "triton"
+    assert fake_world.broadcasts == 3 + 2  # the one forgotten under way is asked again; toy.other never was
 
 
 def test_a_new_process_group_agrees_afresh(fake_world):

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from autosel.platforms import PlatformInfo, normalise_device_name, version_vector
+from autosel.platforms import PlatformInfo, modes_for_device, normalise_device_name, version_vector
 from autosel.spec import KernelBackend as B, KernelSpec
 
 
@@ -40,6 +40,31 @@ def test_platform_key_has_type_arch_name_and_sm_count():
     h100 = PlatformInfo("cuda", 9, 0, arch="sm_90", device_name="NVIDIA H100 80GB HBM3", multiprocessor_count=132)
     assert h200.key == "cuda/sm_90/NVIDIA_H200/132"
     assert h200.key != h100.key  # one arch spans several SKUs
+
+
+@pytest.mark.parametrize("device_type, modes", [
+    ("cuda", ("eager", "graph")), ("hip", ("eager", "graph")),
+    ("cpu", ("eager",)), ("mps", ("eager",)), ("xpu", ("eager",)), ("npu", ("eager",)), ("tpu", ("eager",)),
+    ("", ("eager",)),
+])
+def test_devices_with_cuda_graphs_have_a_graph_mode_and_others_eager_only(device_type, modes):
+    assert modes_for_device(device_type) == modes
+
+
+MI300X = PlatformInfo("hip", arch="gfx942", device_name="AMD Instinct MI300X", multiprocessor_count=304)
+
+
+@pytest.mark.parametrize("platform", [
+    MI300X, PlatformInfo("cuda", 9, 0, arch="sm_90", device_name="NVIDIA H200", multiprocessor_count=132),
+    PlatformInfo("cpu", arch="x86_64"), PlatformInfo("mps", arch="apple"), PlatformInfo("tpu", arch="v5"),
+], ids=lambda p: p.device_type)
+def test_tuning_coverage_and_selection_agree_on_a_platforms_modes(platform):
+    # Each decided graph mode on its own; they agreed only because HIP's torch device is "cuda".
+    from autosel import coverage, selector, tuning
+
+    expected = list(modes_for_device(platform.device.value))
+    selected = [mode for mode in ("eager", "graph") if selector.resolve_mode(mode, platform) == mode]
+    assert tuning.modes_for(platform) == coverage.modes_of(platform.key) == selected == expected
 
 
 def test_version_vector_holds_base_versions_and_candidate_packages_only():
