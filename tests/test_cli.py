@@ -18,6 +18,7 @@ from conftest import use_platform, use_registry
 from click.testing import CliRunner
 
 from autosel import cli, tuning
+from autosel.cli._common import settings_for
 from autosel.decisions import CandidateResult, Decision, Measurement, ShapeResult
 from autosel.platforms import PlatformInfo
 from autosel.registry import KernelRegistry
@@ -78,7 +79,7 @@ def decision(op="toy.double", winner="triton", *, platform=CPU, versions=None, c
 
 
 def store(*decisions, db: Path | None = None):
-    settings = cli._settings(str(db) if db else None, full=False)
+    settings = settings_for(str(db) if db else None, full=False)
     for d in decisions:
         tuning.database(settings).record(d)
 
@@ -1077,11 +1078,11 @@ def test_prune_removes_only_this_machines_stale_rows(reg):
     assert dry.exit_code == 0
     assert dry.stdout.splitlines()[-1] == "Would remove 1 stale decision(s) (run without --dry-run to remove them)."
     assert "versions differ: torch 1.0 -> (none)" in dry.stdout
-    assert len(tuning.database(cli._settings(None, full=False)).decisions()) == 3
+    assert len(tuning.database(settings_for(None, full=False)).decisions()) == 3
     result = run("prune", "--json")
     assert json.loads(result.stdout)["removed"] == 1
     left = {(d.platform_key, tuple(d.versions.items())) for d, _ in
-            tuning.database(cli._settings(None, full=False)).decisions()}
+            tuning.database(settings_for(None, full=False)).decisions()}
     assert left == {(CPU.key, ()), (OTHER_CPU.key, (("torch", "1.0"),))}
 
 
@@ -1089,7 +1090,7 @@ def test_prune_names_the_bucket_of_each_row(reg):
     # A stale op-level row and its bucket rows printed as identical lines.
     toy(reg, B.TORCH, B.TRITON)
     stale = decision(versions={"torch": "1.0"})
-    tuning.database(cli._settings(None, full=False)).record(stale, [replace(stale, bucket="[64]")])
+    tuning.database(settings_for(None, full=False)).record(stale, [replace(stale, bucket="[64]")])
     dry = run("prune", "--dry-run")
     assert [line.split(" winner")[0] for line in dry.stdout.splitlines()[:2]] == [
         "Would remove: toy.double (eager)", "Would remove: toy.double (eager, bucket [64])"]
@@ -1345,7 +1346,7 @@ def test_check_with_buckets_needs_the_bucket_rows_of_an_op_that_declares_buckets
     assert bare.exit_code == 1 and "but no bucket rows beside it" in bare.stderr
     buckets = [Decision(**{**vars(decision()), "bucket": bucket, "winner": winner})
                for bucket, winner in (("[16384]", "torch"), ("[65536]", "triton"))]
-    tuning.database(cli._settings(None, full=False)).record(decision(), buckets)
+    tuning.database(settings_for(None, full=False)).record(decision(), buckets)
     report = json.loads(run("check", "--require", "toy.double", "--buckets", "--json").stdout)
     assert report["ok"] and report["checked"][0]["buckets"] == 2
 

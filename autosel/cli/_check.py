@@ -6,7 +6,8 @@ import fnmatch
 
 import click
 
-from autosel.cli import _console, _echo_json, _read_db, _settings, _table, main
+from autosel.cli import main
+from autosel.cli._common import db_option, echo_json, json_option, make_console, make_table, read_db, settings_for
 
 
 def _require(ctx, param, values: tuple[str, ...]) -> list[str]:
@@ -45,8 +46,8 @@ def _platform_key(ctx, param, value: str | None) -> str | None:
               help="The target's platform key (default: this machine's), for an image built without its GPU.")
 @click.option("--buckets", is_flag=True,
               help="Also require the per-bucket rows beside each decision of an op that declares buckets.")
-@click.option("--db", metavar="PATH", help="Read this DB as the user layer instead of the default user DB.")
-@click.option("--json", "as_json", is_flag=True, help="Write what was found per op and mode as JSON on stdout.")
+@db_option()
+@json_option("what was found per op and mode")
 def check(required, modes, platform_key, buckets, db, as_json):
     """Exit 1 unless every required op has a usable decision for the target platform.
 
@@ -63,8 +64,8 @@ def check(required, modes, platform_key, buckets, db, as_json):
     """
     from autosel import coverage, platforms, tuning
 
-    settings = _settings(db, full=False)
-    database = _read_db(settings, db)
+    settings = settings_for(db, full=False)
+    database = read_db(settings, db)
     tuning.load_plugins()
     platform = platforms.current_platform()
     target = platform_key or platform.key
@@ -76,15 +77,15 @@ def check(required, modes, platform_key, buckets, db, as_json):
                              modes=list(modes) or None, match=settings.match, buckets=buckets)
     missing = [r for r in results if not r.ok]
     if as_json:
-        _echo_json({"ok": not missing, "platform_key": target, "this_machine": target == platform.key,
-                    "match": settings.match, "buckets": buckets, "checked": [vars(r) for r in results],
-                    "missing": [{"op": r.op, "mode": r.mode, "detail": r.detail} for r in missing]})
+        echo_json({"ok": not missing, "platform_key": target, "this_machine": target == platform.key,
+                   "match": settings.match, "buckets": buckets, "checked": [vars(r) for r in results],
+                   "missing": [{"op": r.op, "mode": r.mode, "detail": r.detail} for r in missing]})
     else:
-        table = _table("op", "mode", "status", "winner", "buckets", "detail", title=f"Decisions for {target}")
+        table = make_table("op", "mode", "status", "winner", "buckets", "detail", title=f"Decisions for {target}")
         for r in results:
             detail = r.detail + (f"; {r.near}" if r.near else "")
             table.add_row(r.op, r.mode, "ok" if r.ok else "MISSING", r.winner or "-", str(r.buckets), detail)
-        _console().print(table)
+        make_console().print(table)
     if missing:
         listed = "; ".join(f"{r.op} ({r.mode}): {r.detail}" for r in missing)
         raise click.ClickException(f"{len(missing)} of {len(results)} required (op, mode) pairs have no usable "

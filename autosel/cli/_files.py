@@ -6,24 +6,36 @@ from pathlib import Path
 
 import click
 
-from autosel.cli import (_check_globs, _echo_json, _format_of, _matches, _read_db, _refuse_overwrite, _require_file,
-                         _settings, _writable_db, main)
+from autosel.cli import main
+from autosel.cli._common import (check_globs, db_option, echo_json, force_option, format_option, json_option, matches,
+                                 op_option, out_option, read_db, refuse_overwrite, require_file, settings_for,
+                                 writable_db)
 from autosel.decisions import OP_LEVEL_BUCKET
 from autosel.inventory import Inventory
+
+FILE_FORMATS = {".db": "sqlite", ".sqlite": "sqlite", ".sqlite3": "sqlite", ".jsonl": "jsonl", ".ndjson": "jsonl"}
+
+
+def _format_of(out: Path, fmt: str | None = None) -> str:
+    """--format, else the format --out's suffix names; an unknown suffix (d.json) is a usage error, not SQLite."""
+    if fmt:
+        return fmt
+    if out.suffix.lower() in FILE_FORMATS:
+        return FILE_FORMATS[out.suffix.lower()]
+    raise click.BadParameter(f"cannot tell the format from the suffix of {out} (.db/.sqlite: SQLite, .jsonl: JSON "
+                             "Lines); name the file so, or pass --format sqlite|jsonl", param_hint="--out")
 
 
 # --- export, merge, prune ---------------------------------------------------------------------------------
 
 @main.command()
-@click.option("--out", required=True, type=click.Path(dir_okay=False, path_type=Path), help="The file to write.")
-@click.option("--format", "fmt", type=click.Choice(["sqlite", "jsonl"]),
-              help="sqlite (to ship) or jsonl (to review in a pull request); default: from --out's suffix "
-                   "(.db, .sqlite: sqlite; .jsonl: jsonl).")
-@click.option("--op", "ops", multiple=True, metavar="GLOB", help="Only ops matching this glob (repeatable).")
-@click.option("--db", metavar="PATH", help="Export this DB instead of the default user DB.")
+@out_option("The file to write.")
+@format_option()
+@op_option()
+@db_option("Export this DB instead of the default user DB.")
 @click.option("--all-layers", is_flag=True, help="Also export rows of the read-only shipped layers.")
-@click.option("--force", is_flag=True, help="Overwrite --out if it exists.")
-@click.option("--json", "as_json", is_flag=True, help="Write a summary as JSON on stdout.")
+@force_option()
+@json_option("a summary")
 def export(out, fmt, ops, db, all_layers, force, as_json):
     """Export the user DB's decisions to a SQLite file or JSON Lines text.
 
@@ -36,18 +48,18 @@ def export(out, fmt, ops, db, all_layers, force, as_json):
     from autosel.db_tools import export_decisions, first_tables
 
     fmt = _format_of(out, fmt)
-    _refuse_overwrite(out, force)
-    settings = _settings(db, full=False)
-    stored = _read_db(settings, db, default_too=True).decisions()  # the user DB is the source: unread is an error
+    refuse_overwrite(out, force)
+    settings = settings_for(db, full=False)
+    stored = read_db(settings, db, default_too=True).decisions()  # the user DB is the source: unread is an error
     tuning.load_plugins()
-    _check_globs(ops, set(tuning.registry.ops()) | {d.op for d, _ in stored}, "registered op or stored decision")
-    pairs = [(d, layer) for d, layer in stored if _matches(d.op, ops) and (all_layers or layer.kind != "shipped")]
+    check_globs(ops, set(tuning.registry.ops()) | {d.op for d, _ in stored}, "registered op or stored decision")
+    pairs = [(d, layer) for d, layer in stored if matches(d.op, ops) and (all_layers or layer.kind != "shipped")]
     if not pairs:
         nothing = f"no decisions{' for ' + ', '.join(ops) if ops else ''}"
         if all_layers:
             raise click.ClickException(f"{nothing} in any layer, so {out} was not written; run `autosel tune` first")
         raise click.ClickException(f"{nothing} in the user DB {settings.db}, so {out} was not written; "
-                                   + _elsewhere([layer.path for d, layer in stored if _matches(d.op, ops)], db))
+                                   + _elsewhere([layer.path for d, layer in stored if matches(d.op, ops)], db))
     layers = list(dict.fromkeys(layer.path for _, layer in pairs))  # the user layer first, as selection reads them
     chosen = first_tables([[d for d, layer in pairs if layer.path == path] for path in layers])
     if not chosen:
@@ -55,7 +67,7 @@ def export(out, fmt, ops, db, all_layers, force, as_json):
                                    f"never reads, so {out} was not written; re-tune those ops")
     rows = export_decisions(chosen, out, fmt=fmt, overwrite=force)
     if as_json:
-        _echo_json({"out": str(out), "format": fmt, "rows": rows})
+        echo_json({"out": str(out), "format": fmt, "rows": rows})
     else:
         click.echo(f"Exported {rows} decision(s) to {out} ({fmt}).")
 
@@ -76,13 +88,12 @@ def _elsewhere(shipped: list[str], db: str | None) -> str:
 
 @main.command()
 @click.argument("inputs", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False, path_type=Path))
-@click.option("--out", required=True, type=click.Path(dir_okay=False, path_type=Path),
-              help="The merged file (.db, .sqlite: SQLite; .jsonl: JSON Lines).")
-@click.option("--format", "fmt", type=click.Choice(["sqlite", "jsonl"]), help="Default: from --out's suffix.")
+@out_option("The merged file (.db, .sqlite: SQLite; .jsonl: JSON Lines).")
+@format_option()
 @click.option("--prefer", type=click.Choice(["newest", "first"]),
               help="Keep one table of each conflict: the newest, or the first input's. Default: leave conflicts out.")
-@click.option("--force", is_flag=True, help="Overwrite --out if it exists.")
-@click.option("--json", "as_json", is_flag=True, help="Write the merge report as JSON on stdout.")
+@force_option()
+@json_option("the merge report")
 def merge(inputs, out, fmt, prefer, force, as_json):
     """Merge tuning DBs or JSON Lines exports into one file.
 
@@ -99,7 +110,7 @@ def merge(inputs, out, fmt, prefer, force, as_json):
     from autosel.db_tools import merge as merge_files
 
     fmt = _format_of(out, fmt)
-    _refuse_overwrite(out, force)
+    refuse_overwrite(out, force)
     existed = out.exists()
     report = merge_files(list(inputs), out, prefer=prefer, overwrite=force, fmt=fmt)
     conflicts = [{"op": c.key.op, "mode": c.key.mode, "bucket": c.key.bucket, "platform_key": c.key.platform_key,
@@ -111,8 +122,8 @@ def merge(inputs, out, fmt, prefer, force, as_json):
     if unwritten:
         out.unlink(missing_ok=True)
     if as_json:
-        _echo_json({"out": str(out), "written": not unwritten, "rows": report.rows, "sources": list(report.sources),
-                    "prefer": prefer, "conflicts": conflicts, "conflicts_left_out": left_out})
+        echo_json({"out": str(out), "written": not unwritten, "rows": report.rows, "sources": list(report.sources),
+                   "prefer": prefer, "conflicts": conflicts, "conflicts_left_out": left_out})
     else:
         click.echo(f"Merged {len(report.sources)} input(s): no decision besides the conflicts below, so {out} was not "
                    "written." if unwritten else
@@ -133,9 +144,9 @@ def merge(inputs, out, fmt, prefer, force, as_json):
 
 
 @main.command()
-@click.option("--db", metavar="PATH", help="Prune this DB instead of the default user DB.")
+@db_option("Prune this DB instead of the default user DB.")
 @click.option("--dry-run", is_flag=True, help="List what would be removed, remove nothing.")
-@click.option("--json", "as_json", is_flag=True, help="Write the removed (or would-be removed) rows as JSON.")
+@json_option("the removed (or would-be removed) rows")
 def prune(db, dry_run, as_json):
     """Remove user-DB decisions whose versions no longer match this machine's.
 
@@ -150,17 +161,17 @@ def prune(db, dry_run, as_json):
     """
     from autosel import platforms, tuning
 
-    settings = _settings(db, full=False)
-    _require_file(settings, db)  # else the write below would create it, and its folders, to remove nothing
+    settings = settings_for(db, full=False)
+    require_file(settings, db)  # else the write below would create it, and its folders, to remove nothing
     platform = platforms.current_platform()
     tuning.load_plugins()
     stale = Inventory(platform, tuning.registry).prunable
-    database = _read_db(settings, db) if dry_run else _writable_db(settings, db, undone="nothing was removed")
+    database = read_db(settings, db) if dry_run else writable_db(settings, db, undone="nothing was removed")
     found = [(d, layer, reason) for d, layer in database.decisions()
              if layer.writable and (reason := stale(d))]
     removed = 0 if dry_run else database.prune(lambda d: stale(d) is None)
     if as_json:
-        _echo_json({"dry_run": dry_run, "removed": removed, "rows": [
+        echo_json({"dry_run": dry_run, "removed": removed, "rows": [
             {"op": d.op, "mode": d.mode, "bucket": d.bucket, "winner": d.winner, "layer": layer.path,
              "reason": reason}
             for d, layer, reason in found]})

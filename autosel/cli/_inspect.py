@@ -5,14 +5,15 @@ from __future__ import annotations
 import datetime
 import importlib
 import os
-from pathlib import Path
 from typing import Any
 
 import click
 
 from autosel import config
-from autosel.cli import (MEDIAN_NOTE, _check_globs, _console, _decision_summary, _echo_json, _matches, _read_db,
-                         _refuse_overwrite, _runner_up_text, _settings, _table, main)
+from autosel.cli import main
+from autosel.cli._common import (MEDIAN_NOTE, check_globs, db_option, decision_summary, echo_json, force_option,
+                                 json_option, make_console, make_table, matches, op_option, out_option, read_db,
+                                 refuse_overwrite, runner_up_text, settings_for)
 from autosel.decisions import OP_LEVEL_BUCKET, bucket_order, format_lead
 from autosel.errors import ConfigError
 from autosel.inventory import Entry, Inventory
@@ -28,9 +29,9 @@ def _entries(db, ops: tuple[str, ...], *, layers: str = "all", match: str = "exa
     platform = platforms.current_platform()
     tuning.load_plugins()  # doctor reads plugin_errors afterwards
     stored = db.decisions()
-    _check_globs(ops, set(tuning.registry.ops()) | {d.op for d, _ in stored}, "registered op or stored decision")
+    check_globs(ops, set(tuning.registry.ops()) | {d.op for d, _ in stored}, "registered op or stored decision")
     pairs = [(d, layer) for d, layer in stored
-             if _matches(d.op, ops) and (layers == "all" or layer.kind != "shipped")]
+             if matches(d.op, ops) and (layers == "all" or layer.kind != "shipped")]
     return platform, Inventory(platform, tuning.registry, match).entries(pairs)
 
 
@@ -38,7 +39,7 @@ def _entry_json(entry: Entry) -> dict[str, Any]:
     d = entry.decision
     return {"op": d.op, "mode": d.mode, "bucket": d.bucket, "status": entry.status, "status_detail": entry.detail,
             "near_match": entry.near, "layer": {"path": entry.layer_path, "kind": entry.layer_kind},
-            **_decision_summary(d),
+            **decision_summary(d),
             "decision": d.to_dict()}
 
 
@@ -58,9 +59,9 @@ def _evidence(d) -> str:
 
 
 @main.command()
-@click.option("--op", "ops", multiple=True, metavar="GLOB", help="Only ops matching this glob (repeatable).")
-@click.option("--db", metavar="PATH", help="Read this DB as the user layer instead of the default user DB.")
-@click.option("--json", "as_json", is_flag=True, help="Write the decisions and their evidence as JSON on stdout.")
+@op_option()
+@db_option()
+@json_option("the decisions and their evidence")
 def show(ops, db, as_json):
     """Show stored decisions, which layer each came from, and their evidence.
 
@@ -73,23 +74,23 @@ def show(ops, db, as_json):
       autosel show
       autosel show --op 'layernorm.*' --json
     """
-    settings = _settings(db, full=False)
-    platform, entries = _entries(_read_db(settings, db), ops, match=settings.match)
+    settings = settings_for(db, full=False)
+    platform, entries = _entries(read_db(settings, db), ops, match=settings.match)
     if as_json:
-        _echo_json({"platform_key": platform.key, "match": settings.match, "median": MEDIAN_NOTE,
-                    "decisions": [_entry_json(e) for e in entries]})
+        echo_json({"platform_key": platform.key, "match": settings.match, "median": MEDIAN_NOTE,
+                   "decisions": [_entry_json(e) for e in entries]})
         return
-    console = _console()
+    console = make_console()
     if not entries:
         console.print(f"No stored decisions{' for ' + ', '.join(ops) if ops else ''}; "
                       "run `autosel tune` to make some.", markup=False)
         return
-    table = _table("op", "mode", "bucket", "status", "winner", "runner-up", "margin", "evidence (median, score)",
-                   "layer")
+    table = make_table("op", "mode", "bucket", "status", "winner", "runner-up", "margin", "evidence (median, score)",
+                       "layer")
     for e in sorted(entries, key=lambda e: (e.decision.op, e.decision.mode, bucket_order(e.decision.bucket))):
         d = e.decision
         status = e.status + (f": {e.detail}" if e.detail else "")
-        table.add_row(d.op, d.mode, d.bucket, status, d.winner, _runner_up_text(d), format_lead(d), _evidence(d),
+        table.add_row(d.op, d.mode, d.bucket, status, d.winner, runner_up_text(d), format_lead(d), _evidence(d),
                       f"{e.layer_kind} {e.layer_path}")
     console.print(table)
     near = (f" AUTOSEL_MATCH={settings.match}: rows \"in use: near match\" were tuned with other versions"
@@ -107,8 +108,8 @@ def _environment() -> list[dict[str, Any]]:
 
 
 @main.command()
-@click.option("--db", metavar="PATH", help="Check this DB as the user layer instead of the default user DB.")
-@click.option("--json", "as_json", is_flag=True, help="Write the report as JSON on stdout.")
+@db_option("Check this DB as the user layer instead of the default user DB.")  # reported if bad, not refused
+@json_option("the report")
 def doctor(db, as_json):
     """Check the platform, each op's backends, the DB layers, plug-ins and AUTOSEL_* variables.
 
@@ -128,16 +129,16 @@ def doctor(db, as_json):
 
     blocking = []
     try:
-        _settings(db, full=True)
+        settings_for(db, full=True)
         config_error = None
     except ConfigError as exc:
         config_error = str(exc)
         blocking.append(f"{exc}; fix or unset the variable")
     try:
-        match = _settings(db, full=False).match
+        match = settings_for(db, full=False).match
     except ConfigError:  # a bad AUTOSEL_MATCH is reported above as blocking; show what exact matching finds
         match = "exact"
-    database = _read_db(_settings(db, full=False, match=False), db, refuse_unread=False)  # its layers say why
+    database = read_db(settings_for(db, full=False, match=False), db, refuse_unread=False)  # its layers say why
     platform, entries = _entries(database, (), match=match)
     plugin_errors, plugin_conflicts = dict(registry_module.plugin_errors), dict(registry_module.plugin_conflicts)
     blocking += [f"plug-in {name!r} failed to load ({error}); a plug-in that raised registers nothing. Reinstall or "
@@ -175,14 +176,14 @@ def doctor(db, as_json):
     notes = _bytecode_notes()
     ok = not blocking
     if as_json:
-        _echo_json({"ok": ok, "blocking": blocking, "config_error": config_error, "match": match,
-                    "platform": {"key": platform.key, "device": platform.device.value, "arch": platform.arch,
-                                 "device_name": platform.device_name,
-                                 "multiprocessor_count": platform.multiprocessor_count,
-                                 "versions": platform.version_map},
-                    "ops": ops, "layers": layers, "plugin_errors": plugin_errors, "plugin_conflicts": plugin_conflicts,
-                    "environment": _environment(),
-                    "notes": notes})
+        echo_json({"ok": ok, "blocking": blocking, "config_error": config_error, "match": match,
+                   "platform": {"key": platform.key, "device": platform.device.value, "arch": platform.arch,
+                                "device_name": platform.device_name,
+                                "multiprocessor_count": platform.multiprocessor_count,
+                                "versions": platform.version_map},
+                   "ops": ops, "layers": layers, "plugin_errors": plugin_errors, "plugin_conflicts": plugin_conflicts,
+                   "environment": _environment(),
+                   "notes": notes})
     else:
         _print_doctor(platform, ops, layers, plugin_errors, plugin_conflicts, blocking, notes)
     if not ok:
@@ -227,27 +228,28 @@ def _contested_selection(op: str, eligible: list[str], shapes: int, modes: list[
 
 
 def _print_doctor(platform, ops, layers, plugin_errors, plugin_conflicts, blocking, notes) -> None:
-    console = _console()
-    facts = _table("platform", "")
+    console = make_console()
+    facts = make_table("platform", "")
     for label, value in [("device", platform.device.value), ("arch", platform.arch or "-"),
                          ("device name", platform.device_name or "-"),
                          ("multiprocessors", platform.multiprocessor_count), ("key", platform.key),
                          ("versions", ", ".join(f"{k} {v}" for k, v in platform.versions) or "-")]:
         facts.add_row(label, str(value))
     console.print(facts)
-    table = _table("op", "backend", "eligible here", "selection", title="Ops and backends (registration order)")
+    table = make_table("op", "backend", "eligible here", "selection", title="Ops and backends (registration order)")
     for item in ops:
         for n, b in enumerate(item["backends"]):
             table.add_row(item["op"] if n == 0 else "", b["backend"],
                           "yes" if b["reason"] is None else f"no: {b['reason']}", item["selection"] if n == 0 else "")
     console.print(table if ops else "No ops are registered.", markup=False)
-    calls = _table("op", "call (every backend takes these arguments)", title="How each op is called")
+    calls = make_table("op", "call (every backend takes these arguments)", title="How each op is called")
     for item in ops:
         if item["signature"]:
             calls.add_row(item["op"], item["signature"])
     if calls.rows:
         console.print(calls)
-    layer_table = _table("kind", "path", "access", "schema", "rows", "problem", title="Tuning DB layers (read in order)")
+    layer_table = make_table("kind", "path", "access", "schema", "rows", "problem",
+                             title="Tuning DB layers (read in order)")
     for layer in layers:
         layer_table.add_row(layer["kind"], layer["path"], "writable" if layer["writable"] else "read-only",
                             str(layer["schema_version"]), str(layer["rows"]), layer["problem"] or "-")
@@ -259,7 +261,7 @@ def _print_doctor(platform, ops, layers, plugin_errors, plugin_conflicts, blocki
                       markup=False)
     if not plugin_errors and not plugin_conflicts:
         console.print("Plug-ins: every autosel.ops entry point loaded.", markup=False)
-    env = _table("variable", "value", "meaning", title="Environment")
+    env = make_table("variable", "value", "meaning", title="Environment")
     for item in _environment():
         env.add_row(item["name"], "(unset)" if item["value"] is None else item["value"], item["description"])
     console.print(env)
@@ -272,11 +274,11 @@ def _print_doctor(platform, ops, layers, plugin_errors, plugin_conflicts, blocki
 # --- report -----------------------------------------------------------------------------------------------
 
 @main.command()
-@click.option("--out", required=True, type=click.Path(dir_okay=False, path_type=Path), help="The HTML file to write.")
-@click.option("--op", "ops", multiple=True, metavar="GLOB", help="Only ops matching this glob (repeatable).")
-@click.option("--db", metavar="PATH", help="Read this DB as the user layer instead of the default user DB.")
+@out_option("The HTML file to write.")
+@op_option()
+@db_option()
 @click.option("--all", "include_all", is_flag=True, help="Also include stale and shadowed rows (badged).")
-@click.option("--force", is_flag=True, help="Overwrite --out if it exists.")
+@force_option()
 def report(out, ops, db, include_all, force):
     """Write a self-contained HTML page of the decisions in use: plots, per-shape and per-bucket winners,
     rejections.
@@ -293,9 +295,9 @@ def report(out, ops, db, include_all, force):
     from autosel import __version__
     from autosel.report import render_report
 
-    _refuse_overwrite(out, force)
-    settings = _settings(db, full=False)
-    database = _read_db(settings, db)
+    refuse_overwrite(out, force)
+    settings = settings_for(db, full=False)
+    database = read_db(settings, db)
     platform, entries = _entries(database, ops, match=settings.match)  # "in use" as selection, show and doctor say
     chosen = entries if include_all else [e for e in entries if e.status == "in use"]
     if not chosen:

@@ -6,17 +6,24 @@ import fnmatch
 import glob
 import importlib.util
 import json
+import math
 import sys
 from pathlib import Path
+from typing import Any
 
 import click
 
-from autosel.cli import (MARGIN_NOTE, MEDIAN_NOTE, RECORD_EXAMPLE, Seconds, _console, _decision_summary, _echo_json,
-                         _matches, _refuse_unwritable, _rejected_text, _runner_up_text, _settings, _table,
-                         _writable_db, main)
+from autosel.cli import main
+from autosel.cli._common import (MEDIAN_NOTE, db_option, decision_summary, echo_json, json_option, make_console,
+                                 make_table, matches, op_option, refuse_unwritable, runner_up_text, settings_for,
+                                 writable_db)
 from autosel.decisions import format_lead
 from autosel.chart import format_us
 from autosel.report import candidate_median_us
+
+RECORD_EXAMPLE = '{"op": "layernorm.rmsnorm", "shape": {"tokens": 64, "hidden": 4096}, "mode": "eager"}'
+MARGIN_NOTE = ("margin: how much slower the runner-up is than the winner; \"default kept\": the runner-up was faster "
+               "but not by more than the noise in every round")
 
 # An op registered by a script at run time is not in `autosel tune`'s process: say where its ops must come from.
 SCRIPT_OPS = ("; the command line sees the ops that autosel and its plug-ins register (an `autosel.ops` entry "
@@ -24,6 +31,21 @@ SCRIPT_OPS = ("; the command line sees the ops that autosel and its plug-ins reg
 
 
 # --- tune -------------------------------------------------------------------------------------------------
+
+class Seconds(click.FloatRange):
+    """A positive, finite number of seconds: FloatRange lets nan and inf through (a budget that never ends)."""
+
+    name = "seconds"
+
+    def __init__(self) -> None:
+        super().__init__(min=0, min_open=True)
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> float:
+        seconds = super().convert(value, param, ctx)
+        if not math.isfinite(seconds):
+            self.fail(f"{value!r} is not a finite number of seconds", param, ctx)
+        return seconds
+
 
 def _torch_missing() -> bool:
     return importlib.util.find_spec("torch") is None
@@ -94,7 +116,7 @@ class _TuneProgress:
         from rich.progress import BarColumn, Progress, SpinnerColumn, TaskProgressColumn, TextColumn, TimeElapsedColumn
 
         self.total, self.started, self.tasks = total, 0, {}
-        console = _console(stderr=True)
+        console = make_console(stderr=True)
         # Piped, a transient bar shows nothing, yet rich ends it with an empty line on stderr
         self.bar = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), TaskProgressColumn(),
                             TimeElapsedColumn(), console=console, transient=True, disable=not console.is_interactive)
@@ -141,7 +163,7 @@ def _plan(tuning, platform, ops: tuple[str, ...], shapes_by_mode) -> tuple[list,
             continue
         targets = []
         for op in shapes:
-            if not _matches(op, ops):
+            if not matches(op, ops):
                 continue
             if op in contested:
                 targets.append(op)
@@ -170,6 +192,10 @@ def _differ(outcome) -> int:
     return sum(b.winner != outcome.decision.winner for b in outcome.buckets) if outcome.decision else 0
 
 
+def _rejected_text(decision) -> str:
+    return "\n".join(f"{c.backend}: {c.reason}" for c in decision.candidates if not c.ok) or "-"
+
+
 def _buckets_text(outcome) -> str:
     if not outcome.buckets:
         return "-"
@@ -188,17 +214,17 @@ def _nothing_to_tune(tuning, platform, ops: tuple[str, ...], named: list[str] | 
         return (f"every shape in {source} is for {' and '.join(untimed)} mode, which this {platform.device.value} "
                 f"machine does not time ({', '.join(tuning.modes_for(platform))} only); tune that file on a machine "
                 "that times it")
-    if named and not any(_matches(op, ops) for op in named):
+    if named and not any(matches(op, ops) for op in named):
         return (f"--op {' '.join(map(repr, ops))} matches none of the ops {source} gives shapes for "
                 f"({', '.join(named)}); drop --op, or pass a pattern that matches one of them")
-    unknown = [op for op in named or () if _matches(op, ops) and not tuning.registry.has(op)]
+    unknown = [op for op in named or () if matches(op, ops) and not tuning.registry.has(op)]
     if unknown:
         return (f"op{'s' * (len(unknown) > 1)} {', '.join(map(repr, unknown))} in {source} "
                 f"{'are' if len(unknown) > 1 else 'is'} not registered here; registered ops: "
                 f"{', '.join(registered) or 'none'}{SCRIPT_OPS}")
     lone = []
     for op in registered:
-        if _matches(op, ops) and (named is None or op in named):
+        if matches(op, ops) and (named is None or op in named):
             eligible = [s.backend.value for s in tuning.registry.get(op) if s.is_available(platform)]
             lone.append(f"{op}: {', '.join(eligible) or 'none'} eligible")
     return ("no matching op has several backends eligible on this machine, so there is nothing to choose between "
@@ -206,14 +232,14 @@ def _nothing_to_tune(tuning, platform, ops: tuple[str, ...], named: list[str] | 
 
 
 @main.command()
-@click.option("--op", "ops", multiple=True, metavar="GLOB",
-              help="Tune only ops matching this glob (repeatable), e.g. 'layernorm.*'.")
+@op_option("Tune only ops matching this glob (repeatable), e.g. 'layernorm.*'.")
 @click.option("--shapes", "shapes_file", type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help='Tune only the ops named in this JSON file, on its shapes: {"op": [shape, ...]}.')
 @click.option("--from-record", "record_file", type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help="Tune exactly the shapes an AUTOSEL_RECORD=FILE run recorded (grouped by op, deduplicated).")
-@click.option("--db", metavar="PATH", help="Write decisions to this DB instead of the default user DB; "
-              "decisions found in shipped DBs are copied into it.")
+@db_option("Write decisions to this DB instead of the default user DB; decisions found in shipped DBs are copied "
+           "into it.")
+# Not force_option: here --force re-times what is stored; there it overwrites a file.
 @click.option("--force", is_flag=True, help="Re-tune ops that already have a stored decision.")
 @click.option("--budget-s", type=Seconds(), default=120.0, show_default=True,
               help="Seconds of timing per op and mode; not the wall time: each candidate's checks and first compile "
@@ -226,7 +252,7 @@ def _nothing_to_tune(tuning, platform, ops: tuple[str, ...], named: list[str] | 
               help="Spread the tune over these GPUs, longest job first: this process tunes on the first, a "
                    "worker process on each other; GPUs of different models each get their own decisions. "
                    "Default: this process's current device only.")
-@click.option("--json", "as_json", is_flag=True, help="Write the outcome as JSON on stdout.")
+@json_option("the outcome")
 def tune(ops, shapes_file, record_file, db, force, budget_s, isolate, isolate_timeout_s, devices, as_json):
     """Time the eligible backends of every op that has several, and store the winners.
 
@@ -250,7 +276,7 @@ def tune(ops, shapes_file, record_file, db, force, budget_s, isolate, isolate_ti
     from autosel import parallel, platforms, tuning
     from autosel.errors import DeviceError
 
-    settings = _settings(db, full=True)
+    settings = settings_for(db, full=True)
     platform = platforms.current_platform()
     try:  # every kind of GPU among --devices tunes every job once
         targets = [platform] if devices is None else parallel.kinds(parallel.gpu_workers(devices))
@@ -277,7 +303,7 @@ def tune(ops, shapes_file, record_file, db, force, budget_s, isolate, isolate_ti
                    "(run `autosel doctor` to see why).", err=True)
     for note in notes:
         click.echo(f"Warning: {note}", err=True)
-    database = _writable_db(settings, db, undone="nothing was timed")
+    database = writable_db(settings, db, undone="nothing was timed")
     outcomes = []
     try:
         with _TuneProgress(total) as progress:
@@ -296,34 +322,34 @@ def tune(ops, shapes_file, record_file, db, force, budget_s, isolate, isolate_ti
             click.echo(f"{kept}; the same command reuses them and tunes the rest.", err=True)
         click.get_current_context().exit(130)
     if as_json:
-        _echo_json({"db": str(settings.db), "platform_key": platform.key, "budget_s": budget_s,
-                    "median": MEDIAN_NOTE, "outcomes": [
+        echo_json({"db": str(settings.db), "platform_key": platform.key, "budget_s": budget_s,
+                   "median": MEDIAN_NOTE, "outcomes": [
                         {"op": o.op, "mode": o.mode, "platform_key": o.platform_key, "status": o.status,
                          "detail": o.detail, "device": o.device or None,
-                         **(_decision_summary(o.decision) if o.decision else {}),
+                         **(decision_summary(o.decision) if o.decision else {}),
                          "buckets": [{"bucket": b.bucket, "winner": b.winner} for b in o.buckets],
                          "buckets_differ": _differ(o),
                          "decision": o.decision.to_dict() if o.decision else None} for o in outcomes]})
     elif outcomes:
         kinds = len({o.platform_key for o in outcomes}) > 1  # GPUs of several models: say whose row it is
         spread = devices is not None  # which GPU tuned each pair ("-": stored, nothing tuned)
-        table = _table("op", "mode", *["platform"] * kinds, *["device"] * spread, "status", "winner", "median",
-                       "runner-up", "margin", "buckets", "rejected")
+        table = make_table("op", "mode", *["platform"] * kinds, *["device"] * spread, "status", "winner", "median",
+                           "runner-up", "margin", "buckets", "rejected")
         for o in outcomes:
             d, platform_cell = o.decision, [o.platform_key] * kinds + [o.device or "-"] * spread
             if d is None:
                 table.add_row(o.op, o.mode, *platform_cell, o.status, "-", "-", "-", "-", "-", o.detail)
                 continue
             table.add_row(o.op, o.mode, *platform_cell, o.status, d.winner,
-                          format_us(candidate_median_us(d.candidate(d.winner))), _runner_up_text(d), format_lead(d),
+                          format_us(candidate_median_us(d.candidate(d.winner))), runner_up_text(d), format_lead(d),
                           _buckets_text(o), _rejected_text(d))
-        console = _console()
+        console = make_console()
         console.print(table)
         console.print(f"{MEDIAN_NOTE}; {MARGIN_NOTE}; buckets: how many shape buckets have their own decision, "
                       "and how many of them another winner than the op's (`autosel show` lists them). "
                       f"DB: {settings.db}", markup=False)
-    _refuse_unwritable(database, settings, db, undone="the decisions tuned after that failure are lost at exit: "
-                                                      "tune them again once it can be written")
+    refuse_unwritable(database, settings, db, undone="the decisions tuned after that failure are lost at exit: "
+                                                     "tune them again once it can be written")
     failed = [o for o in outcomes if o.status == "failed"]
     if failed:
         several = len({o.platform_key for o in outcomes}) > 1
