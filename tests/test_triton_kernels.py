@@ -271,8 +271,18 @@ def test_zero_tokens_return_empty_without_launching(call):
         # A float index was truncated, silently:
         (lambda: tk.rope(torch.zeros(2) + 0.7, torch.ones(2, 8), torch.ones(2, 8), 8, torch.ones(4, 8), True),
          "positions must be int64 or int32, got torch.float32"),
+        # Rows that share memory, written in place, raced into one row; the torch backend refuses them:
+        (lambda: tk.fused_add_rmsnorm(torch.ones(1, 8).expand(3, 8), torch.ones(3, 8), torch.ones(8), EPS),
+         "x with shape .3, 8. and strides .0, 1. has rows that overlap"),
+        (lambda: tk.fused_add_rmsnorm(torch.ones(3, 8), torch.ones(1, 8).expand(3, 8), torch.ones(8), EPS),
+         "residual with shape .3, 8. and strides .0, 1. has rows that overlap"),
+        (lambda: tk.rope(torch.zeros(3, dtype=torch.int64), torch.ones(1, 8).expand(3, 8), torch.ones(3, 8), 8,
+                         torch.ones(4, 8), True), "query with shape .3, 8. and strides .0, 1. has rows that overlap"),
+        # A 0-d weight raised IndexError from inside the wrapper:
+        (lambda: tk.rmsnorm(torch.ones(2, 8), torch.tensor(1.0), EPS), "weight must be 1-D .hidden., got a 0-d"),
     ],
-    ids=["rmsnorm-width", "odd-width", "mm-dtypes", "rope-rotary-dim", "in-place-needs-view", "rope-float-positions"],
+    ids=["rmsnorm-width", "odd-width", "mm-dtypes", "rope-rotary-dim", "in-place-needs-view", "rope-float-positions",
+         "overlapping-x", "overlapping-residual", "overlapping-query", "0-d-weight"],
 )
 def test_bad_arguments_name_the_values(call, message):
     with pytest.raises(ValueError, match=message):

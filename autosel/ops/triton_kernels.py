@@ -66,8 +66,10 @@ def _as_rows(t: torch.Tensor, width: int, *, name: str, in_place: bool) -> torch
 def _load_rows(x_ptrs, res_ptrs, mask, ADD_RESIDUAL: tl.constexpr):
     """x in fp32; with ADD_RESIDUAL, x + residual, written back to the residual and read as stored.
 
-    The residual stream is kept in the activation dtype, so the norm must see the rounded sum, as
-    flashinfer's and sgl-kernel's fused_add_rmsnorm do.
+    The norm sees the sum rounded to the residual's dtype, as vLLM's fused_add_rms_norm does. flashinfer's (and
+    sgl-kernel's, which is flashinfer's) normalizes the fp32 sum and rounds only the stored residual, as the torch
+    reference does: within one dtype the two differ by an ulp, inside the op's tolerances; with x wider than the
+    residual, or a sum that overflows the residual's dtype, they differ more (docs/H200.md, "Stop 24").
     """
     x = tl.load(x_ptrs, mask=mask, other=0.0).to(tl.float32)
     if ADD_RESIDUAL:
@@ -154,13 +156,31 @@ def _launch_rmsnorm(x2, res2, weight, out, out_stride: int, eps: float) -> None:
         _launch_rmsnorm_kernel(grid, (x2, x2, weight, out, n_rows, n_cols, x2.stride(0), 0, out_stride, eps),
                                plain, num_warps)
     else:
-        _launch_rmsnorm_kernel(grid, (x2, res2, weight, out, n_rows, n_cols, x2.stride(0), res2.stride(0),
-                                      out_stride, eps), with_residual, num_warps)
+        x_stride, res_stride = x2.stride(0), res2.stride(0)
+        if n_rows > 1 and (x_stride < n_cols or res_stride < n_cols):  # an expanded or overlapping view, in place
+            raise _overlapping("x" if x_stride < n_cols else "residual", x2 if x_stride < n_cols else res2)
+        _launch_rmsnorm_kernel(grid, (x2, res2, weight, out, n_rows, n_cols, x_stride, res_stride, out_stride, eps),
+                               with_residual, num_warps)
+
+
+def _overlapping(name: str, rows: torch.Tensor) -> ValueError:
+    """The in-place kernels' rows would race on shared memory: the torch backend refuses such a tensor too."""
+    return ValueError(f"{name} with shape {tuple(rows.shape)} and strides {rows.stride()} has rows that overlap "
+                      "(an expanded or overlapping view); the op writes through it: pass a tensor whose rows do not "
+                      "share memory, e.g. .contiguous()")
+
+
+def _not_1d(weight: torch.Tensor) -> ValueError:
+    """For a 0-d weight, caught as the IndexError of weight.shape[-1]: a check before it would cost every call."""
+    return ValueError(f"weight must be 1-D [hidden], got a {weight.dim()}-d tensor")
 
 
 def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """x / sqrt(mean(x^2) + eps) * weight over the last dim, in fp32, returned in x.dtype."""
-    width = weight.shape[-1]
+    try:
+        width = weight.shape[-1]
+    except IndexError:
+        raise _not_1d(weight) from None
     x2 = _as_rows(x, width, name="x", in_place=False)
     out = torch.empty_like(x, memory_format=torch.contiguous_format)  # half the host time of torch.empty(shape, ...)
     _launch_rmsnorm(x2, None, weight, out, width, eps)  # out is contiguous: its rows are a width apart
@@ -171,7 +191,10 @@ def fused_add_rmsnorm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Ten
     """In place: residual <- x + residual (rounded to its dtype); x <- rmsnorm(residual, weight, eps)."""
     if x.shape != residual.shape:
         raise ValueError(f"x has shape {tuple(x.shape)} but residual has {tuple(residual.shape)}")
-    width = weight.shape[-1]
+    try:
+        width = weight.shape[-1]
+    except IndexError:
+        raise _not_1d(weight) from None
     x2 = _as_rows(x, width, name="x", in_place=True)
     _launch_rmsnorm(x2, _as_rows(residual, width, name="residual", in_place=True), weight, x2, x2.stride(0), eps)
 
@@ -313,6 +336,8 @@ def rope(
         )
     if n_tokens == 0:
         return
+    if n_tokens > 1 and (q2.stride(0) < q2.shape[1] or k2.stride(0) < k2.shape[1]):
+        raise _overlapping("query" if q2.stride(0) < q2.shape[1] else "key", q2 if q2.stride(0) < q2.shape[1] else k2)
     n_q_heads, n_k_heads = q2.shape[1] // head_size, k2.shape[1] // head_size
     half = rotary_dim // 2
     block_r = next_power_of_2(half)
