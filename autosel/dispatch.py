@@ -20,6 +20,7 @@ import json
 import logging
 import math
 import operator
+import reprlib
 import sys
 import threading
 from dataclasses import dataclass, field
@@ -301,7 +302,9 @@ def dispatcher(table: BucketTable, kernels: Mapping[str, Callable[..., Any]], bu
 
 _recorded: set[tuple[str, str, str]] = set()
 _record_lock = threading.Lock()
-_broken_paths: set[str] = set()
+_broken_paths: set[str] = set()  # a file that cannot be written: recording stops for every op
+_broken_ops: dict[str, Any] = {}  # op -> its shape_of that failed: that op alone stops (until shape_of changes)
+_SHAPE_SCALARS = (str, int, float, bool)  # what `autosel tune --from-record` accepts as a shape's values
 
 
 def by_tokens(eager: Callable[..., Any], graph: Callable[..., Any], threshold: int) -> Callable[..., Any]:
@@ -325,8 +328,10 @@ def recording(op: str, fn: Callable[..., Any], path, mode: str, shape_of: Callab
               ) -> Callable[..., Any]:
     """Wrap `fn` so each new shape of `op` (shape_of) is appended to `path` once per process, after a call
     that returned. Recording never breaks the call: a path that cannot be written is warned about once and
-    recording stops. Calls that torch.compile traces are not recorded (is_compiling() is True while it traces,
-    so the file writes never enter the graph and fullgraph=True holds); eager calls are."""
+    recording stops; a shape_of that raises or returns no dict of JSON scalars is warned about once and that op
+    alone stops being recorded (one op's bad shape_of must not cost the others' shapes). Calls that torch.compile
+    traces are not recorded (is_compiling() is True while it traces, so the file writes never enter the graph and
+    fullgraph=True holds); eager calls are."""
     if shape_of is None:
         log.warning("AUTOSEL_RECORD: op %r declares no shape_of (register_op(..., shape_of=fn): the call's "
                     "arguments -> its shape dict), so its calls are not recorded", op)
@@ -338,7 +343,7 @@ def recording(op: str, fn: Callable[..., Any], path, mode: str, shape_of: Callab
     @functools.wraps(fn)
     def recorded(*args, **kwargs):
         result = fn(*args, **kwargs)
-        if not is_compiling() and str(path) not in _broken_paths:
+        if not is_compiling() and str(path) not in _broken_paths and _broken_ops.get(op) is not shape_of:
             _record(op, mode, shape_of, args, kwargs, path)
         return result
 
@@ -347,10 +352,16 @@ def recording(op: str, fn: Callable[..., Any], path, mode: str, shape_of: Callab
 
 def _record(op: str, mode: str, shape_of: Callable[..., dict], args, kwargs, path) -> None:
     try:
-        shape = json.dumps(shape_of(*args, **kwargs), sort_keys=True)
+        result = shape_of(*args, **kwargs)
     except Exception as exc:  # a shape_of that fails on this call: say so once, keep the call's result
-        _stop_recording(path, f"shape_of of op {op!r} raised {type(exc).__name__}: {exc}")
+        _stop_recording_op(op, shape_of,
+                           f"raised {type(exc).__name__}: {exc} on a call with {_describe(args, kwargs)}")
         return
+    problem = _shape_problem(result)
+    if problem:  # written, the line would make `autosel tune --from-record` refuse the whole file
+        _stop_recording_op(op, shape_of, f"returned {reprlib.repr(result)}, {problem}")
+        return
+    shape = json.dumps(dict(result), sort_keys=True)  # dict(): json cannot write other mappings
     if (op, mode, shape) in _recorded:
         return
     with _record_lock:
@@ -371,3 +382,39 @@ def _stop_recording(path, why: str) -> None:
     _broken_paths.add(str(path))
     warnings.warn(f"AUTOSEL_RECORD: {why}; recording stops for this process (the kernels keep running). "
                   "Point AUTOSEL_RECORD at a writable file.", RuntimeWarning, stacklevel=4)
+
+
+def _shape_problem(shape) -> str:
+    """Why `shape` is no shape `autosel tune --from-record` can read back, "" when it is one."""
+    if not isinstance(shape, Mapping):
+        return f"a {type(shape).__name__}, not a dict"
+    for key, value in shape.items():
+        if not isinstance(key, str):
+            return f"whose key {key!r} is not a string"
+        if not isinstance(value, _SHAPE_SCALARS):
+            return f"whose {key!r} is a {type(value).__name__}, not a str, int, float or bool"
+    return ""
+
+
+def _describe(args: tuple, kwargs: dict) -> str:
+    """A call's arguments in a few words: tensors by their shape, so the warning shows which call shape_of missed."""
+    def one(value) -> str:
+        shape = getattr(value, "shape", None)
+        return f"a tensor of shape {tuple(shape)}" if isinstance(shape, tuple) else type(value).__name__
+    parts = [one(a) for a in args] + [f"{k}={one(v)}" for k, v in kwargs.items()]
+    return "arguments (" + ", ".join(parts) + ")" if parts else "no arguments"
+
+
+def _stop_recording_op(op: str, shape_of: Callable[..., Any], why: str) -> None:
+    import warnings
+
+    with _record_lock:
+        if _broken_ops.get(op) is shape_of:  # another thread got there first: warn once
+            return
+        _broken_ops[op] = shape_of
+    name = f"{getattr(shape_of, '__module__', '?')}:{getattr(shape_of, '__qualname__', type(shape_of).__name__)}"
+    warnings.warn(f"AUTOSEL_RECORD: shape_of of op {op!r} ({name}) {why}; calls of {op!r} are no longer recorded in "
+                  "this process (its kernels keep running, other ops are still recorded). Make shape_of return a "
+                  "dict of str, int, float or bool values for every call the op takes, such as {'tokens': 64, "
+                  "'hidden': 4096, 'dtype': 'bfloat16'} (register_op(..., shape_of=fn)).", RuntimeWarning,
+                  stacklevel=4)

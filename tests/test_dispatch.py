@@ -249,6 +249,7 @@ def test_a_kernel_torch_already_has_a_stand_in_for_is_left_as_it_is_not_an_error
 def fresh_record(monkeypatch):
     monkeypatch.setattr(dispatch, "_recorded", set())
     monkeypatch.setattr(dispatch, "_broken_paths", set())
+    monkeypatch.setattr(dispatch, "_broken_ops", {})
 
 
 def kernel(x):
@@ -280,6 +281,74 @@ def test_a_bad_record_path_warns_once_and_never_breaks_the_call(tmp_path, fresh_
         assert [fn(n) for n in (1, 2, 3)] == [2, 4, 6]
     messages = [str(w.message) for w in caught]
     assert len(messages) == 1 and "recording stops" in messages[0] and str(path) in messages[0]
+
+
+def two_d_only(x):
+    if x.dim() != 2:
+        raise ValueError("expects 2-D")
+    return {"tokens": x.shape[0]}
+
+
+def test_a_shape_of_that_raises_stops_recording_that_op_alone_and_says_how_to_fix_it(tmp_path, fresh_record):
+    # Used to break: one op's failing shape_of stopped recording for every op, advising a writable file.
+    import torch
+
+    path = tmp_path / "shapes.jsonl"
+    mine = recording("mine.double", lambda x: x * 2, path, "eager", two_d_only)
+    other = recording("other.op", lambda x: x, path, "eager", lambda x: {"tokens": x.shape[0]})
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        mine(torch.ones(8, 8))
+        assert torch.equal(mine(torch.ones(2, 8, 8)), torch.full((2, 8, 8), 2.0))  # the call itself still works
+        mine(torch.ones(2, 8, 8))
+        mine(torch.ones(64, 8))  # a valid shape of the op, after its shape_of failed: no longer recorded
+        other(torch.ones(512, 8))
+    messages = [str(w.message) for w in caught]
+    assert len(messages) == 1
+    assert ("shape_of of op 'mine.double' (test_dispatch:two_d_only) raised ValueError: expects 2-D on a call with "
+            "arguments (a tensor of shape (2, 8, 8))") in messages[0]
+    assert "Make shape_of return a dict" in messages[0] and "writable" not in messages[0]
+    assert [(line["op"], line["shape"]) for line in map(json.loads, path.read_text().splitlines())] == [
+        ("mine.double", {"tokens": 8}), ("other.op", {"tokens": 512})]
+
+
+@pytest.mark.parametrize("shape_of, problem", [
+    (lambda x: (x.shape[0], x.shape[1]), "returned (8, 8), a tuple, not a dict"),
+    (lambda x: {"tokens": x.shape[0], "dtype": x.dtype}, "whose 'dtype' is a dtype, not a str, int, float or bool"),
+    (lambda x: {"tokens": [x.shape[0]]}, "whose 'tokens' is a list"),
+    (lambda x: {0: x.shape[0]}, "whose key 0 is not a string"),
+], ids=["tuple", "dtype value", "list value", "int key"])
+def test_a_shape_of_that_returns_no_dict_of_json_scalars_is_not_recorded_and_the_file_stays_readable(
+        tmp_path, fresh_record, shape_of, problem):
+    # Used to break: a tuple was written as "shape": [8, 8] and `tune --from-record` refused the whole file.
+    import torch
+
+    from autosel.cli._tune import read_record
+
+    path = tmp_path / "shapes.jsonl"
+    other = recording("other.op", lambda x: x, path, "eager", lambda x: {"tokens": x.shape[0]})
+    mine = recording("mine.double", lambda x: x * 2, path, "eager", shape_of)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        other(torch.ones(8, 8))
+        assert torch.equal(mine(torch.ones(8, 8)), torch.full((8, 8), 2.0))
+        mine(torch.ones(64, 8))
+        other(torch.ones(64, 8))
+    messages = [str(w.message) for w in caught]
+    assert len(messages) == 1 and "shape_of of op 'mine.double'" in messages[0] and problem in messages[0]
+    assert "calls of 'mine.double' are no longer recorded" in messages[0]
+    assert read_record(path) == {"eager": {"other.op": [{"tokens": 8}, {"tokens": 64}]}}
+
+
+def test_an_op_registered_again_with_another_shape_of_is_recorded_again(tmp_path, fresh_record):
+    import torch
+
+    path = tmp_path / "shapes.jsonl"
+    with warnings.catch_warnings(record=True):
+        warnings.simplefilter("always")
+        recording("mine.double", lambda x: x, path, "eager", lambda x: (1, 2))(torch.ones(8))
+    recording("mine.double", lambda x: x, path, "eager", lambda x: {"tokens": x.shape[0]})(torch.ones(8))
+    assert json.loads(path.read_text())["shape"] == {"tokens": 8}
 
 
 def test_keyword_arguments_reach_the_bucket_function_and_the_kernel():
