@@ -14,6 +14,8 @@ TOLERANCES = {
     "float16": (1e-2, 1e-2),
     "bfloat16": (2e-2, 2e-2),
 }
+# A complex output is compared by its real and imaginary parts, each with its part's tolerances.
+COMPLEX_PARTS = {"complex32": "float16", "complex64": "float32", "complex128": "float64"}
 
 
 @dataclass(frozen=True)
@@ -22,6 +24,33 @@ class CheckOutcome:
     max_abs_err: float | None
     max_rel_err: float | None
     reason: str | None = None
+
+
+def returns_an_argument(result: Any, args: Sequence[Any]) -> bool:
+    """Whether `result` (a tensor, or a tuple or list of them) is only arguments of the call: the in-place idiom
+    x.mul_(w), which returns the x it wrote. Same memory seen the same way, not equal values, makes one an argument."""
+    import torch
+
+    def alias(r, a) -> bool:
+        return r is a or (r.layout == a.layout == torch.strided and r.data_ptr() == a.data_ptr()
+                          and r.dtype == a.dtype and r.shape == a.shape and r.stride() == a.stride())
+
+    returned = result if isinstance(result, (tuple, list)) else (result,)
+    tensors = [a for a in args if isinstance(a, torch.Tensor)]
+    return bool(returned) and all(isinstance(r, torch.Tensor) and any(alias(r, a) for a in tensors)
+                                  for r in returned)
+
+
+def describe(value: Any) -> str:
+    """A value as a reason names it: a tensor by its dtype and shape, anything else by its repr, cut short."""
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return f"a {value.dtype} {list(value.shape)} tensor"
+    if isinstance(value, (tuple, list)):
+        return f"a {type(value).__name__} of {len(value)}"
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def outputs_of(result: Any, args: Sequence[Any]) -> tuple:
@@ -79,44 +108,79 @@ def rotating_call(fn: Callable[..., Any], args: Sequence[Any], min_bytes: int) -
 
 def tolerances(dtype: Any, rtol: float | None = None, atol: float | None = None) -> tuple[float, float]:
     name = str(dtype).removeprefix("torch.")
+    name = COMPLEX_PARTS.get(name, name)
     default_rtol, default_atol = TOLERANCES.get(name, (0.0, 0.0))  # integers and bools compare exactly
     return (default_rtol if rtol is None else rtol, default_atol if atol is None else atol)
 
 
 def compare(actual: Sequence[Any], expected: Sequence[Any], *, rtol: float | None = None,
             atol: float | None = None, names: Sequence[str] | None = None) -> CheckOutcome:
-    """Every output must match: same shape and dtype, finite, and |a - e| <= atol + rtol * |e| everywhere.
-    names: what each output is, for the reason (default "output N")."""
-    import torch
-
+    """Every output must match the reference's. A tensor: same shape and dtype, finite, and |a - e| <= atol +
+    rtol * |e| everywhere (a complex one part by part); a tuple or list: element by element; anything else (None,
+    an int, a float): equal. names: what each output is, for the reason (default "output N")."""
     if len(actual) != len(expected):
         return CheckOutcome(False, None, None, f"returned {len(actual)} outputs, reference returned {len(expected)}")
-    worst_abs = worst_rel = 0.0
+    worst = [0.0, 0.0]  # max abs, max rel error over the tensors compared so far
     for index, (a, e) in enumerate(zip(actual, expected)):
         where = names[index] if names else f"output {index}" if len(expected) > 1 else "output"
-        if not isinstance(a, torch.Tensor):
-            return CheckOutcome(False, None, None, f"{where} is {type(a).__name__}, not a tensor")
-        if a.shape != e.shape or a.dtype != e.dtype:
-            return CheckOutcome(False, None, None,
-                                f"{where} is {a.dtype} {list(a.shape)}, reference is {e.dtype} {list(e.shape)}")
-        # float64 on the outputs' own device: copying a 16384 x 28672 output to the host cost about a second
-        # per check on the H200, most of a tune's time.
-        a64, e64 = a.detach().double(), e.detach().double()
-        if not torch.isfinite(a64).all():
-            kind = "NaN" if torch.isnan(a64).any() else "Inf"
-            return CheckOutcome(False, None, None, f"{where} contains {kind}")
-        r, t = tolerances(e.dtype, rtol, atol)
-        diff = (a64 - e64).abs()
-        max_abs = float(diff.max()) if diff.numel() else 0.0
-        max_rel = float((diff / e64.abs().clamp_min(1e-12)).max()) if diff.numel() else 0.0
-        worst_abs, worst_rel = max(worst_abs, max_abs), max(worst_rel, max_rel)
-        excess = diff - (t + r * e64.abs())
-        if diff.numel() and float(excess.max()) > 0:
-            at = int(excess.argmax())
-            return CheckOutcome(
-                False, worst_abs, worst_rel,
-                f"{where} differs from the reference: max abs error {max_abs:.3g} "
-                f"(at flat index {at}: {float(a64.flatten()[at]):.4g} vs {float(e64.flatten()[at]):.4g}) "
-                f"> atol {t:g} + rtol {r:g} x |reference|",
-            )
-    return CheckOutcome(True, worst_abs, worst_rel)
+        reason, measured = _difference(a, e, where, rtol, atol, worst)
+        if reason is not None:
+            return CheckOutcome(False, *(worst if measured else (None, None)), reason)
+    return CheckOutcome(True, *worst)
+
+
+def _difference(a: Any, e: Any, where: str, rtol: float | None, atol: float | None, worst: list[float]
+                ) -> tuple[str | None, bool]:
+    """Why the candidate's `a` is not the reference's `e` (None if it is), and whether errors were measured
+    (into `worst`) before the difference was found."""
+    import torch
+
+    if isinstance(a, torch.Tensor) != isinstance(e, torch.Tensor):
+        return f"{where} is {describe(a)}, reference is {describe(e)}", False
+    if isinstance(e, torch.Tensor):
+        return _tensor_difference(a, e, where, rtol, atol, worst)
+    if isinstance(a, (tuple, list)) and isinstance(e, (tuple, list)):
+        if len(a) != len(e):
+            return f"{where} has {len(a)} elements, reference has {len(e)}", False
+        for index, (x, y) in enumerate(zip(a, e)):
+            reason, measured = _difference(x, y, f"{where}[{index}]", rtol, atol, worst)
+            if reason is not None:
+                return reason, measured
+        return None, False
+    try:
+        same = bool(a == e)
+    except Exception:  # an == that returns no truth value (an array, say) is no match
+        same = False
+    return (None, False) if same else (f"{where} is {describe(a)}, reference is {describe(e)}", False)
+
+
+def _tensor_difference(a: Any, e: Any, where: str, rtol: float | None, atol: float | None, worst: list[float]
+                       ) -> tuple[str | None, bool]:
+    import torch
+
+    if a.shape != e.shape or a.dtype != e.dtype:
+        return f"{where} is {a.dtype} {list(a.shape)}, reference is {e.dtype} {list(e.shape)}", False
+
+    def real64(t):  # .double() of a complex tensor would drop its imaginary part (with only a warning)
+        t = t.detach()
+        return (torch.view_as_real(t.resolve_conj()) if t.is_complex() else t).double()
+
+    # float64 on the outputs' own device: copying a 16384 x 28672 output to the host cost about a second
+    # per check on the H200, most of a tune's time.
+    a64, e64 = real64(a), real64(e)
+    if not torch.isfinite(a64).all():
+        kind = "NaN" if torch.isnan(a64).any() else "Inf"
+        return f"{where} contains {kind}", False
+    r, t = tolerances(e.dtype, rtol, atol)
+    diff = (a64 - e64).abs()
+    max_abs = float(diff.max()) if diff.numel() else 0.0
+    max_rel = float((diff / e64.abs().clamp_min(1e-12)).max()) if diff.numel() else 0.0
+    worst[:] = max(worst[0], max_abs), max(worst[1], max_rel)
+    excess = diff - (t + r * e64.abs())
+    if diff.numel() and float(excess.max()) > 0:
+        at = int(excess.argmax())
+        index = f"{at // 2}, {'imaginary' if at % 2 else 'real'} part" if a.is_complex() else f"{at}"
+        return (f"{where} differs from the reference: max abs error {max_abs:.3g} "
+                f"(at flat index {index}: {float(a64.flatten()[at]):.4g} vs {float(e64.flatten()[at]):.4g}) "
+                f"> atol {t:g} + rtol {r:g} x |reference|"), True
+    return None, False
