@@ -104,9 +104,17 @@ def check_candidate(fn: Callable[..., Any], definition: OpDefinition, reference:
             report.reason = f"raised {type(exc).__name__}: {exc} at {shape_text(shape)}"
             return report
         report.first_call_s[index] = time.perf_counter() - began
-        if ref_result is None:  # in place: its arguments are what it computes, whatever it returns (x.add_(y) too)
-            got, names = checks.outputs_of(None, call_args), [
+        # In place: its arguments are what it computes, whatever a candidate returns (x.add_(y) too); a candidate
+        # returning None matches a reference that returns the argument it wrote (x.mul_(w) returns x).
+        in_place = ref_result is None or (result is None and checks.returns_an_argument(ref_result, ref_args))
+        if in_place:
+            expected, got, names = checks.outputs_of(None, ref_args), checks.outputs_of(None, call_args), [
                 f"argument {i} after the call" for i, a in enumerate(call_args) if isinstance(a, torch.Tensor)]
+        elif result is None:
+            report.errors[index] = (None, None)
+            report.reason = (f"returned None where the reference returned {checks.describe(ref_result)} at "
+                             f"{shape_text(shape)}")
+            return report
         else:
             got, names = checks.outputs_of(result, call_args), None
         outcome = checks.compare(got, expected, rtol=definition.rtol, atol=definition.atol, names=names)
@@ -114,7 +122,7 @@ def check_candidate(fn: Callable[..., Any], definition: OpDefinition, reference:
         if not outcome.ok:
             report.reason = f"{outcome.reason} at {shape_text(shape)}"
             return report
-        if ref_result is not None:  # an in-place op's written arguments are its outputs, compared above
+        if not in_place:  # an in-place op's written arguments are its outputs, compared above
             report.reason = _side_effect_failure(definition, args, call_args, ref_args, shape)
             if report.reason:
                 return report
@@ -183,9 +191,12 @@ class Tuner:
 
     def tune_buckets(self, definition: OpDefinition, specs: Sequence[KernelSpec], *, reference: Callable[..., Any],
                      shapes: Sequence[dict], mode: str, platform_key: str, versions: dict[str, str],
-                     autosel_version: str = "") -> tuple[Decision, list[Decision]]:
+                     autosel_version: str = "", check_shapes: Sequence[dict] = ()) -> tuple[Decision, list[Decision]]:
         """The op-level decision and, when the op declares a bucket function, one decision per shape bucket
-        that the shapes cover, each judged by the same rule on its own shapes' measurements."""
+        that the shapes cover, each judged by the same rule on its own shapes' measurements.
+        check_shapes: shapes every candidate must also match the reference on before it is timed, though they are
+        not timed (the op's representative shapes, when `shapes` are recorded ones): a candidate wrong at one of
+        them is rejected, so that no bucket the timed shapes leave out runs it."""
         op, started, self._mode = definition.op, time.perf_counter(), mode
         if not shapes:
             raise TuningError(f"op {op!r} has no representative shapes to tune on; pass shapes= to register_op")
@@ -194,9 +205,10 @@ class Tuner:
         for candidate in candidates:
             if candidate.fn is None:
                 self._emit("rejected", op, candidate.backend, candidate.reason or "")
+        checked = _with_check_shapes(shapes, check_shapes)
         if self.isolate_timeout_s is not None:
-            self._probe_isolated(definition, candidates, reference, shapes)
-        self._check(definition, candidates, reference, shapes)
+            self._probe_isolated(definition, candidates, reference, checked)
+        self._check(definition, candidates, reference, checked)
         # The budget bounds the timing rounds; the checks before them (which absorb compilation) are bounded
         # by one call per candidate and shape, and reported per shape as first_call_s.
         buckets = self._time(definition, [c for c in candidates if c.status == "ok"], shapes, time.perf_counter())
@@ -348,6 +360,18 @@ class Tuner:
         buckets_text = f", {len(per_bucket)} buckets ({differ} with another winner)" if per_bucket else ""
         self._emit("chosen", op, decision.winner, f"{lead}noise margin {decision.margin:.1%}{buckets_text}", 1.0)
         return decision, per_bucket
+
+
+def _with_check_shapes(shapes: Sequence[dict], check_shapes: Sequence[dict]) -> list[dict]:
+    """The timed shapes first, at the indices (and check seeds) the decision's evidence gives them, then each check
+    shape not among them."""
+    checked, seen = list(shapes), {json.dumps(shape, sort_keys=True) for shape in shapes}
+    for shape in check_shapes:
+        text = json.dumps(shape, sort_keys=True)
+        if text not in seen:
+            seen.add(text)
+            checked.append(shape)
+    return checked
 
 
 def settled_pairs(first_round: dict[str, list[float]], factor: float) -> set[tuple[str, int]]:

@@ -260,14 +260,16 @@ class Recorded(NamedTuple):
 def tune_and_record(definition: OpDefinition, eligible: list[KernelSpec], *, platform: PlatformInfo, mode: str,
                     db, budget_s: float, force: bool = False, shapes: list[dict] | None = None,
                     on_event: Callable | None = None, isolate_timeout_s: float | None = None,
-                    reference: Callable[..., Any] | None = None) -> Recorded:
+                    reference: Callable[..., Any] | None = None, check_shapes: list[dict] | None = None) -> Recorded:
     """Tune under the DB's lease for (platform, op, mode), so processes on one device time it once; record the
     op-level decision and its per-bucket decisions together. Whoever takes the lease looks the decision up
     again first: another process may have written it since this one missed (one measured on every given shape,
     when `shapes` are given); then nothing is timed (Recorded.tuned is False). force: time it although a decision
     is stored, unless another thread of this process timed it while this one waited for the lease. A waiter whose
     lease holder left nothing it can use waits for the lease again: nothing is timed outside it. reference: what
-    the candidates are checked against, by default reference_for(definition)."""
+    the candidates are checked against, by default reference_for(definition). check_shapes: the op's representative
+    shapes on `platform` (by default read here): every candidate is checked on them, and on `shapes`, before any is
+    timed, so that a candidate wrong at a shape `shapes` leave out never wins (its bucket would run it)."""
     from autosel import __version__
     from autosel.timing import timer_for
     from autosel.tuner import Tuner
@@ -286,9 +288,11 @@ def tune_and_record(definition: OpDefinition, eligible: list[KernelSpec], *, pla
                 continue
             tuner = Tuner(timer=timer_for(platform.torch_device, mode), device=platform.torch_device,
                           budget_s=budget_s, on_event=on_event, isolate_timeout_s=isolate_timeout_s)
+            if check_shapes is None:
+                check_shapes = representative_shapes(definition, platform)
             decision, buckets = tuner.tune_buckets(
                 definition, eligible, reference=reference_for(definition) if reference is None else reference,
-                shapes=shapes or definition.shapes_for(platform), mode=mode, platform_key=platform.key,
+                shapes=shapes or check_shapes, check_shapes=check_shapes, mode=mode, platform_key=platform.key,
                 versions=versions, autosel_version=__version__)
             db.record(decision, buckets)
             _tunes_here[key] = _tunes_here.get(key, 0) + 1
@@ -296,6 +300,18 @@ def tune_and_record(definition: OpDefinition, eligible: list[KernelSpec], *, pla
     log.info("op %r (%s mode): %s chosen %s", op, mode, decision.winner,
              f"over {decision.runner_up}" if decision.runner_up else "(no runner-up measured to the end)")
     return Recorded(decision, tuple(buckets), tuned=True)
+
+
+def representative_shapes(definition: OpDefinition, platform: PlatformInfo) -> list[dict]:
+    """definition.shapes_for(platform); a shapes function that raises, or returns a shape JSON cannot hold (a
+    torch.dtype), is a TuningError naming the op, so that a batch tune fails this op alone."""
+    try:
+        return definition.shapes_for(platform)
+    except Exception as exc:  # a plug-in's code
+        log.debug("op %r: its shapes function raised", definition.op, exc_info=True)
+        raise TuningError(f"op {definition.op!r}: its shapes function (register_op's shapes=) failed: "
+                          f"{type(exc).__name__}: {exc}. Fix that function: it takes the platform and returns the "
+                          "representative shapes every candidate is checked on, as a list of dicts") from exc
 
 
 def reference_for(definition: OpDefinition, spec: KernelSpec | None = None) -> Callable[..., Any]:
@@ -348,8 +364,9 @@ class TuneJob:
     platform_key: str
     definition: OpDefinition
     eligible: tuple[KernelSpec, ...]
-    shapes: tuple[dict, ...]
+    shapes: tuple[dict, ...]  # timed: the given ones, else the representative ones
     reference: KernelSpec | None  # the backend checked against; None: definition.reference is a callable
+    check_shapes: tuple[dict, ...] = ()  # the op's representative shapes: checked (with `shapes`), timed only as those
 
 
 def contested_ops(platform: PlatformInfo, patterns: list[str] | None = None) -> list[tuple[str, list[KernelSpec]]]:
@@ -379,7 +396,8 @@ def tune_ops(patterns: list[str] | None = None, *, force: bool = False, budget_s
 
     shapes: {op: [shape, ...]}: tune those ops on exactly these shapes. A stored decision is reused only when it
     was measured on every one of them, else the op is tuned on them and its stored table (the op-level row and
-    every bucket row) replaced by the new one.
+    every bucket row) replaced by the new one. Its candidates are checked on its representative shapes too, as
+    always: the new table's op-level winner runs the buckets these shapes leave out.
 
     isolate_timeout_s: check each candidate first in a child process killed after this many seconds.
     copy_found: a decision found in a shipped layer is copied into the user layer (status "copied"), with its
@@ -436,7 +454,12 @@ def plan_jobs(platform: PlatformInfo, db, patterns: list[str] | None = None, *, 
                 planned.append(TuneOutcome(op, mode, status, stored, f"{where} {layer.path}{covered}", buckets,
                                            platform.key))
                 continue
-            op_shapes = given or (definition.shapes_for(platform) if definition else [])
+            try:
+                representative = representative_shapes(definition, platform) if definition else []
+            except TuningError as exc:  # a plug-in's broken shapes function: this op alone fails
+                planned.append(TuneOutcome(op, mode, "failed", None, str(exc), platform_key=platform.key))
+                continue
+            op_shapes = given or representative
             if definition is None or not op_shapes:
                 planned.append(TuneOutcome(op, mode, "failed", None, "no representative shapes; declare them with "
                                            "autosel.register_op", platform_key=platform.key))
@@ -446,7 +469,8 @@ def plan_jobs(platform: PlatformInfo, db, patterns: list[str] | None = None, *, 
             except TuningError as exc:
                 planned.append(TuneOutcome(op, mode, "failed", None, str(exc), platform_key=platform.key))
                 continue
-            planned.append(TuneJob(op, mode, platform.key, definition, tuple(eligible), tuple(op_shapes), reference))
+            planned.append(TuneJob(op, mode, platform.key, definition, tuple(eligible), tuple(op_shapes), reference,
+                                   tuple(representative)))
     return planned
 
 
@@ -473,7 +497,8 @@ def run_job(job: TuneJob, *, platform: PlatformInfo, db, budget_s: float, force:
         reference = reference_for(job.definition, job.reference)
         recorded = tune_and_record(job.definition, list(job.eligible), platform=platform, mode=job.mode, db=db,
                                    budget_s=budget_s, force=force, shapes=list(job.shapes), on_event=on_event,
-                                   isolate_timeout_s=isolate_timeout_s, reference=reference)
+                                   isolate_timeout_s=isolate_timeout_s, reference=reference,
+                                   check_shapes=list(job.check_shapes))
     except TuningError as exc:
         return failed(str(exc))
     except (Exception, SystemExit) as exc:  # a plug-in's broken code (a reference that cannot load): this op alone

@@ -1412,3 +1412,116 @@ def test_tune_budget_help_says_it_bounds_the_timing_not_the_wall_time(reg):
     help_text = " ".join(run("tune", "--help").stdout.split())
     assert "Seconds of timing per op and mode; not the wall time: each candidate's checks and first compile come " \
            "on top (a first torch.compile takes about 20 s on a CPU)." in help_text
+
+
+def _shapes_that_raise(platform):
+    raise RuntimeError("no GPU table for this platform")
+
+
+def _shapes_holding_a_dtype(platform):
+    import torch
+
+    return [{"n": 4, "dtype": torch.bfloat16}]
+
+
+@pytest.mark.parametrize("shapes, error", [
+    (_shapes_that_raise, "RuntimeError: no GPU table for this platform"),
+    (_shapes_holding_a_dtype, "TypeError: shape 0 of op 'plug.bad' holds dtype=torch.bfloat16"),
+], ids=["raises", "dtype in a shape"])
+def test_doctor_names_an_op_whose_shapes_function_fails_on_its_row_and_goes_on(reg, shapes, error):
+    # doctor crashed with a traceback when a plug-in op's shapes= function raised or returned an invalid shape.
+    import toy_kernels
+
+    for backend, target in ((B.TORCH, "slow"), (B.TRITON, "fast")):
+        reg.register(KernelSpec("plug.bad", backend, f"toy_kernels:{target}"))
+    reg.define(OpDefinition("plug.bad", shapes=shapes, make_inputs=toy_kernels.inputs))
+    toy(reg, B.TORCH, B.TRITON)
+    result = run("doctor", "--json")
+    assert result.exit_code == 0, result.output
+    ops = {item["op"]: item for item in json.loads(result.stdout)["ops"]}
+    bad = ops["plug.bad"]
+    assert bad["shapes"] == 0 and bad["shapes_error"].startswith(
+        f"its shapes= function test_cli:{shapes.__name__} failed here ({error}")
+    assert "make it return a list of dicts of str, int, float or bool values" in bad["shapes_error"]
+    assert bad["selection"] == ("several eligible, none stored, no usable shapes: selection raises unless "
+                                f"backend=...; problem: {bad['shapes_error']}")
+    assert ops["toy.double"]["shapes_error"] is None and ops["toy.double"]["shapes"] == 2
+    text = run("doctor")
+    assert text.exit_code == 0 and "OK: nothing blocks selection." in text.stdout
+    assert "problem: its shapes= function" in " ".join(text.stdout.split())
+
+
+def _zeros_when_small(shape: dict, device: str) -> tuple:
+    """toy_kernels.inputs, but zeros below 1024 elements, where wrong_but_fast's x equals 2x: wrong_but_fast is
+    wrong only at the toy op's representative shapes, not at small recorded ones."""
+    import torch
+
+    n = shape["n"]
+    return (torch.zeros(n, device=device) if n < 1024 else torch.randn(n, device=device),)
+
+
+@pytest.mark.parametrize("how", ["--shapes", "--from-record"])
+def test_tune_on_given_shapes_still_rejects_a_kernel_wrong_at_a_representative_shape(reg, tmp_path, how):
+    # A kernel a plain tune rejected (wrong at n=65536) won a --from-record tune on n=16 and 32, whose table then
+    # replaced the stored one: get_kernel ran its wrong output on every bucket the record left out.
+    import torch
+    import toy_kernels
+
+    import autosel
+
+    reg.register(KernelSpec("toy.double", B.TORCH, "toy_kernels:slow"))
+    reg.register(KernelSpec("toy.double", B.AOT, "toy_kernels:wrong_but_fast"))  # faster than torch (FakeTimer)
+    reg.define(OpDefinition("toy.double", shapes=toy_kernels.SHAPES, make_inputs=_zeros_when_small,
+                            bucket=toy_kernels.bucket))
+    plain = run("tune", "--json")
+    assert plain.exit_code == 0, plain.output
+    assert json.loads(plain.stdout)["outcomes"][0]["winner"] == "torch"
+    result = run("tune", *_shapes_source(tmp_path, how, {"toy.double": [{"n": 16}, {"n": 32}]}), "--json")
+    assert result.exit_code == 0, result.output
+    [outcome] = json.loads(result.stdout)["outcomes"]
+    assert (outcome["status"], outcome["winner"]) == ("tuned", "torch")
+    assert [b["winner"] for b in outcome["buckets"]] == ["torch", "torch"]
+    [rejected] = outcome["rejected"]
+    assert rejected["backend"] == "aot" and rejected["reason"].endswith(f"at n={toy_kernels.SIZE}")
+    assert [s["shape"] for s in outcome["decision"]["candidates"][0]["shapes"]] == [{"n": 16}, {"n": 32}]
+    x = torch.randn(toy_kernels.SIZE)
+    assert torch.equal(autosel.get_kernel("toy.double")(x), x * 2)  # an unrecorded bucket: the op-level winner
+
+
+def _raises_for_the_platform(platform) -> list:
+    raise RuntimeError("no shapes for this platform (simulated)")
+
+
+def _a_torch_dtype_in_a_shape(platform) -> list:
+    import torch
+
+    return [{"n": 8, "dtype": torch.bfloat16}]
+
+
+@pytest.mark.parametrize("shapes, error", [
+    (_raises_for_the_platform, "RuntimeError: no shapes for this platform (simulated)"),
+    (_a_torch_dtype_in_a_shape,
+     "TypeError: shape 0 of op 'toy.badshapes' holds dtype=torch.bfloat16, which cannot be stored as JSON"),
+], ids=["raises", "dtype in a shape"])
+def test_tune_goes_on_past_an_op_whose_shapes_function_fails_and_lists_it_failed(reg, shapes, error):
+    # A plug-in's shapes= function that raised, or returned a torch.dtype, ended `autosel tune` of every op with a
+    # traceback.
+    import toy_kernels
+
+    reg.register(KernelSpec("toy.badshapes", B.TORCH, "toy_kernels:slow"))
+    reg.register(KernelSpec("toy.badshapes", B.TRITON, "toy_kernels:fast"))
+    reg.define(OpDefinition("toy.badshapes", shapes=shapes, make_inputs=toy_kernels.inputs))
+    toy(reg, B.TORCH, B.TRITON)  # registered after it: still tuned
+    detail = f"op 'toy.badshapes': its shapes function (register_op's shapes=) failed: {error}"
+    result = run("tune", "--json")
+    assert result.exit_code == 1 and isinstance(result.exception, SystemExit)
+    status = {o["op"]: (o["status"], o["detail"]) for o in json.loads(result.stdout)["outcomes"]}
+    assert status["toy.double"] == ("tuned", "")
+    assert status["toy.badshapes"][0] == "failed" and status["toy.badshapes"][1].startswith(detail)
+    assert status["toy.badshapes"][1].endswith("Fix that function: it takes the platform and returns the "
+                                               "representative shapes every candidate is checked on, as a list of "
+                                               "dicts")
+    table = run("tune", "--op", "toy.badshapes")
+    assert table.exit_code == 1
+    [line] = table.stderr.splitlines()
+    assert line.startswith(f"Error: 1 of 1 op/mode pairs could not be tuned: toy.badshapes (eager): {detail}")

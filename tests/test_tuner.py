@@ -842,3 +842,87 @@ def test_a_buckets_default_is_the_op_level_winner_not_the_first_registered(toy):
         mode="eager", platform_key="cpu/test", versions={})
     assert decision.winner == "jit"
     assert [b.winner for b in buckets] == ["jit", "jit"]  # the 2% near-tie keeps the op-level winner
+
+
+def _plant(monkeypatch, kernels, **fns):
+    """Kernels for one test, loadable as "toy_kernels:<name>"."""
+    for name, fn in fns.items():
+        monkeypatch.setattr(kernels, name, fn, raising=False)
+
+
+def test_outputs_that_are_none_or_ints_are_compared_by_equality(toy, monkeypatch):
+    # Used to break: with a reference returning (x * 2, None) every candidate, the reference's own backend too, was
+    # rejected ("output 1 is NoneType, not a tensor"), and a tensor where it returns None raised AttributeError.
+    definition, kernels = toy
+    _plant(monkeypatch, kernels, pair_ref=lambda x: (x * 2, None, x.numel()),
+           pair_same=lambda x: (x + x, None, x.numel()), pair_tensor=lambda x: (x * 2, x, x.numel()),
+           pair_count=lambda x: (x * 2, None, x.numel() + 1))
+    decision = Tuner(timer=FakeTimer({"torch": 100.0, "triton": 50.0, "jit": 10.0, "aot": 10.0}), device="cpu").tune(
+        definition, specs(torch="pair_ref", triton="pair_same", jit="pair_tensor", aot="pair_count"),
+        reference=kernels.pair_ref, shapes=kernels.SHAPES, mode="eager", platform_key="cpu/test", versions={})
+    assert decision.winner == "triton"
+    assert decision.candidate("jit").reason == ("output 1 is a torch.float32 [65536] tensor, reference is None "
+                                                "at n=65536")
+    assert decision.candidate("aot").reason == "output 2 is 65537, reference is 65536 at n=65536"
+
+
+def test_an_in_place_candidate_returning_none_is_judged_by_its_arguments_when_the_reference_returns_one(toy):
+    # Used to break: a reference x.add_(y) returns x, a correct candidate returning None was rejected with
+    # "returned 2 outputs, reference returned 1" (its two arguments, counted as outputs).
+    definition, kernels = toy
+    in_place = dataclasses.replace(definition, make_inputs=kernels.two_inputs)
+    decision = Tuner(timer=FakeTimer({"torch": 100.0, "triton": 50.0, "jit": 10.0}), device="cpu").tune(
+        in_place, specs(torch="add_in_place_returning", triton="add_in_place", jit="add_in_place_zeroing_y"),
+        reference=kernels.add_in_place_returning, shapes=kernels.SHAPES, mode="eager", platform_key="cpu/test",
+        versions={})
+    assert decision.winner == "triton"
+    assert decision.candidate("jit").reason.startswith("argument 1 after the call differs from the reference")
+
+
+def test_a_candidate_returning_none_where_the_reference_returns_a_new_tensor_is_told_so(toy, monkeypatch):
+    # Used to break: its arguments were taken for its outputs, so the reason never said that it returned None.
+    definition, kernels = toy
+
+    def doubles_returning_none(x):
+        x.mul_(2)
+
+    _plant(monkeypatch, kernels, doubles_returning_none=doubles_returning_none)
+    decision = Tuner(timer=FakeTimer({"torch": 100.0, "triton": 50.0}), device="cpu").tune(
+        definition, specs(torch="fast", triton="doubles_returning_none"), reference=kernels.fast,
+        shapes=kernels.SHAPES, mode="eager", platform_key="cpu/test", versions={})
+    assert decision.winner == "torch"
+    assert decision.candidate("triton").reason == ("returned None where the reference returned a torch.float32 "
+                                                   "[65536] tensor at n=65536")
+
+
+def zeros_when_small(shape: dict, device: str) -> tuple:
+    """toy_kernels.inputs, but zeros below 1024 elements, where wrong_but_fast's x equals 2x: a kernel wrong only
+    from some size on, as one wrong from some token count on."""
+    import torch
+
+    n = shape["n"]
+    return (torch.zeros(n, device=device) if n < 1024 else torch.randn(n, device=device),)
+
+
+def test_a_candidate_wrong_at_a_check_shape_is_rejected_though_right_at_every_timed_one(toy):
+    # Tuned on given (recorded) shapes alone, a kernel wrong only at a representative shape passed the check and
+    # won; every bucket the given shapes left out then ran its wrong output.
+    _, kernels = toy
+    definition = OpDefinition(OP, shapes=kernels.SHAPES, make_inputs=zeros_when_small, bucket=kernels.bucket)
+    given = [{"n": 16}, {"n": 32}]
+    candidates = specs(torch="slow", triton="fast", aot="wrong_but_fast")
+    times = {"torch": 100.0, "triton": 50.0, "aot": 10.0}
+    common = dict(reference=kernels.fast, shapes=given, mode="eager", platform_key="cpu/test", versions={})
+    unchecked, _ = Tuner(timer=FakeTimer(times, noise=0.001), device="cpu").tune_buckets(
+        definition, candidates, **common)
+    assert unchecked.winner == "aot"  # right at every given shape: only the representative ones tell
+    timer = FakeTimer(times, noise=0.001)
+    decision, buckets = Tuner(timer=timer, device="cpu").tune_buckets(
+        definition, candidates, check_shapes=[*kernels.SHAPES, given[0]], **common)
+    assert decision.winner == "triton" and [b.winner for b in buckets] == ["triton", "triton"]
+    aot = decision.candidate("aot")
+    assert aot.status == "rejected" and aot.reason.endswith(f"at n={kernels.SIZE}")
+    assert {n for _, n in timer.calls} == {16, 32}  # the check shapes are checked, not timed
+    # The evidence is that of the timed shapes, as without check shapes, with the errors measured on them.
+    assert [(s.shape, s.max_abs_err) for s in aot.shapes] == [({"n": 16}, 0.0), ({"n": 32}, 0.0)]
+    assert [s.shape for s in decision.candidate("triton").shapes] == given

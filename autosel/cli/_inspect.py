@@ -116,7 +116,8 @@ def doctor(db, as_json):
     Exits 1 when something blocks selection: an AUTOSEL_* variable with a bad value (every selection raises
     on it) or an `autosel.ops` plug-in that failed to load (its ops are missing). A plug-in registration that
     conflicted with another is skipped and named, not blocking. An op with no eligible backend is reported but not
-    blocking: callers that pass backend=... still work, and select_kernel explains itself.
+    blocking: callers that pass backend=... still work, and select_kernel explains itself. Nor is an op whose
+    shapes= function fails: its row names the error and what to do.
 
     \b
     Examples:
@@ -158,7 +159,7 @@ def doctor(db, as_json):
                     for s in specs]
         eligible = [b["backend"] for b in backends if b["reason"] is None]
         definition = tuning.registry.definition(op)
-        shapes = len(definition.shapes_for(platform)) if definition else 0
+        shapes, shapes_error = _count_shapes(op, definition, platform)
         if len(specs) == 1:
             selection = f"the only registered backend, {specs[0].backend.value}, is used without checks"
         elif not eligible:
@@ -166,12 +167,16 @@ def doctor(db, as_json):
         elif len(eligible) == 1:
             selection = f"{eligible[0]} (the only eligible backend)"
         else:
-            selection = _contested_selection(op, eligible, shapes, tuning.modes_for(platform), in_use, other_buckets)
+            selection = _contested_selection(op, eligible, shapes, tuning.modes_for(platform), in_use, other_buckets,
+                                             shapes_failed=shapes_error is not None)
+        if shapes_error is not None:
+            selection += f"; problem: {shapes_error}"
         stored = {mode: {"winner": e.decision.winner, "layer": e.layer_path, "layer_kind": e.layer_kind,
                          "near_match": e.detail if e.near else None}
                   for (name, mode), e in in_use.items() if name == op}
         ops.append({"op": op, "signature": definition.signature if definition else "", "eligible": eligible,
-                    "shapes": shapes, "selection": selection, "stored": stored, "backends": backends})
+                    "shapes": shapes, "shapes_error": shapes_error, "selection": selection, "stored": stored,
+                    "backends": backends})
     layers = [vars(layer) for layer in database.layers]
     notes = _bytecode_notes()
     ok = not blocking
@@ -205,8 +210,24 @@ def _bytecode_notes() -> list[str]:
             "folder."]
 
 
+def _count_shapes(op: str, definition, platform) -> tuple[int, str | None]:
+    """How many representative shapes `op` has here, and why none could be read when its shapes= function raised or
+    returned shapes that cannot be stored: doctor names that on the op's row and goes on to the next op."""
+    if definition is None:
+        return 0, None
+    try:
+        return len(definition.shapes_for(platform)), None
+    except Exception as exc:  # a plug-in's function: anything it raises is the op's problem, not doctor's
+        shapes = definition.shapes
+        name = f"{getattr(shapes, '__module__', '?')}:{getattr(shapes, '__qualname__', type(shapes).__name__)}"
+        return 0, (f"its shapes= function {name} failed here ({type(exc).__name__}: {exc}), so this op cannot be "
+                   "tuned, by `autosel tune` or at first use; make it return a list of dicts of str, int, float or "
+                   "bool values, e.g. [{'tokens': 64, 'hidden': 4096, 'dtype': 'bfloat16'}] "
+                   "(register_op(..., shapes=fn))")
+
+
 def _contested_selection(op: str, eligible: list[str], shapes: int, modes: list[str], in_use: dict,
-                         other_buckets: dict) -> str:
+                         other_buckets: dict, *, shapes_failed: bool = False) -> str:
     """Per mode: the stored decision selection uses (with its buckets that run another winner), or that the
     backends are measured at first use."""
     parts = []
@@ -221,6 +242,8 @@ def _contested_selection(op: str, eligible: list[str], shapes: int, modes: list[
         elif shapes:
             text = (f"none stored: measured among {', '.join(eligible)} on {shapes} shapes at first use "
                     "(or by `autosel tune`)")
+        elif shapes_failed:
+            text = "several eligible, none stored, no usable shapes: selection raises unless backend=..."
         else:
             text = "several eligible, none stored and no representative shapes: selection raises unless backend=..."
         parts.append(text if len(modes) == 1 else f"{mode}: {text}")
