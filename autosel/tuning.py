@@ -217,7 +217,7 @@ NO_SHAPES, TUNING_OFF, CAPTURE = "no representative shapes", "AUTOSEL_TUNE=off",
 def _why_not_timed(op: str, platform: PlatformInfo, settings: config.Settings) -> str:
     """Why `op` cannot be timed here and now (NO_SHAPES, TUNING_OFF, CAPTURE, in that order), "" when it can."""
     definition = registry.definition(op)
-    if definition is None or not definition.shapes_for(platform):  # before AUTOSEL_TUNE=off: tuning cannot help
+    if definition is None or not representative_shapes(definition, platform):  # before AUTOSEL_TUNE=off: no help
         return NO_SHAPES
     if settings.tune == "off":
         return TUNING_OFF

@@ -17,6 +17,7 @@ import pytest
 from conftest import use_platform, use_registry
 
 from autosel import dispatch, selector, tuning
+from autosel.errors import TuningError
 from autosel.platforms import PlatformInfo
 from autosel.registry import KernelRegistry
 from autosel.spec import CapabilityRequirement as Cap, KernelBackend as B, KernelSpec, OpDefinition
@@ -174,6 +175,18 @@ def test_several_eligible_without_shapes_raises_the_original_error_with_a_regist
     assert message.startswith("op 'toy.double' has multiple backends usable on device 'cpu' (['torch', 'triton']); "
                               "pass backend=... to choose one [autosel:")
     assert "autosel.register_op" in message
+
+
+def test_a_shapes_function_that_fails_at_first_use_is_a_tuning_error_naming_the_op(reg):
+    # A plug-in's shapes= function that raised reached get_kernel's caller as its own exception (here ZeroDivision).
+    import toy_kernels
+
+    reg.register(KernelSpec("toy.double", B.TORCH, "toy_kernels:slow"))
+    reg.register(KernelSpec("toy.double", B.TRITON, "toy_kernels:fast"))
+    reg.define(OpDefinition("toy.double", shapes=lambda platform: [{"n": 1 // 0}], make_inputs=toy_kernels.inputs))
+    with pytest.raises(TuningError, match=r"op 'toy.double': its shapes function \(register_op's shapes=\) failed: "
+                                          r"ZeroDivisionError"):
+        selector.get_kernel("toy.double")
 
 
 def test_bad_tune_mode_names_the_variable_and_allowed_values(reg, monkeypatch):
