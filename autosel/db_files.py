@@ -304,6 +304,8 @@ def peek_user(path: Path) -> list[OpenFile]:
     try:
         if not path.exists():
             folder = next((p for p in path.parents if p.exists()), None)
+            if folder is not None and not folder.is_dir():  # tune would fail to create the folder: say so now
+                return unread(f"cannot be created: {folder} is not a folder")
             return unread("does not exist yet (the first tune creates it)",
                           folder is not None and os.access(folder, os.W_OK))
         version, written_by, kind = _inspect_file(path, recover=False)

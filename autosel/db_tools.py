@@ -6,6 +6,7 @@ import json
 import logging
 import os
 import sqlite3
+import stat
 import sys
 from contextlib import contextmanager, suppress
 from dataclasses import MISSING, astuple, dataclass, fields, replace
@@ -296,19 +297,47 @@ def _sort_key(decision: Decision) -> tuple:
     return astuple(decision.key) + (decision.created_at,)
 
 
+_NOT_REGULAR = ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO (named pipe)"),
+                (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
+
+
+def output_file(out: Path) -> Path:
+    """The file that writing `out` replaces: a symlink's target (the link stays), else `out` itself. A DatabaseError
+    if that exists and is not a regular file: the write swaps a new file in with os.replace, which would put it in
+    place of a link, a device node or a FIFO instead of writing through them."""
+    out = Path(out)
+    target = out
+    if out.is_symlink():
+        try:
+            target = out.resolve()
+        except (OSError, RuntimeError) as exc:  # RuntimeError: a symlink loop
+            raise DatabaseError(f"cannot follow the link {out} ({exc}); choose another output path") from exc
+    try:
+        mode = target.stat().st_mode
+    except OSError:  # not there yet (written new), or not reachable (the write says why)
+        return target
+    if stat.S_ISREG(mode):
+        return target
+    kind = next((name for test, name in _NOT_REGULAR if test(mode)), "a special file")
+    shown = f"{out} (a link to {target})" if target != out else str(out)
+    raise DatabaseError(f"{shown} is {kind}, not a regular file, so it was left as it is; choose another output path "
+                        "(a regular file, or one that does not exist yet)")
+
+
 def export_decisions(rows: Iterable[Decision], out: Path, *, fmt: str, overwrite: bool = False) -> int:
     """Write decisions, from one source, to a new file: whole tuning tables (first_tables). Returns how many rows
-    were written."""
+    were written. A symlink at `out` is written through (its target is replaced, the link stays)."""
     if fmt not in FORMATS:
         raise DatabaseError(f"unknown export format {fmt!r}; use one of: {', '.join(FORMATS)}")
     out = Path(out)
-    if out.exists() and not overwrite:
+    target = output_file(out)
+    if target.exists() and not overwrite:
         raise DatabaseError(f"{out} already exists; not overwriting it. Choose another output path, "
                             "or overwrite it on purpose (overwrite=True, `--force` on the command line).")
     ordered = first_tables([rows])
-    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
+    tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")  # beside the file replaced: same file system
     try:
-        out.parent.mkdir(parents=True, exist_ok=True)
+        target.parent.mkdir(parents=True, exist_ok=True)
         tmp.unlink(missing_ok=True)
     except OSError as exc:
         raise DatabaseError(f"cannot write {out} ({exc.strerror or exc}); choose a writable output path") from exc
@@ -326,7 +355,7 @@ def export_decisions(rows: Iterable[Decision], out: Path, *, fmt: str, overwrite
                         [decision_row(d) for d in ordered], pk=KEY_COLUMNS)
             finally:
                 conn.close()
-        os.replace(tmp, out)  # readers never see a half-written export
+        os.replace(tmp, target)  # readers never see a half-written export
     except BaseException as exc:
         with suppress(OSError):
             tmp.unlink(missing_ok=True)
@@ -385,14 +414,15 @@ def build_reproducible(rows: Iterable[Decision], out: Path, *, overwrite: bool =
     version (not this one's) and the SQLite version that laid the pages out, VACUUMed, DELETE journal mode.
     Returns how many rows were written; whole tables, as export_decisions writes them."""
     out = Path(out)
-    if out.exists() and not overwrite:
+    target = output_file(out)
+    if target.exists() and not overwrite:
         raise DatabaseError(f"{out} already exists; not overwriting it. Choose another output path, "
                             "or overwrite it on purpose (overwrite=True).")
     ordered = first_tables([rows])
     if not ordered:
         raise DatabaseError(f"no decisions to write to {out}; a shipped DB must hold at least one")
     written_by = max(ordered, key=lambda d: (d.created_at, d.autosel_version)).autosel_version or "unknown"
-    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
+    tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
     tmp.unlink(missing_ok=True)
     try:
         conn = connect(str(tmp))
@@ -407,7 +437,7 @@ def build_reproducible(rows: Iterable[Decision], out: Path, *, overwrite: bool =
             conn.execute("VACUUM")
         finally:
             conn.close()
-        os.replace(tmp, out)
+        os.replace(tmp, target)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
@@ -483,6 +513,7 @@ class MergeReport:
     rows: int
     conflicts: tuple[Conflict, ...]
     sources: tuple[str, ...]
+    written: bool = True  # False: every table conflicted and was left out, so no file was written (nor replaced)
 
 
 def merge(inputs: Sequence[Path], out: Path, *, prefer: str | None = None, overwrite: bool = False,
@@ -493,9 +524,11 @@ def merge(inputs: Sequence[Path], out: Path, *, prefer: str | None = None, overw
     newest copy is kept. Tables that differ: a Conflict for each row that differs (a missing row is "-"), and the
     table is left out unless prefer="newest" (the newest op-level row's) or "first" (the earliest input's) says
     which to keep. Each input is read once; inputs with no decision at all are a DatabaseError and nothing is
-    written."""
+    written. When nothing is left to write (every table left out), no file is written and an existing `out` stays
+    as it was (MergeReport.written is False)."""
     if prefer not in PREFER:
         raise DatabaseError(f"prefer={prefer!r} is not valid; use None (leave conflicts out), 'newest' or 'first'")
+    output_file(out)  # a FIFO or a device at `out` is refused before the inputs are read, not after
     seen: dict[TableKey, list[tuple[str, dict[str, Decision]]]] = {}
     orphans: set[TableKey] = set()
     for source in inputs:
@@ -522,7 +555,13 @@ def merge(inputs: Sequence[Path], out: Path, *, prefer: str | None = None, overw
                 continue
             newest = found[0][1] if prefer == "first" else newest
         kept += newest.values()
+    conflicts.sort(key=lambda c: astuple(c.key))
+    sources = tuple(str(s) for s in inputs)
+    if not kept and not conflicts:
+        raise DatabaseError(f"the decisions in {', '.join(sources)} are bucket rows without their op-level row, which "
+                            f"selection never reads, so {out} was not written; re-tune those ops")
+    if not kept:  # an empty file would replace an existing `out` (--force) or block the retry with prefer
+        return MergeReport(rows=0, conflicts=tuple(conflicts), sources=sources, written=False)
     fmt = fmt or ("jsonl" if Path(out).suffix == ".jsonl" else "sqlite")
     rows = export_decisions(kept, Path(out), fmt=fmt, overwrite=overwrite)
-    conflicts.sort(key=lambda c: astuple(c.key))
-    return MergeReport(rows=rows, conflicts=tuple(conflicts), sources=tuple(str(s) for s in inputs))
+    return MergeReport(rows=rows, conflicts=tuple(conflicts), sources=sources)

@@ -1525,3 +1525,125 @@ def test_tune_goes_on_past_an_op_whose_shapes_function_fails_and_lists_it_failed
     assert table.exit_code == 1
     [line] = table.stderr.splitlines()
     assert line.startswith(f"Error: 1 of 1 op/mode pairs could not be tuned: toy.badshapes (eager): {detail}")
+
+
+@pytest.mark.parametrize("suffix", [".db", ".jsonl"])
+def test_merge_force_of_nothing_but_conflicts_leaves_an_existing_out_as_it_was(reg, tmp_path, suffix):
+    # With --force over an existing --out, a merge whose every table conflicted replaced that file with an empty one.
+    store(decision(op="toy.other"))
+    out = tmp_path / f"fleet{suffix}"
+    assert run("export", "--out", out).exit_code == 0
+    before = out.read_bytes()
+    p, q = tmp_path / "p.jsonl", tmp_path / "q.jsonl"
+    p.write_text(decision().to_json() + "\n")
+    q.write_text(decision(winner="torch", created_at="2026-02-01T00:00:00+00:00").to_json() + "\n")
+    result = run("merge", p, q, "--out", out, "--force")
+    assert result.exit_code == 1
+    assert result.stdout.startswith(f"Merged 2 input(s): no decision besides the conflicts below, so {out} was not "
+                                    "written.\n")
+    assert result.stderr == (f"Error: 1 conflicting decision(s) were left out, so {out} was not written; pass --prefer "
+                             "newest or --prefer first to keep one of each, or re-tune those ops\n")
+    assert out.read_bytes() == before and sorted(f.name for f in tmp_path.iterdir() if "user.db" not in f.name) == \
+        sorted([out.name, "p.jsonl", "q.jsonl"])
+    assert json.loads(run("merge", p, q, "--out", out, "--force", "--json").stdout)["written"] is False
+    assert out.read_bytes() == before
+
+
+def test_merge_of_nothing_but_bucket_rows_without_their_op_level_row_writes_no_file(reg, tmp_path):
+    # It wrote an empty --out (and with --force emptied an existing one) and said "0 decision(s)", exit 0.
+    orphans = tmp_path / "orphans.jsonl"
+    orphans.write_text("".join(d.to_json() + "\n" for d in tune_table("torch", {"[4]": "torch"},
+                                                                         "2026-01-01T00:00:00+00:00")[1:]))
+    out = tmp_path / "m.jsonl"
+    result = run("merge", orphans, "--out", out)
+    assert result.exit_code == 1 and not out.exists()
+    assert result.stderr.endswith(f"Error: the decisions in {orphans} are bucket rows without their op-level row, "
+                                  f"which selection never reads, so {out} was not written; re-tune those ops\n")
+    out.write_text("keep me")
+    assert run("merge", orphans, "--out", out, "--force").exit_code == 1 and out.read_text() == "keep me"
+
+
+@pytest.mark.parametrize("command", ["export", "merge"])
+@pytest.mark.parametrize("suffix", [".db", ".jsonl"])
+def test_force_over_a_symlinked_out_writes_its_target_and_keeps_the_link(reg, tmp_path, command, suffix):
+    # The temporary file went beside the link and replaced it: current.db became a regular file, rel/v3.db unchanged.
+    from autosel.db_tools import read_decisions
+
+    store(decision(op="toy.other"))
+    source = tmp_path / "in.jsonl"
+    assert run("export", "--out", source).exit_code == 0
+    (tmp_path / "rel").mkdir()
+    target, link = tmp_path / "rel" / f"v3{suffix}", tmp_path / f"current{suffix}"
+    target.write_text("old")
+    link.symlink_to(Path("rel") / target.name)  # relative, as `ln -s rel/v3.db current.db` makes it
+    result = run(*(["export"] if command == "export" else ["merge", source]), "--out", link, "--force")
+    assert result.exit_code == 0, result.output
+    assert link.is_symlink() and os.readlink(link) == str(Path("rel") / target.name)
+    assert [d.op for d in read_decisions(target)] == ["toy.other"]
+    assert sorted(p.name for p in tmp_path.iterdir() if "user.db" not in p.name) == sorted(["in.jsonl", "rel",
+                                                                                             link.name])
+    assert [p.name for p in target.parent.iterdir()] == [target.name]  # no temporary file left behind
+
+
+@pytest.mark.parametrize("command", ["export", "merge"])
+@pytest.mark.parametrize("via_link", [False, True])
+@pytest.mark.parametrize("force", [False, True])
+def test_an_out_that_is_not_a_regular_file_is_refused_and_left_as_it_is(reg, tmp_path, command, via_link, force):
+    # --force replaced a FIFO or a device node at --out (even /dev/full) with a regular file.
+    import stat
+
+    store(decision())
+    source = tmp_path / "in.jsonl"
+    assert run("export", "--out", source).exit_code == 0
+    fifo = tmp_path / "pipe.jsonl"
+    os.mkfifo(fifo)
+    out = fifo
+    if via_link:
+        out = tmp_path / "link.jsonl"
+        out.symlink_to(fifo)
+    result = run(*(["export"] if command == "export" else ["merge", source]), "--out", out, *["--force"] * force)
+    assert result.exit_code == 1
+    shown = f"{out} (a link to {fifo})" if via_link else str(out)
+    assert result.stderr == (f"Error: {shown} is a FIFO (named pipe), not a regular file, so it was left as it is; "
+                             "choose another output path (a regular file, or one that does not exist yet)\n")
+    assert stat.S_ISFIFO(fifo.lstat().st_mode) and out.is_symlink() == via_link
+    assert sorted(p.name for p in tmp_path.iterdir() if "user.db" not in p.name) == sorted(
+        ["in.jsonl", "pipe.jsonl"] + ["link.jsonl"] * via_link)
+
+
+DB_COMMANDS = [name for name in COMMANDS if any(p.name == "db" for p in cli.main.commands[name].params)]
+
+
+@pytest.mark.parametrize("value", ["", "  "], ids=["empty", "blank"])
+@pytest.mark.parametrize("command", DB_COMMANDS)
+def test_an_empty_db_option_is_a_usage_error_not_the_default_user_db(reg, tmp_path, command, value):
+    # `autosel prune --db "$BUILD_DB"` with BUILD_DB unset pruned the default user DB; tune and export used it too.
+    toy(reg, B.TORCH, B.TRITON)
+    result = run(command, "--db", value, *(["--require", "toy.double"] if command == "check" else []))
+    assert result.exit_code == 2, result.output
+    assert result.stderr.splitlines()[-1] == (f"Error: Invalid value for '--db': {value!r} names no file; give a DB "
+                                              "file path, or leave --db out to use the default user DB")
+    assert not (tmp_path / "user.db").exists()
+
+
+def test_doctor_on_a_db_under_a_regular_file_says_it_cannot_be_created(reg, tmp_path, monkeypatch):
+    # doctor said "does not exist yet (the first tune creates it)", writable, while tune failed to create the folder.
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "notadb.txt").write_text("not a DB\n")
+    result = run("doctor", "--json", "--db", "notadb.txt/sub.db")
+    assert result.exit_code == 0, result.output
+    [user] = [layer for layer in json.loads(result.stdout)["layers"] if layer["kind"] == "user"]
+    assert (user["writable"], user["problem"]) == (False, "cannot be created: notadb.txt is not a folder")
+
+
+def test_a_make_inputs_error_of_several_lines_is_one_error_line(reg, tmp_path):
+    # torch's multi-line overload list of randn("x") was embedded whole, splitting "Error: ..." over many lines.
+    toy(reg, B.TORCH, B.TRITON)
+    shapes = tmp_path / "shapes.json"
+    shapes.write_text(json.dumps({"toy.double": [{"n": "x"}]}))
+    result = run("tune", "--shapes", shapes)
+    assert result.exit_code == 1
+    [line] = result.stderr.splitlines()
+    assert line.startswith("Error: 1 of 1 op/mode pairs could not be tuned: toy.double (eager): op 'toy.double': its "
+                           "make_inputs raised TypeError: randn() received an invalid combination of arguments")
+    assert "for the shape n=x: fix the shape or the op's make_inputs." in line

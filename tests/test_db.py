@@ -1023,3 +1023,12 @@ def test_stress_tool_refuses_a_folder_as_its_db_and_its_help_is_whole(tmp_path):
     out = subprocess.run([*tool, "--help"], capture_output=True, text=True, timeout=60)
     assert "while they create the\nDB, a tuning-lease holder that hangs, and many processes selecting the same ops." \
         in out.stdout
+
+
+def test_a_path_under_a_regular_file_is_not_creatable_for_a_command_that_only_reads(tmp_path):
+    # Used to break: doctor called it writable, "does not exist yet (the first tune creates it)", yet tune failed.
+    (tmp_path / "notadb.txt").write_text("not a DB\n")
+    with TuningDB.open(tmp_path / "notadb.txt" / "sub.db", include_package=False, read_only=True) as peek:
+        user = peek.layers[0]
+    assert (user.writable, user.problem) == (False, f"cannot be created: {tmp_path / 'notadb.txt'} is not a folder")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notadb.txt"]

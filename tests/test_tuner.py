@@ -926,3 +926,20 @@ def test_a_candidate_wrong_at_a_check_shape_is_rejected_though_right_at_every_ti
     # The evidence is that of the timed shapes, as without check shapes, with the errors measured on them.
     assert [(s.shape, s.max_abs_err) for s in aot.shapes] == [({"n": 16}, 0.0), ({"n": 32}, 0.0)]
     assert [s.shape for s in decision.candidate("triton").shapes] == given
+
+
+def test_a_make_inputs_error_of_several_lines_is_named_by_its_first_line(toy):
+    # torch's overload list of a TypeError was embedded whole: `autosel tune`'s one-line error ran to many lines.
+    definition, kernels = toy
+
+    def inputs(shape, device):
+        raise TypeError("randn() received an invalid combination of arguments - got (str, ), but expected one of:\n"
+                        " * (tuple of ints size, *, torch.dtype dtype = None)\n")
+
+    tuner = Tuner(timer=FakeTimer({"torch": 100.0, "triton": 50.0}), device="cpu")
+    with pytest.raises(TuningError) as info:
+        tuner.tune(dataclasses.replace(definition, make_inputs=inputs), specs(torch="fast", triton="fast"),
+                   reference=kernels.fast, shapes=[{"n": "x"}], mode="eager", platform_key="cpu/test", versions={})
+    assert str(info.value) == ("op 'toy.double': its make_inputs raised TypeError: randn() received an invalid "
+                               "combination of arguments - got (str, ), but expected one of: for the shape n=x: fix "
+                               "the shape or the op's make_inputs")

@@ -25,9 +25,18 @@ MEDIAN_NOTE = "median: geometric mean over the shapes of each shape's median tim
 READ_DB_HELP = "Read this DB as the user layer instead of the default user DB."
 
 
+def _db_path(ctx, param, value: str | None) -> str | None:
+    """An empty --db is a usage error: `--db "$BUILD_DB"` with the variable unset would otherwise mean the default
+    user DB, and prune, tune or export it instead of the DB the script named."""
+    if value is not None and not value.strip():
+        raise click.BadParameter(f"{value!r} names no file; give a DB file path, or leave --db out to use the default "
+                                 "user DB")
+    return value
+
+
 def db_option(help: str = READ_DB_HELP):
     """--db PATH: the user layer in place of AUTOSEL_DB; help says what the command does with it."""
-    return click.option("--db", metavar="PATH", help=help)
+    return click.option("--db", metavar="PATH", help=help, callback=_db_path)
 
 
 def json_option(what: str):

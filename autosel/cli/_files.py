@@ -45,9 +45,10 @@ def export(out, fmt, ops, db, all_layers, force, as_json):
       autosel export --out decisions.jsonl --op 'gemm.*'
     """
     from autosel import tuning
-    from autosel.db_tools import export_decisions, first_tables
+    from autosel.db_tools import export_decisions, first_tables, output_file
 
     fmt = _format_of(out, fmt)
+    output_file(out)  # a FIFO or a device is refused as such, not as "exists; pass --force"
     refuse_overwrite(out, force)
     settings = settings_for(db, full=False)
     stored = read_db(settings, db, default_too=True).decisions()  # the user DB is the source: unread is an error
@@ -107,20 +108,18 @@ def merge(inputs, out, fmt, prefer, force, as_json):
       autosel merge host1.db host2.db --out fleet.db
       autosel merge a.jsonl b.jsonl --out merged.jsonl --prefer newest
     """
-    from autosel.db_tools import merge as merge_files
+    from autosel.db_tools import merge as merge_files, output_file
 
     fmt = _format_of(out, fmt)
+    output_file(out)  # a FIFO or a device is refused as such, not as "exists; pass --force"
     refuse_overwrite(out, force)
-    existed = out.exists()
     report = merge_files(list(inputs), out, prefer=prefer, overwrite=force, fmt=fmt)
     conflicts = [{"op": c.key.op, "mode": c.key.mode, "bucket": c.key.bucket, "platform_key": c.key.platform_key,
                   "versions_hash": c.key.versions_hash,
                   "winners": [{"source": src, "winner": w} for src, w in c.winners]} for c in report.conflicts]
     left_out = bool(report.conflicts) and prefer is None
-    # Only conflicts, all left out: an empty file this command made would only block the retry with --prefer.
-    unwritten = left_out and not report.rows and not existed
-    if unwritten:
-        out.unlink(missing_ok=True)
+    # Only conflicts, all left out: merge wrote nothing, and an existing --out (--force) is left as it was.
+    unwritten = not report.written
     if as_json:
         echo_json({"out": str(out), "written": not unwritten, "rows": report.rows, "sources": list(report.sources),
                    "prefer": prefer, "conflicts": conflicts, "conflicts_left_out": left_out})

@@ -311,7 +311,7 @@ def tune(ops, shapes_file, record_file, db, force, budget_s, isolate, isolate_ti
                 outcomes += tuning.tune_ops(patterns, force=force, budget_s=budget_s, shapes=shapes, modes=modes,
                                             on_event=progress.on_event, settings=settings,
                                             isolate_timeout_s=isolate_timeout_s if isolate else None,
-                                            copy_found=db is not None, devices=devices)
+                                            copy_found=bool(db), devices=devices)
     except KeyboardInterrupt:  # each op is recorded when it is done: say what is kept and how to go on
         kept = f"Interrupted: the op/mode pairs finished before that are stored in {settings.db}"
         if force:  # without --force, the pairs not reached that have a decision are reused, not timed again
