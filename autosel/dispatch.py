@@ -304,7 +304,6 @@ _recorded: set[tuple[str, str, str]] = set()
 _record_lock = threading.Lock()
 _broken_paths: set[str] = set()  # a file that cannot be written: recording stops for every op
 _broken_ops: dict[str, Any] = {}  # op -> its shape_of that failed: that op alone stops (until shape_of changes)
-_SHAPE_SCALARS = (str, int, float, bool)  # what `autosel tune --from-record` accepts as a shape's values
 
 
 def by_tokens(eager: Callable[..., Any], graph: Callable[..., Any], threshold: int) -> Callable[..., Any]:
@@ -385,14 +384,17 @@ def _stop_recording(path, why: str) -> None:
 
 
 def _shape_problem(shape) -> str:
-    """Why `shape` is no shape `autosel tune --from-record` can read back, "" when it is one."""
+    """Why `shape` is no shape `autosel tune --from-record` can read back (a JSON object, as register_op's shapes
+    are), "" when it is one."""
     if not isinstance(shape, Mapping):
         return f"a {type(shape).__name__}, not a dict"
     for key, value in shape.items():
         if not isinstance(key, str):
             return f"whose key {key!r} is not a string"
-        if not isinstance(value, _SHAPE_SCALARS):
-            return f"whose {key!r} is a {type(value).__name__}, not a str, int, float or bool"
+        try:
+            json.dumps(value)
+        except (TypeError, ValueError):
+            return f"whose {key!r} is a {type(value).__name__}, which JSON cannot hold"
     return ""
 
 
@@ -415,6 +417,7 @@ def _stop_recording_op(op: str, shape_of: Callable[..., Any], why: str) -> None:
     name = f"{getattr(shape_of, '__module__', '?')}:{getattr(shape_of, '__qualname__', type(shape_of).__name__)}"
     warnings.warn(f"AUTOSEL_RECORD: shape_of of op {op!r} ({name}) {why}; calls of {op!r} are no longer recorded in "
                   "this process (its kernels keep running, other ops are still recorded). Make shape_of return a "
-                  "dict of str, int, float or bool values for every call the op takes, such as {'tokens': 64, "
-                  "'hidden': 4096, 'dtype': 'bfloat16'} (register_op(..., shape_of=fn)).", RuntimeWarning,
+                  "dict that JSON can hold (strings, numbers, bools, None, lists of them) for every call the op "
+                  "takes, such as {'tokens': 64, 'hidden': 4096, 'dtype': 'bfloat16'} (register_op(..., "
+                  "shape_of=fn)).", RuntimeWarning,
                   stacklevel=4)

@@ -314,11 +314,11 @@ def test_a_shape_of_that_raises_stops_recording_that_op_alone_and_says_how_to_fi
 
 @pytest.mark.parametrize("shape_of, problem", [
     (lambda x: (x.shape[0], x.shape[1]), "returned (8, 8), a tuple, not a dict"),
-    (lambda x: {"tokens": x.shape[0], "dtype": x.dtype}, "whose 'dtype' is a dtype, not a str, int, float or bool"),
-    (lambda x: {"tokens": [x.shape[0]]}, "whose 'tokens' is a list"),
+    (lambda x: {"tokens": x.shape[0], "dtype": x.dtype}, "whose 'dtype' is a dtype, which JSON cannot hold"),
+    (lambda x: {"tokens": {x.shape[0]}}, "whose 'tokens' is a set, which JSON cannot hold"),
     (lambda x: {0: x.shape[0]}, "whose key 0 is not a string"),
-], ids=["tuple", "dtype value", "list value", "int key"])
-def test_a_shape_of_that_returns_no_dict_of_json_scalars_is_not_recorded_and_the_file_stays_readable(
+], ids=["tuple", "dtype value", "set value", "int key"])
+def test_a_shape_of_that_returns_no_json_object_is_not_recorded_and_the_file_stays_readable(
         tmp_path, fresh_record, shape_of, problem):
     # Used to break: a tuple was written as "shape": [8, 8] and `tune --from-record` refused the whole file.
     import torch
@@ -338,6 +338,18 @@ def test_a_shape_of_that_returns_no_dict_of_json_scalars_is_not_recorded_and_the
     assert len(messages) == 1 and "shape_of of op 'mine.double'" in messages[0] and problem in messages[0]
     assert "calls of 'mine.double' are no longer recorded" in messages[0]
     assert read_record(path) == {"eager": {"other.op": [{"tokens": 8}, {"tokens": 64}]}}
+
+
+def test_a_shape_that_json_holds_is_recorded_whatever_its_values(tmp_path, fresh_record):
+    # Lists and None, which register_op's shapes and `tune --from-record` take, stopped the op's recording.
+    import torch
+
+    from autosel.cli._tune import read_record
+
+    path = tmp_path / "shapes.jsonl"
+    recording("plug.op", lambda x: x, path, "eager", lambda x: {"tokens": 4, "dims": [8, 2], "bias": None})(
+        torch.ones(4, 8))
+    assert read_record(path) == {"eager": {"plug.op": [{"tokens": 4, "dims": [8, 2], "bias": None}]}}
 
 
 def test_an_op_registered_again_with_another_shape_of_is_recorded_again(tmp_path, fresh_record):
