@@ -144,10 +144,12 @@ def _packs(kind: str, arg: Any) -> bool:
 
 def _hooked() -> bool:
     """Whether a launch hook is set (a profiler's, such as proton's): every launch must then go through Triton,
-    which calls it. From Triton 3.6 a hook is a HookChain, set when it holds a call; before, a function or None."""
+    which calls it. From Triton 3.6 a hook is a HookChain, set when it holds a call; before, a function or None.
+    Asked on every launch: written out, without a generator (0.14 against 0.39 us on this project's CPU)."""
     runtime = _knobs.runtime
-    return any(hook is not None and bool(getattr(hook, "calls", True))
-               for hook in (runtime.launch_enter_hook, runtime.launch_exit_hook))
+    enter, leave = runtime.launch_enter_hook, runtime.launch_exit_hook
+    return ((enter is not None and bool(getattr(enter, "calls", True)))
+            or (leave is not None and bool(getattr(leave, "calls", True))))
 
 
 def _unsupported(kernel: Any, why: str) -> None:
