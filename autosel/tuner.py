@@ -157,8 +157,9 @@ def _inputs(definition: OpDefinition, shape: dict, device: str) -> tuple:
                       "the keys of the op's declared shapes")
         else:
             advice = "fix the shape or the op's make_inputs"
+        lines = str(exc).splitlines() or [""]  # one line of it: the CLI's error is one line (torch lists overloads)
         raise TuningError(f"op {definition.op!r}: its make_inputs raised {type(exc).__name__}: "
-                          f"{''.join(str(exc).splitlines()[:1])} for the shape "
+                          f"{lines[0]}{' [...]' if len(lines) > 1 else ''} for the shape "
                           f"{shape_text(shape)}: {advice}") from exc
     if not isinstance(args, (tuple, list)):  # a bare tensor was unpacked into its rows, and the reference blamed
         raise TuningError(f"op {definition.op!r}: its make_inputs returned a {type(args).__name__} for the shape "
