@@ -20,13 +20,13 @@ import json
 import logging
 import math
 import operator
-import reprlib
 import sys
 import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
 from autosel.decisions import is_number, key_order
+from autosel.spec import shape_problem
 
 log = logging.getLogger(__name__)
 
@@ -327,10 +327,10 @@ def recording(op: str, fn: Callable[..., Any], path, mode: str, shape_of: Callab
               ) -> Callable[..., Any]:
     """Wrap `fn` so each new shape of `op` (shape_of) is appended to `path` once per process, after a call
     that returned. Recording never breaks the call: a path that cannot be written is warned about once and
-    recording stops; a shape_of that raises or returns no dict of JSON scalars is warned about once and that op
-    alone stops being recorded (one op's bad shape_of must not cost the others' shapes). Calls that torch.compile
-    traces are not recorded (is_compiling() is True while it traces, so the file writes never enter the graph and
-    fullgraph=True holds); eager calls are."""
+    recording stops; a shape_of that raises or returns what is no shape (spec.shape_problem) is warned about once
+    and that op alone stops being recorded (one op's bad shape_of must not cost the others' shapes). Calls that
+    torch.compile traces are not recorded (is_compiling() is True while it traces, so the file writes never enter
+    the graph and fullgraph=True holds); eager calls are."""
     if shape_of is None:
         log.warning("AUTOSEL_RECORD: op %r declares no shape_of (register_op(..., shape_of=fn): the call's "
                     "arguments -> its shape dict), so its calls are not recorded", op)
@@ -356,9 +356,9 @@ def _record(op: str, mode: str, shape_of: Callable[..., dict], args, kwargs, pat
         _stop_recording_op(op, shape_of,
                            f"raised {type(exc).__name__}: {exc} on a call with {_describe(args, kwargs)}")
         return
-    problem = _shape_problem(result)
+    problem = shape_problem(result)  # what register_op says of a declared shape
     if problem:  # written, the line would make `autosel tune --from-record` refuse the whole file
-        _stop_recording_op(op, shape_of, f"returned {reprlib.repr(result)}, {problem}")
+        _stop_recording_op(op, shape_of, f"returned a shape that {problem}")
         return
     shape = json.dumps(dict(result), sort_keys=True)  # dict(): json cannot write other mappings
     if (op, mode, shape) in _recorded:
@@ -381,21 +381,6 @@ def _stop_recording(path, why: str) -> None:
     _broken_paths.add(str(path))
     warnings.warn(f"AUTOSEL_RECORD: {why}; recording stops for this process (the kernels keep running). "
                   "Point AUTOSEL_RECORD at a writable file.", RuntimeWarning, stacklevel=4)
-
-
-def _shape_problem(shape) -> str:
-    """Why `shape` is no shape `autosel tune --from-record` can read back (a JSON object, as register_op's shapes
-    are), "" when it is one."""
-    if not isinstance(shape, Mapping):
-        return f"a {type(shape).__name__}, not a dict"
-    for key, value in shape.items():
-        if not isinstance(key, str):
-            return f"whose key {key!r} is not a string"
-        try:
-            json.dumps(value)
-        except (TypeError, ValueError):
-            return f"whose {key!r} is a {type(value).__name__}, which JSON cannot hold"
-    return ""
 
 
 def _describe(args: tuple, kwargs: dict) -> str:

@@ -371,19 +371,25 @@ def check_shapes(op: str, shapes) -> list:
     """Each shape a dict of JSON values: shapes are stored as evidence (JSON) beside every decision, so a value JSON
     cannot hold (a torch.dtype, say) would fail only once the whole tune had run."""
     for index, shape in enumerate(shapes):
-        if not isinstance(shape, Mapping):
-            raise TypeError(f"shape {index} of op {op!r} must be a dict such as {{'tokens': 64, 'hidden': 4096}}, "
-                            f"got {shape!r}")
-        for key, value in shape.items():
-            if not isinstance(key, str):
-                raise TypeError(f"shape {index} of op {op!r} has the key {key!r}; shape keys are strings")
-            try:
-                json.dumps(value)
-            except (TypeError, ValueError):
-                raise TypeError(f"shape {index} of op {op!r} holds {key}={value!r}, which cannot be stored as JSON; "
-                                "give shapes as numbers, strings and booleans (a dtype by its name, 'bfloat16', "
-                                "which make_inputs reads)") from None
+        if problem := shape_problem(shape):
+            raise TypeError(f"shape {index} of op {op!r} {problem}")
     return list(shapes)
+
+
+def shape_problem(shape) -> str:
+    """What keeps `shape` from being a shape (a dict of JSON values under string keys), "" when it is one: what
+    check_shapes says of a declared shape and the AUTOSEL_RECORD recorder of what a shape_of returned."""
+    if not isinstance(shape, Mapping):
+        return f"must be a dict such as {{'tokens': 64, 'hidden': 4096}}, got {shape!r}"
+    for key, value in shape.items():
+        if not isinstance(key, str):
+            return f"has the key {key!r}; shape keys are strings"
+        try:
+            json.dumps(value)
+        except (TypeError, ValueError):
+            return (f"holds {key}={value!r}, which cannot be stored as JSON; give shapes as numbers, strings and "
+                    "booleans (a dtype by its name, 'bfloat16', which make_inputs reads)")
+    return ""
 
 
 def spec_list(specs: Iterable[KernelSpec]) -> list[str]:

@@ -313,10 +313,12 @@ def test_a_shape_of_that_raises_stops_recording_that_op_alone_and_says_how_to_fi
 
 
 @pytest.mark.parametrize("shape_of, problem", [
-    (lambda x: (x.shape[0], x.shape[1]), "returned (8, 8), a tuple, not a dict"),
-    (lambda x: {"tokens": x.shape[0], "dtype": x.dtype}, "whose 'dtype' is a dtype, which JSON cannot hold"),
-    (lambda x: {"tokens": {x.shape[0]}}, "whose 'tokens' is a set, which JSON cannot hold"),
-    (lambda x: {0: x.shape[0]}, "whose key 0 is not a string"),
+    (lambda x: (x.shape[0], x.shape[1]),
+     "returned a shape that must be a dict such as {'tokens': 64, 'hidden': 4096}, got (8, 8)"),
+    (lambda x: {"tokens": x.shape[0], "dtype": x.dtype},
+     "returned a shape that holds dtype=torch.float32, which cannot be stored as JSON"),
+    (lambda x: {"tokens": {x.shape[0]}}, "returned a shape that holds tokens={8}, which cannot be stored as JSON"),
+    (lambda x: {0: x.shape[0]}, "returned a shape that has the key 0; shape keys are strings"),
 ], ids=["tuple", "dtype value", "set value", "int key"])
 def test_a_shape_of_that_returns_no_json_object_is_not_recorded_and_the_file_stays_readable(
         tmp_path, fresh_record, shape_of, problem):
