@@ -7,7 +7,8 @@ from dataclasses import dataclass, replace
 from typing import Sequence
 
 from autosel.decisions import OP_LEVEL_BUCKET, Decision, versions_hash
-from autosel.inventory import closest, near_detail, version_diff
+from autosel.db import closest
+from autosel.inventory import near_detail, version_diff
 from autosel.platforms import PlatformInfo, installed_version, key_fields, modes_for_device, near_rank
 
 # Versions that only the target machine can tell (its driver, the runtime torch finds there): not compared

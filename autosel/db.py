@@ -14,7 +14,7 @@ import uuid
 import weakref
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Callable, Iterable, Iterator, Sequence, TypeVar
 
 from autosel.config import DEFAULT_BUDGET_S
 from autosel.db_files import Layer, OpenFile, memory_file, open_shipped, open_user, peek_user, warn_once
@@ -114,6 +114,18 @@ def _close_at_exit() -> None:
             logger.debug("closing a tuning DB at exit failed: %s", exc)
 
 
+T = TypeVar("T")
+
+
+def closest(found: Iterable[tuple[int, int, str, T]]) -> T | None:
+    """The near row lookup_near takes among (rank, layer index, created_at, row) tuples of rows that fit: the same
+    device before the same arch, then the earlier layer, then the newest row; None when none fit. `autosel show`
+    and `autosel check` pick with it too, so they name the row selection runs."""
+    newest_first = sorted(found, key=lambda item: item[2], reverse=True)
+    best = min(newest_first, key=lambda item: item[:2], default=None)  # min keeps the first: the newest
+    return None if best is None else best[3]
+
+
 class TuningDB:
     """The user layer first, then shipped layers; reads go down the layers, writes go to the user layer only."""
 
@@ -203,12 +215,8 @@ class TuningDB:
                         continue  # not accepted, or the exact key (whose winner lookup found unusable)
                     decision = parse_row(layer.path, row)
                     if decision is not None and usable(decision.winner) and fits(decision, layer.layer()):
-                        found.append((rank, index, decision, layer))
-            if not found:
-                return None
-            found.sort(key=lambda item: item[2].created_at, reverse=True)
-            rank, index, decision, layer = min(found, key=lambda item: item[:2])  # min keeps the first: the newest
-            return decision, layer.layer()
+                        found.append((rank, index, decision.created_at, (decision, layer.layer())))
+            return closest(found)
 
     def _writable(self) -> OpenFile:
         for layer in self._here():

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Callable, Iterable, TypeVar
+from typing import Callable, Iterable
 
+from autosel.db import closest
 from autosel.db_tools import table_key
 from autosel.decisions import OP_LEVEL_BUCKET, Decision, versions_hash
 from autosel.platforms import PlatformInfo, near_rank, version_vector
@@ -37,17 +38,6 @@ def near_detail(decision: Decision, platform_key: str, versions: dict[str, str])
     if decision.key.versions_hash != versions_hash(versions):
         parts.append(f"versions differ: {version_diff(decision.versions, versions)}")
     return "near match: " + ("; ".join(parts) or "same key")
-
-
-T = TypeVar("T")
-
-
-def closest(found: Iterable[tuple[int, int, str, T]]) -> T | None:
-    """The near row that TuningDB.lookup_near takes among (rank, layer index, created_at, row) tuples of rows that
-    fit: the same device before the same arch, then the earlier layer, then the newest row; None when none fit."""
-    newest_first = sorted(found, key=lambda item: item[2], reverse=True)
-    best = min(newest_first, key=lambda item: item[:2], default=None)  # min keeps the first: the newest
-    return None if best is None else best[3]
 
 
 class StoredRows:
