@@ -1441,14 +1441,16 @@ def test_doctor_names_an_op_whose_shapes_function_fails_on_its_row_and_goes_on(r
     ops = {item["op"]: item for item in json.loads(result.stdout)["ops"]}
     bad = ops["plug.bad"]
     assert bad["shapes"] == 0 and bad["shapes_error"].startswith(
-        f"its shapes= function test_cli:{shapes.__name__} failed here ({error}")
-    assert "make it return a list of dicts of str, int, float or bool values" in bad["shapes_error"]
+        f"op 'plug.bad': its shapes function (register_op's shapes=) failed: {error}")
+    assert bad["shapes_error"].endswith("Fix that function: it takes the platform and returns the representative "
+                                        "shapes every candidate is checked on, as a list of dicts; until then this op "
+                                        "cannot be tuned, by `autosel tune` or at first use")
     assert bad["selection"] == ("several eligible, none stored, no usable shapes: selection raises unless "
                                 f"backend=...; problem: {bad['shapes_error']}")
     assert ops["toy.double"]["shapes_error"] is None and ops["toy.double"]["shapes"] == 2
     text = run("doctor")
     assert text.exit_code == 0 and "OK: nothing blocks selection." in text.stdout
-    assert "problem: its shapes= function" in " ".join(text.stdout.split())
+    assert "problem: op 'plug.bad': its shapes function (register_op's shapes=) failed" in " ".join(text.stdout.split())
 
 
 def _zeros_when_small(shape: dict, device: str) -> tuple:

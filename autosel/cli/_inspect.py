@@ -15,7 +15,7 @@ from autosel.cli._common import (MEDIAN_NOTE, check_globs, db_option, decision_s
                                  json_option, make_console, make_table, matches, op_option, out_option, read_db,
                                  refuse_overwrite, runner_up_text, settings_for)
 from autosel.decisions import OP_LEVEL_BUCKET, bucket_order, format_lead
-from autosel.errors import ConfigError
+from autosel.errors import ConfigError, TuningError
 from autosel.inventory import Entry, Inventory
 from autosel.chart import format_us
 from autosel.report import candidate_median_us, first_call_s
@@ -212,18 +212,16 @@ def _bytecode_notes() -> list[str]:
 
 def _count_shapes(op: str, definition, platform) -> tuple[int, str | None]:
     """How many representative shapes `op` has here, and why none could be read when its shapes= function raised or
-    returned shapes that cannot be stored: doctor names that on the op's row and goes on to the next op."""
+    returned shapes that cannot be stored (tuning.representative_shapes, as `autosel tune` reads them): doctor names
+    that on the op's row and goes on to the next op."""
+    from autosel import tuning
+
     if definition is None:
         return 0, None
     try:
-        return len(definition.shapes_for(platform)), None
-    except Exception as exc:  # a plug-in's function: anything it raises is the op's problem, not doctor's
-        shapes = definition.shapes
-        name = f"{getattr(shapes, '__module__', '?')}:{getattr(shapes, '__qualname__', type(shapes).__name__)}"
-        return 0, (f"its shapes= function {name} failed here ({type(exc).__name__}: {exc}), so this op cannot be "
-                   "tuned, by `autosel tune` or at first use; make it return a list of dicts of str, int, float or "
-                   "bool values, e.g. [{'tokens': 64, 'hidden': 4096, 'dtype': 'bfloat16'}] "
-                   "(register_op(..., shapes=fn))")
+        return len(tuning.representative_shapes(definition, platform)), None
+    except TuningError as exc:
+        return 0, f"{exc}; until then this op cannot be tuned, by `autosel tune` or at first use"
 
 
 def _contested_selection(op: str, eligible: list[str], shapes: int, modes: list[str], in_use: dict,
