@@ -75,8 +75,10 @@ def ref_rmsnorm(x, weight, eps):
 
 
 def ref_fused_add_rmsnorm(x, residual, weight, eps):
-    new_residual = (x.float() + residual.float()).to(residual.dtype)
-    return ref_rmsnorm(new_residual, weight, eps), new_residual
+    """As flashinfer's kernel and autosel's torch backend: the norm is of the fp32 sum, not of the stored one."""
+    summed = x.float() + residual.float()
+    out = summed * torch.rsqrt(summed.pow(2).mean(-1, keepdim=True) + eps) * weight.float()
+    return out.to(x.dtype), summed.to(residual.dtype)
 
 
 def ref_silu_and_mul(x):
@@ -191,6 +193,23 @@ def test_rmsnorm_two_pass_path(monkeypatch, fused, dtype):
     check((3, 50), dtype, DEVICE)
 
 
+@pytest.mark.parametrize("one_pass", [True, False], ids=["one_pass", "two_pass"])
+def test_fused_add_rmsnorm_normalizes_the_fp32_sum_where_the_stored_one_overflows(monkeypatch, one_pass):
+    # 40000 + 40000 is past fp16's 65504: the stored residual is inf, as everywhere; the norm of the fp32 sum is
+    # finite, as flashinfer's and the torch backend's are. Normalizing the stored sum made the whole row NaN.
+    if not one_pass:
+        monkeypatch.setattr(tk, "_MAX_ROW_BYTES", 64)
+        monkeypatch.setattr(tk, "_CHUNK_COLS", 16)
+    x = torch.full((2, 50), 40000.0, dtype=torch.float16, device=DEVICE)
+    x[:, 1::2] = 1.0
+    residual, weight = x.clone(), torch.ones(50, dtype=torch.float16, device=DEVICE)
+    expected_x, expected_residual = ref_fused_add_rmsnorm(x, residual, weight, EPS)
+    tk.fused_add_rmsnorm(x, residual, weight, EPS)
+    assert torch.isinf(residual[:, 0::2]).all() and torch.isfinite(expected_x).all()
+    torch.testing.assert_close(residual, expected_residual, rtol=0, atol=0)
+    assert_close(x, expected_x, torch.float16)
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("shape", [(1, 16), (7, 80), (3, 2200), (2, 3, 48)])
 @pytest.mark.parametrize("fn, ref", [(tk.silu_and_mul, ref_silu_and_mul), (tk.gelu_and_mul, ref_gelu_and_mul)],
@@ -220,6 +239,20 @@ def test_rope_reads_a_cos_sin_cache_whose_rows_are_not_contiguous():
     tk.rope(positions, query, key, 8, cos_sin_cache, True)
     assert_close(query, expected_q, torch.float32)
     assert_close(key, expected_k, torch.float32)
+
+
+def test_rope_leaves_nan_for_a_position_outside_the_cache_instead_of_reading_past_it():
+    # The kernel read the row at any position (the vendors' do too): past the cache, another buffer's bytes or an
+    # illegal address. Now such a token's query and key are NaN and the others are rotated as before.
+    positions = torch.tensor([0, 4, 1, -1], dtype=torch.int64, device=DEVICE)
+    cos_sin_cache = torch.randn(4, 8, dtype=torch.float32, device=DEVICE)
+    query, key = torch.randn(4, 16, device=DEVICE), torch.randn(4, 8, device=DEVICE)
+    in_cache = torch.tensor([0, 2])
+    expected_q, expected_k = ref_rope(positions[in_cache], query[in_cache], key[in_cache], 8, cos_sin_cache, True)
+    tk.rope(positions, query, key, 8, cos_sin_cache, True)
+    assert torch.isnan(query[[1, 3]]).all() and torch.isnan(key[[1, 3]]).all()
+    assert_close(query[in_cache], expected_q, torch.float32)
+    assert_close(key[in_cache], expected_k, torch.float32)
 
 
 def test_rope_accepts_3d_query_and_key():

@@ -56,7 +56,10 @@ def test_a_key_is_its_arguments_keys_in_order():
     whole = launch_key("prefix", tuple(args))
     assert whole[0] == "prefix"
     assert whole[1] == b"".join(_key(a)[1] for a in args)  # a byte per argument
-    assert whole[2:] == tuple(a.dtype for a in args if isinstance(a, torch.Tensor))
+    # then each tensor's dtype (a torch.dtype, or DLPack's code for it where tensors are read through DLPack)
+    assert whole[2:] == tuple(_key(a)[2] for a in args if isinstance(a, torch.Tensor))
+    assert len({_key(a)[2] for a in args if isinstance(a, torch.Tensor)}) == len(
+        {a.dtype for a in args if isinstance(a, torch.Tensor)})
     assert _key(args[0], args[16]) != _key(args[16], args[0])
 
 
@@ -90,15 +93,15 @@ def test_launch_hooks_count_as_set_only_when_one_is_there(monkeypatch):
     # Triton 3.6 made the hook an always-present HookChain: read as "set", it sent every call through Triton.
     from triton import knobs
 
-    from autosel.ops.triton_launch import _hooked
+    from autosel.ops.triton_launch import hooked
 
-    assert not _hooked()
+    assert not hooked()
     hooks = knobs.runtime.launch_enter_hook
     if hasattr(hooks, "calls"):
         monkeypatch.setattr(hooks, "calls", [print])
     else:
         monkeypatch.setattr(knobs.runtime, "launch_enter_hook", print)
-    assert _hooked()
+    assert hooked()
 
 
 def _kernel_and_launcher(signature: dict, **metadata):

@@ -11,7 +11,7 @@ import triton
 import triton.language as tl
 
 from autosel.ops.common import next_power_of_2, pin_triton_cache_dir
-from autosel.ops.triton_launch import FastLaunch
+from autosel.ops.triton_launch import FastLaunch, hooked
 
 pin_triton_cache_dir()
 
@@ -63,20 +63,19 @@ def _as_rows(t: torch.Tensor, width: int, *, name: str, in_place: bool) -> torch
 
 
 @triton.jit
-def _load_rows(x_ptrs, res_ptrs, mask, ADD_RESIDUAL: tl.constexpr):
-    """x in fp32; with ADD_RESIDUAL, x + residual, written back to the residual and read as stored.
+def _load_rows(x_ptrs, res_ptrs, mask, ADD_RESIDUAL: tl.constexpr, STORE_RESIDUAL: tl.constexpr):
+    """x in fp32; with ADD_RESIDUAL, the fp32 sum x + residual, which STORE_RESIDUAL writes to the residual
+    rounded to its dtype.
 
-    The norm sees the sum rounded to the residual's dtype, as vLLM's fused_add_rms_norm does. flashinfer's (and
-    sgl-kernel's, which is flashinfer's) normalizes the fp32 sum and rounds only the stored residual, as the torch
-    reference does: within one dtype the two differ by an ulp, inside the op's tolerances; with x wider than the
-    residual, or a sum that overflows the residual's dtype, they differ more (docs/H200.md, "Stop 24").
+    The norm is taken of the fp32 sum, not of the rounded one, as flashinfer's (so sgl-kernel's) fused add + rmsnorm
+    and the torch reference do: with x wider than the residual, or a sum beyond the residual dtype's range, the
+    rounded sum differs by more than an ulp or is infinite (vLLM's kernel normalizes that; docs/H200.md, "Stop 25").
     """
     x = tl.load(x_ptrs, mask=mask, other=0.0).to(tl.float32)
     if ADD_RESIDUAL:
-        r = tl.load(res_ptrs, mask=mask, other=0.0).to(tl.float32)
-        s = (x + r).to(res_ptrs.dtype.element_ty)
-        tl.store(res_ptrs, s, mask=mask)
-        x = s.to(tl.float32)
+        x += tl.load(res_ptrs, mask=mask, other=0.0).to(tl.float32)
+        if STORE_RESIDUAL:
+            tl.store(res_ptrs, x.to(res_ptrs.dtype.element_ty), mask=mask)
     return x
 
 
@@ -96,32 +95,38 @@ def _rmsnorm_kernel(
 
     if ONE_PASS:
         mask = row_mask[:, None] & (cols[None, :] < n_cols)
-        x = _load_rows(x_rows + cols[None, :], res_rows + cols[None, :], mask, ADD_RESIDUAL)
+        x = _load_rows(x_rows + cols[None, :], res_rows + cols[None, :], mask, ADD_RESIDUAL, True)
         rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=1) / n_cols + eps)
         w = tl.load(w_ptr + cols, mask=cols < n_cols, other=0.0).to(tl.float32)
         y = x * rstd[:, None] * w[None, :]
         tl.store(out_rows + cols[None, :], y.to(out_ptr.dtype.element_ty), mask=mask)
     else:
+        # Rows too long for registers: the first pass only sums squares, the second adds again and writes both
+        # outputs (one more read of x and the residual than storing the sum in the first pass and re-reading it,
+        # which would normalize the rounded sum).
         acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
         for start in range(0, n_cols, BLOCK_N):
             c = start + cols
             mask = row_mask[:, None] & (c[None, :] < n_cols)
-            x = _load_rows(x_rows + c[None, :], res_rows + c[None, :], mask, ADD_RESIDUAL)
+            x = _load_rows(x_rows + c[None, :], res_rows + c[None, :], mask, ADD_RESIDUAL, False)
             acc += x * x
         rstd = 1.0 / tl.sqrt(tl.sum(acc, axis=1) / n_cols + eps)
-        # The second pass re-reads the residual this program just wrote, possibly from other threads.
-        tl.debug_barrier()
-        src_rows = res_rows if ADD_RESIDUAL else x_rows
         for start in range(0, n_cols, BLOCK_N):
             c = start + cols
             mask = row_mask[:, None] & (c[None, :] < n_cols)
-            x = tl.load(src_rows + c[None, :], mask=mask, other=0.0).to(tl.float32)
+            x = _load_rows(x_rows + c[None, :], res_rows + c[None, :], mask, ADD_RESIDUAL, True)
             w = tl.load(w_ptr + c, mask=c < n_cols, other=0.0).to(tl.float32)
             y = x * rstd[:, None] * w[None, :]
             tl.store(out_rows + c[None, :], y.to(out_ptr.dtype.element_ty), mask=mask)
 
 
 _launch_rmsnorm_kernel = FastLaunch(_rmsnorm_kernel)
+# The norms' whole launch in C, from their tensors (triton_launch.c's norm), where torch lets C read a tensor
+# (its DLPack C exchange API): the wrapper's checks, views and plan cost the H200's host more than the launch
+# itself (docs/H200.md, "Stop 25"). It launches only what _launch_rmsnorm would launch, with the plans that path
+# records in _NORM_PLANS, and returns False for everything else, which then takes the Python path below.
+_DIRECT_NORM = _launch_rmsnorm_kernel.direct.norm if _launch_rmsnorm_kernel.reads_dlpack else None
+_NORM_PLANS: dict[tuple, tuple] = {}  # (n_rows, n_cols, element size) -> _rmsnorm_plan(...)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -151,7 +156,12 @@ def _launch_rmsnorm(x2, res2, weight, out, out_stride: int, eps: float) -> None:
     if n_rows == 0:
         return
     weight = weight if weight.stride(0) == 1 else weight.contiguous()
-    grid, num_warps, plain, with_residual = _rmsnorm_plan(n_rows, n_cols, x2.element_size())
+    plan = _rmsnorm_plan(n_rows, n_cols, x2.element_size())
+    if _DIRECT_NORM is not None:
+        if len(_NORM_PLANS) >= 4096:  # as _rmsnorm_plan's cache, a bound for many token counts
+            _NORM_PLANS.clear()
+        _NORM_PLANS[(n_rows, n_cols, x2.element_size())] = plan
+    grid, num_warps, plain, with_residual = plan
     if res2 is None:
         _launch_rmsnorm_kernel(grid, (x2, x2, weight, out, n_rows, n_cols, x2.stride(0), 0, out_stride, eps),
                                plain, num_warps)
@@ -177,18 +187,24 @@ def _not_1d(weight: torch.Tensor) -> ValueError:
 
 def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """x / sqrt(mean(x^2) + eps) * weight over the last dim, in fp32, returned in x.dtype."""
+    out = torch.empty_like(x, memory_format=torch.contiguous_format)  # half the host time of torch.empty(shape, ...)
+    if _DIRECT_NORM is not None and not hooked() and _DIRECT_NORM(
+            _launch_rmsnorm_kernel.kept, _NORM_PLANS, x, None, weight, out, eps):
+        return out
     try:
         width = weight.shape[-1]
     except IndexError:
         raise _not_1d(weight) from None
     x2 = _as_rows(x, width, name="x", in_place=False)
-    out = torch.empty_like(x, memory_format=torch.contiguous_format)  # half the host time of torch.empty(shape, ...)
     _launch_rmsnorm(x2, None, weight, out, width, eps)  # out is contiguous: its rows are a width apart
     return out
 
 
 def fused_add_rmsnorm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float) -> None:
-    """In place: residual <- x + residual (rounded to its dtype); x <- rmsnorm(residual, weight, eps)."""
+    """In place: residual <- x + residual (rounded to its dtype); x <- rmsnorm of the fp32 sum, weight, eps."""
+    if _DIRECT_NORM is not None and not hooked() and _DIRECT_NORM(
+            _launch_rmsnorm_kernel.kept, _NORM_PLANS, x, residual, weight, x, eps):
+        return
     if x.shape != residual.shape:
         raise ValueError(f"x has shape {tuple(x.shape)} but residual has {tuple(residual.shape)}")
     try:
@@ -293,17 +309,21 @@ def _rope_rotate(base_ptr, cos, sin, heads, n_heads, r,
 @triton.jit
 def _rope_kernel(
     pos_ptr, q_ptr, k_ptr, cache_ptr,
-    n_q_heads, n_k_heads, q_stride, k_stride, cache_stride,
+    n_q_heads, n_k_heads, q_stride, k_stride, cache_stride, n_positions,
     HEAD_SIZE: tl.constexpr, HALF: tl.constexpr, IS_NEOX: tl.constexpr,
     BLOCK_H: tl.constexpr, BLOCK_R: tl.constexpr,
 ):
     token = tl.program_id(0).to(tl.int64)
     heads = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     r = tl.arange(0, BLOCK_R)
-    # One cos/sin row serves every query and key head of this token's head block.
-    cache_row = cache_ptr + tl.load(pos_ptr + token).to(tl.int64) * cache_stride
-    cos = tl.load(cache_row + r, mask=r < HALF, other=0.0).to(tl.float32)[None, :]
-    sin = tl.load(cache_row + HALF + r, mask=r < HALF, other=0.0).to(tl.float32)[None, :]
+    # One cos/sin row serves every query and key head of this token's head block. A position outside the cache
+    # is not read (the vendors' kernels read past the cache; the torch backend raises, which a kernel cannot
+    # without synchronizing): its token's query and key become NaN, so the mistake shows downstream.
+    pos = tl.load(pos_ptr + token).to(tl.int64)
+    in_cache = r < tl.where((pos >= 0) & (pos < n_positions), HALF, 0)
+    cache_row = cache_ptr + pos * cache_stride
+    cos = tl.load(cache_row + r, mask=in_cache, other=float("nan")).to(tl.float32)[None, :]
+    sin = tl.load(cache_row + HALF + r, mask=in_cache, other=float("nan")).to(tl.float32)[None, :]
     _rope_rotate(q_ptr + token * q_stride, cos, sin, heads, n_q_heads, r, HEAD_SIZE, HALF, IS_NEOX, BLOCK_R)
     _rope_rotate(k_ptr + token * k_stride, cos, sin, heads, n_k_heads, r, HEAD_SIZE, HALF, IS_NEOX, BLOCK_R)
 
@@ -319,7 +339,8 @@ def rope(
     cos_sin_cache: torch.Tensor,
     is_neox: bool,
 ) -> None:
-    """In place on query [T, Hq*head_size] and key [T, Hk*head_size]; cache rows are [cos | sin]."""
+    """In place on query [T, Hq*head_size] and key [T, Hk*head_size]; cache rows are [cos | sin]. A token whose
+    position is not a row of the cache gets NaN query and key."""
     rotary_dim = cos_sin_cache.shape[-1]
     if rotary_dim % 2 or rotary_dim > head_size:
         raise ValueError(f"cos_sin_cache last dim {rotary_dim} must be even and <= head_size {head_size}")
@@ -345,7 +366,7 @@ def rope(
     _launch_rope(
         (n_tokens, _cdiv(max(n_q_heads, n_k_heads), block_h)),
         (positions.contiguous(), q2, k2, cos_sin_cache,
-         n_q_heads, n_k_heads, q2.stride(0), k2.stride(0), cos_sin_cache.stride(0)),
+         n_q_heads, n_k_heads, q2.stride(0), k2.stride(0), cos_sin_cache.stride(0), cos_sin_cache.shape[0]),
         (head_size, half, bool(is_neox), block_h, block_r),  # HEAD_SIZE, HALF, IS_NEOX, BLOCK_H, BLOCK_R
         _num_warps(block_h * block_r, max_warps=8),
     )

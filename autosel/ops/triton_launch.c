@@ -13,6 +13,15 @@
        caller then launches through Triton.
    param_sizes(function) -> tuple of int
        The byte size of each parameter of a loaded kernel (cuFuncGetParamInfo), to check an entry against.
+   reads_dlpack() -> bool
+       Whether tensors are read through torch's DLPack C exchange API (torch.Tensor.__dlpack_c_exchange_api__,
+       torch 2.10 on): a tensor's address, dtype, device, shape and strides in one C call, where the attributes
+       cost a Python call each. Without it tensors are read through their attributes and norm() is not offered.
+   norm(kept, plans, x, residual, weight, out, eps) -> bool
+       autosel's rmsnorm kernel (residual None) or fused add + rmsnorm (out is x) from its tensors, as
+       triton_kernels._launch_rmsnorm launches it: the rows, the checks, the plan and the key in C. False, having
+       launched nothing, wherever that Python path could differ (an argument it would copy, reject or key
+       otherwise; a shape not planned yet; a kernel not kept yet): the caller then takes it.
 
    An entry is (function, threads per block, shared memory bytes, kinds, trailing null pointers, the compiled
    kernel, held so that its module stays loaded): kinds has one
@@ -34,6 +43,34 @@ typedef CUresult (*launch_t)(CUfunction, unsigned, unsigned, unsigned, unsigned,
 typedef CUresult (*ctx_current_t)(CUcontext *);
 typedef CUresult (*error_string_t)(CUresult, const char **);
 typedef CUresult (*param_info_t)(CUfunction, size_t, size_t *, size_t *);
+typedef CUresult (*ctx_device_t)(int *);
+
+/* DLPack 1.x (dlpack.h), the part of its C exchange API used here. */
+typedef struct { int32_t device_type; int32_t device_id; } DLDevice;
+typedef struct { uint8_t code; uint8_t bits; uint16_t lanes; } DLDataType;
+typedef struct {
+    void *data;
+    DLDevice device;
+    int32_t ndim;
+    DLDataType dtype;
+    int64_t *shape;
+    int64_t *strides;  /* NULL: compact and row-major */
+    uint64_t byte_offset;
+} DLTensor;
+typedef struct { uint32_t major; uint32_t minor; } DLPackVersion;
+typedef struct DLPackExchangeAPIHeader {
+    DLPackVersion version;
+    struct DLPackExchangeAPIHeader *prev_api;
+} DLPackExchangeAPIHeader;
+typedef struct {
+    DLPackExchangeAPIHeader header;
+    void *managed_tensor_allocator;
+    void *managed_tensor_from_py_object_no_sync;
+    void *managed_tensor_to_py_object_no_sync;
+    int (*dltensor_from_py_object_no_sync)(void *py_object, DLTensor *out);
+    int (*current_work_stream)(int32_t device_type, int32_t device_id, void **out_current_stream);
+} DLPackExchangeAPI;
+enum { DL_CUDA = 2 };
 
 #define MAX_ARGS 32
 #define MAX_NULLS 8
@@ -49,6 +86,8 @@ static launch_t cu_launch;
 static ctx_current_t cu_ctx_current;
 static error_string_t cu_error_string;
 static param_info_t cu_param_info;
+static ctx_device_t cu_ctx_device;
+static const DLPackExchangeAPI *dlpack;  /* NULL: tensors are read through their attributes */
 
 typedef union {
     uint64_t u64;
@@ -65,10 +104,21 @@ static int open_driver(void) {
     cu_ctx_current = (ctx_current_t)dlsym(lib, "cuCtxGetCurrent");
     cu_error_string = (error_string_t)dlsym(lib, "cuGetErrorString");
     cu_param_info = (param_info_t)dlsym(lib, "cuFuncGetParamInfo");  /* CUDA 12.4 and later */
+    cu_ctx_device = (ctx_device_t)dlsym(lib, "cuCtxGetDevice");
     launch_t launch = (launch_t)dlsym(lib, "cuLaunchKernel");
-    if (cu_ctx_current == NULL || cu_error_string == NULL || launch == NULL) return 0;
+    if (cu_ctx_current == NULL || cu_error_string == NULL || cu_ctx_device == NULL || launch == NULL) return 0;
     cu_launch = launch;
     return 1;
+}
+
+/* A tensor's dtype in a key when read through DLPack: its type code, bits and lanes as one int. */
+static PyObject *dtype_code(DLDataType dtype) {
+    return PyLong_FromUnsignedLong(dtype.code | (unsigned long)dtype.bits << 8 | (unsigned long)dtype.lanes << 16);
+}
+
+/* An integer argument's code, as read_args gives it. */
+static char int_code(long long v) {
+    return INT | (v == 1 ? ONE : 0) | ((v & 15) == 0 ? DIV16 : 0) | (v >= -2147483648LL && v < 2147483648LL ? I32 : 0);
 }
 
 /* Fills codes, values and the tensors' dtypes (new references in dtypes[0..*n_dtypes)) for each argument.
@@ -80,7 +130,19 @@ static int read_args(PyObject *args, int need_cuda, char *codes, Value *values, 
     if (n > MAX_ARGS) return 0;
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *arg = PyTuple_GET_ITEM(args, i);
-        if (PyObject_TypeCheck(arg, tensor_type)) {
+        if (dlpack != NULL && PyObject_TypeCheck(arg, tensor_type)) {
+            DLTensor t;
+            if (dlpack->dltensor_from_py_object_no_sync(arg, &t) != 0) {
+                PyErr_Clear();  /* not a tensor DLPack describes: Triton's path, which says what is wrong */
+                return 0;
+            }
+            if (need_cuda && t.device.device_type != DL_CUDA) return 0;
+            values[i].u64 = (uint64_t)(uintptr_t)t.data + t.byte_offset;
+            PyObject *dtype = dtype_code(t.dtype);
+            if (dtype == NULL) return -1;
+            dtypes[(*n_dtypes)++] = dtype;
+            codes[i] = TENSOR | ((values[i].u64 & 15) == 0 ? ALIGNED : 0);
+        } else if (PyObject_TypeCheck(arg, tensor_type)) {
             if (need_cuda) {
                 PyObject *on_cuda = PyObject_GetAttr(arg, is_cuda_name);
                 if (on_cuda == NULL) return -1;
@@ -111,8 +173,7 @@ static int read_args(PyObject *args, int need_cuda, char *codes, Value *values, 
             } else {
                 if (v == -1 && PyErr_Occurred()) return -1;
                 values[i].i64 = v;
-                codes[i] = INT | (v == 1 ? ONE : 0) | ((v & 15) == 0 ? DIV16 : 0)
-                           | (v >= -2147483648LL && v < 2147483648LL ? I32 : 0);
+                codes[i] = int_code(v);
             }
         } else if (PyFloat_CheckExact(arg)) {
             values[i].f32 = (float)PyFloat_AS_DOUBLE(arg);
@@ -162,28 +223,10 @@ static PyObject *key(PyObject *self, PyObject *const *a, Py_ssize_t nargs) {
     return make_key(a[0], codes, PyTuple_GET_SIZE(a[1]), dtypes, n_dtypes);
 }
 
-static PyObject *launch(PyObject *self, PyObject *const *a, Py_ssize_t nargs) {
-    if (nargs != 5 || !PyDict_Check(a[0]) || !PyTuple_Check(a[2]) || !PyTuple_Check(a[4])) {
-        PyErr_SetString(PyExc_TypeError, "launch(kept: dict, prefix, grid: tuple, stream: int, args: tuple)");
-        return NULL;
-    }
-    PyObject *kept = a[0], *prefix = a[1], *grid = a[2], *args = a[4];
-    if (!open_driver()) Py_RETURN_FALSE;
-    CUcontext context = NULL;
-    if (cu_ctx_current(&context) != 0 || context == NULL) Py_RETURN_FALSE;
-
-    char codes[MAX_ARGS];
-    Value values[MAX_ARGS];
-    PyObject *dtypes[MAX_ARGS];
-    int n_dtypes;
-    Py_ssize_t n = PyTuple_GET_SIZE(args);
-    int status = read_args(args, 1, codes, values, dtypes, &n_dtypes);
-    if (status <= 0) {
-        for (int i = 0; i < n_dtypes; i++) Py_DECREF(dtypes[i]);
-        if (status < 0) return NULL;
-        Py_RETURN_FALSE;
-    }
-    PyObject *k = make_key(prefix, codes, n, dtypes, n_dtypes);
+/* Launches the entry kept under k (a new reference, released here) with the arguments' codes and values on
+   `stream`: True, False when none is kept, NULL on an error. */
+static PyObject *launch_kept(PyObject *kept, PyObject *k, PyObject *grid, unsigned long long stream,
+                             const char *codes, Value *values, Py_ssize_t n) {
     if (k == NULL) return NULL;
     PyObject *entry = PyDict_GetItemWithError(kept, k);  /* borrowed */
     Py_DECREF(k);
@@ -218,8 +261,6 @@ static PyObject *launch(PyObject *self, PyObject *const *a, Py_ssize_t nargs) {
         }
         dims[d] = (unsigned)size;
     }
-    unsigned long long stream = PyLong_AsUnsignedLongLong(a[3]);
-    if (PyErr_Occurred()) return NULL;
     if (dims[0] == 0 || dims[1] == 0 || dims[2] == 0) Py_RETURN_TRUE;  /* Triton launches nothing either */
 
     void *params[MAX_ARGS + MAX_NULLS];
@@ -255,6 +296,165 @@ static PyObject *launch(PyObject *self, PyObject *const *a, Py_ssize_t nargs) {
     Py_RETURN_TRUE;
 }
 
+static PyObject *launch(PyObject *self, PyObject *const *a, Py_ssize_t nargs) {
+    if (nargs != 5 || !PyDict_Check(a[0]) || !PyTuple_Check(a[2]) || !PyTuple_Check(a[4])) {
+        PyErr_SetString(PyExc_TypeError, "launch(kept: dict, prefix, grid: tuple, stream: int, args: tuple)");
+        return NULL;
+    }
+    PyObject *args = a[4];
+    if (!open_driver()) Py_RETURN_FALSE;
+    CUcontext context = NULL;
+    if (cu_ctx_current(&context) != 0 || context == NULL) Py_RETURN_FALSE;
+
+    char codes[MAX_ARGS];
+    Value values[MAX_ARGS];
+    PyObject *dtypes[MAX_ARGS];
+    int n_dtypes;
+    Py_ssize_t n = PyTuple_GET_SIZE(args);
+    int status = read_args(args, 1, codes, values, dtypes, &n_dtypes);
+    if (status <= 0) {
+        for (int i = 0; i < n_dtypes; i++) Py_DECREF(dtypes[i]);
+        if (status < 0) return NULL;
+        Py_RETURN_FALSE;
+    }
+    unsigned long long stream = PyLong_AsUnsignedLongLong(a[3]);
+    if (PyErr_Occurred()) {
+        for (int i = 0; i < n_dtypes; i++) Py_DECREF(dtypes[i]);
+        return NULL;
+    }
+    return launch_kept(a[0], make_key(a[1], codes, n, dtypes, n_dtypes), a[2], stream, codes, values, n);
+}
+
+/* --- norm(): the rmsnorm kernel's launch from its tensors ------------------------------------------------------ */
+
+/* t read as rows of `width` contiguous elements, as torch's t.view(-1, width) reads it: the number of rows and the
+   elements from one row to the next. 0 where that view would fail or copy, or the last dim is not `width`. */
+static int as_rows(const DLTensor *t, int64_t width, int64_t *rows, int64_t *row_stride) {
+    int nd = t->ndim;
+    if (nd < 1 || t->shape[nd - 1] != width) return 0;
+    if (t->strides == NULL) {
+        *rows = 1;
+        for (int d = 0; d < nd - 1; d++) *rows *= t->shape[d];
+        *row_stride = width;
+        return 1;
+    }
+    if (t->strides[nd - 1] != 1 && width > 1) return 0;
+    if (nd == 2) {  /* as triton_kernels._as_rows takes a 2-d tensor: its own row stride, even for one row */
+        *rows = t->shape[0];
+        *row_stride = t->strides[0];
+        return 1;
+    }
+    int64_t n = 1, stride = width, inner = -1;  /* inner: the innermost leading dim longer than 1 */
+    for (int d = nd - 2; d >= 0; d--) {
+        if (t->shape[d] == 1) continue;
+        if (inner >= 0 && t->strides[d] != t->strides[inner] * t->shape[inner]) return 0;
+        if (inner < 0) stride = t->strides[d];
+        inner = d;
+        n *= t->shape[d];
+    }
+    for (int d = 0; d < nd - 1; d++) if (t->shape[d] == 0) n = 0;
+    *rows = n;
+    *row_stride = stride;
+    return 1;
+}
+
+static int same_shape(const DLTensor *a, const DLTensor *b) {
+    if (a->ndim != b->ndim) return 0;
+    for (int d = 0; d < a->ndim; d++) if (a->shape[d] != b->shape[d]) return 0;
+    return 1;
+}
+
+/* Reads a tensor argument through DLPack: 1, or 0 (no exception set) for anything else. */
+static int read_tensor(PyObject *obj, DLTensor *t) {
+    if (!PyObject_TypeCheck(obj, tensor_type)) return 0;
+    if (dlpack->dltensor_from_py_object_no_sync(obj, t) != 0) {
+        PyErr_Clear();
+        return 0;
+    }
+    return t->device.device_type == DL_CUDA;
+}
+
+static PyObject *norm(PyObject *self, PyObject *const *a, Py_ssize_t nargs) {
+    if (nargs != 7 || !PyDict_Check(a[0]) || !PyDict_Check(a[1])) {
+        PyErr_SetString(PyExc_TypeError, "norm(kept: dict, plans: dict, x, residual, weight, out, eps)");
+        return NULL;
+    }
+    PyObject *kept = a[0], *plans = a[1], *x_obj = a[2], *res_obj = a[3], *w_obj = a[4], *out_obj = a[5];
+    int fused = res_obj != Py_None;
+    if (dlpack == NULL || !PyFloat_CheckExact(a[6]) || !open_driver()) Py_RETURN_FALSE;
+    int device;
+    if (cu_ctx_device(&device) != 0) Py_RETURN_FALSE;  /* no CUDA context current */
+
+    DLTensor x, res, w, out;
+    if (!read_tensor(x_obj, &x) || !read_tensor(w_obj, &w) || !read_tensor(out_obj, &out)) Py_RETURN_FALSE;
+    if (fused && !read_tensor(res_obj, &res)) Py_RETURN_FALSE;
+    if (x.device.device_id != device || w.device.device_id != device || out.device.device_id != device
+        || (fused && res.device.device_id != device))
+        Py_RETURN_FALSE;
+    if (w.ndim != 1 || x.ndim < 1 || (w.strides != NULL && w.strides[0] != 1 && w.shape[0] > 1)) Py_RETURN_FALSE;
+    int64_t width = w.shape[0], n_rows, x_stride, res_stride = 0, out_rows, out_stride;
+    if (!as_rows(&x, width, &n_rows, &x_stride) || n_rows == 0 || !same_shape(&x, &out)
+        || !as_rows(&out, width, &out_rows, &out_stride))
+        Py_RETURN_FALSE;
+    if (fused) {
+        int64_t res_rows;
+        if (!same_shape(&x, &res) || !as_rows(&res, width, &res_rows, &res_stride)) Py_RETURN_FALSE;
+        if (n_rows > 1 && (x_stride < width || res_stride < width)) Py_RETURN_FALSE;  /* overlapping rows */
+    }
+
+    PyObject *shape = Py_BuildValue("(LLi)", (long long)n_rows, (long long)width, (int)(x.dtype.bits / 8));
+    if (shape == NULL) return NULL;
+    PyObject *plan = PyDict_GetItemWithError(plans, shape);  /* borrowed: (grid, num_warps, plain, fused) */
+    Py_DECREF(shape);
+    if (plan == NULL) {
+        if (PyErr_Occurred()) return NULL;
+        Py_RETURN_FALSE;
+    }
+    if (!PyTuple_Check(plan) || PyTuple_GET_SIZE(plan) != 4) {
+        PyErr_SetString(PyExc_ValueError, "a norm plan is (grid, num_warps, constexprs, constexprs)");
+        return NULL;
+    }
+    PyObject *prefix = Py_BuildValue("(iOO)", device, PyTuple_GET_ITEM(plan, 1), PyTuple_GET_ITEM(plan, fused ? 3 : 2));
+    if (prefix == NULL) return NULL;
+
+    /* The arguments of triton_kernels._launch_rmsnorm's call, in its order. */
+    char codes[10];
+    Value values[10];
+    PyObject *dtypes[4];
+    const DLTensor *tensors[4] = {&x, fused ? &res : &x, &w, &out};
+    for (int i = 0; i < 4; i++) {
+        values[i].u64 = (uint64_t)(uintptr_t)tensors[i]->data + tensors[i]->byte_offset;
+        codes[i] = TENSOR | ((values[i].u64 & 15) == 0 ? ALIGNED : 0);
+        dtypes[i] = dtype_code(tensors[i]->dtype);
+        if (dtypes[i] == NULL) {
+            for (int j = 0; j < i; j++) Py_DECREF(dtypes[j]);
+            Py_DECREF(prefix);
+            return NULL;
+        }
+    }
+    int64_t ints[5] = {n_rows, width, x_stride, res_stride, out_stride};
+    for (int i = 0; i < 5; i++) {
+        values[4 + i].i64 = ints[i];
+        codes[4 + i] = int_code(ints[i]);
+    }
+    values[9].f32 = (float)PyFloat_AS_DOUBLE(a[6]);
+    codes[9] = FLOAT;
+
+    void *stream = NULL;
+    if (dlpack->current_work_stream(DL_CUDA, device, &stream) != 0) {
+        for (int i = 0; i < 4; i++) Py_DECREF(dtypes[i]);
+        Py_DECREF(prefix);
+        return NULL;
+    }
+    PyObject *k = make_key(prefix, codes, 10, dtypes, 4);
+    Py_DECREF(prefix);
+    return launch_kept(kept, k, PyTuple_GET_ITEM(plan, 0), (unsigned long long)(uintptr_t)stream, codes, values, 10);
+}
+
+static PyObject *reads_dlpack(PyObject *self, PyObject *unused) {
+    return PyBool_FromLong(dlpack != NULL);
+}
+
 static PyObject *param_sizes(PyObject *self, PyObject *function_obj) {
     unsigned long long function = PyLong_AsUnsignedLongLong(function_obj);
     if (PyErr_Occurred()) return NULL;
@@ -282,6 +482,9 @@ static PyMethodDef methods[] = {
     {"launch", (PyCFunction)(void (*)(void))launch, METH_FASTCALL,
      "launch(kept, prefix, grid, stream, args) -> bool"},
     {"param_sizes", param_sizes, METH_O, "param_sizes(function) -> tuple of int, or None"},
+    {"reads_dlpack", reads_dlpack, METH_NOARGS, "reads_dlpack() -> bool"},
+    {"norm", (PyCFunction)(void (*)(void))norm, METH_FASTCALL,
+     "norm(kept, plans, x, residual, weight, out, eps) -> bool"},
     {NULL, NULL, 0, NULL},
 };
 
@@ -296,5 +499,15 @@ PyMODINIT_FUNC PyInit_autosel_triton_launch(void) {
     tensor_type = (PyTypeObject *)PyObject_GetAttrString(torch, "Tensor");
     Py_DECREF(torch);
     if (tensor_type == NULL) return NULL;
+    /* torch's DLPack C exchange API, where this torch has one of DLPack's major version 1. */
+    PyObject *capsule = PyObject_GetAttrString((PyObject *)tensor_type, "__dlpack_c_exchange_api__");
+    if (capsule != NULL && PyCapsule_IsValid(capsule, "dlpack_exchange_api")) {
+        const DLPackExchangeAPI *api = PyCapsule_GetPointer(capsule, "dlpack_exchange_api");
+        if (api != NULL && api->header.version.major == 1 && api->dltensor_from_py_object_no_sync != NULL
+            && api->current_work_stream != NULL)
+            dlpack = api;  /* a static table of torch's, alive as long as the process */
+    }
+    Py_XDECREF(capsule);
+    PyErr_Clear();
     return PyModule_Create(&module);
 }

@@ -78,6 +78,9 @@ class FastLaunch:
         self.enabled = isinstance(fn, JITFunction) and _knobs is not None
         self.direct = direct_module() if self.enabled else None
         self.enabled = self.direct is not None
+        # Whether the C module reads tensors through torch's DLPack C exchange API, so that it can also take a
+        # kernel's tensors themselves (triton_launch.c's norm) rather than arguments prepared in Python.
+        self.reads_dlpack = self.enabled and self.direct.reads_dlpack()
 
     def __call__(self, grid: tuple, args: tuple, constexprs: tuple, num_warps: int) -> None:
         if not self.enabled:
@@ -85,7 +88,7 @@ class FastLaunch:
             return
         device = torch.cuda.current_device()
         prefix = (device, num_warps, constexprs)
-        if not _hooked() and self.direct.launch(self.kept, prefix, grid, _current_stream(device), args):
+        if not hooked() and self.direct.launch(self.kept, prefix, grid, _current_stream(device), args):
             return
         kernel = self.fn[grid](*args, *constexprs, num_warps=num_warps)
         kernel = kernel.result() if hasattr(kernel, "result") else kernel  # an asynchronous compile's future
@@ -142,7 +145,7 @@ def _packs(kind: str, arg: Any) -> bool:
         kind, type(arg) is int)
 
 
-def _hooked() -> bool:
+def hooked() -> bool:
     """Whether a launch hook is set (a profiler's, such as proton's): every launch must then go through Triton,
     which calls it. From Triton 3.6 a hook is a HookChain, set when it holds a call; before, a function or None.
     Asked on every launch: written out, without a generator (0.14 against 0.39 us on this project's CPU)."""

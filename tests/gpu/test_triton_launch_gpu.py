@@ -149,3 +149,90 @@ def test_direct_launches_are_captured_in_a_cuda_graph():
         a, b = gate_up.float().chunk(2, dim=-1)
         torch.testing.assert_close(activated, (torch.nn.functional.silu(a) * b).to(torch.bfloat16),
                                    rtol=2e-2, atol=2e-2)
+
+
+# --------------------------------------------------------------------------------------------------
+# The norms' launch from their tensors (triton_launch.c's norm), where torch has the DLPack C exchange API.
+
+
+def _direct_norms(tk):
+    if not tk._launch_rmsnorm_kernel.reads_dlpack:
+        pytest.skip("this torch has no DLPack C exchange API: the norms take the Python path")
+
+
+def _python_launches(tk, monkeypatch) -> list:
+    """Records every norm call that reaches the Python wrapper's launch (and lets it launch)."""
+    seen, launch = [], tk._launch_rmsnorm
+    monkeypatch.setattr(tk, "_launch_rmsnorm", lambda *a: seen.append(a) or launch(*a))
+    return seen
+
+
+def _norm_call(tk, fused, x, residual, weight):
+    """The op's outputs, on copies: (out,) for rmsnorm, (x, residual) for fused add + rmsnorm."""
+    from autosel.ops import torch_impl
+
+    def run(module):
+        if not fused:
+            return (module.rmsnorm(x, weight, EPS),)
+        xc, rc = x.clone(), residual.clone()
+        module.fused_add_rmsnorm(xc, rc, weight, EPS)
+        return xc, rc
+
+    return run(tk), run(torch_impl)
+
+
+@pytest.mark.parametrize("fused", [False, True], ids=["rmsnorm", "fused_add_rmsnorm"])
+@pytest.mark.parametrize("shape", [(4096,), (1, 4096), (37, 4096), (2, 19, 4096), (16, 4100), (3, 1, 5, 4096)])
+def test_norms_launch_from_their_tensors_after_the_first_call(shape, fused, monkeypatch):
+    tk = _kernels()
+    _direct_norms(tk)
+    x = torch.randn(*shape, device="cuda").to(torch.bfloat16)
+    residual = torch.randn_like(x)
+    # An nn.Parameter that requires grad, as a model's weight is: DLPack's __dlpack__ refuses such a tensor.
+    weight = torch.nn.Parameter(torch.randn(shape[-1], device="cuda").to(torch.bfloat16))
+    _norm_call(tk, fused, x, residual, weight)  # the first call: planned and kept on the Python path
+    seen = _python_launches(tk, monkeypatch)
+    for _ in range(2):
+        ours, reference = _norm_call(tk, fused, x, residual, weight)
+        for got, want in zip(ours, reference, strict=True):
+            torch.testing.assert_close(got, want, rtol=2e-2, atol=2e-2)
+    assert seen == [], "a planned, kept norm call took the Python path"
+
+
+def test_norm_calls_c_cannot_take_go_the_python_way_and_fail_as_before(monkeypatch):
+    tk = _kernels()
+    _direct_norms(tk)
+    weight = torch.randn(4096, device="cuda").to(torch.bfloat16)
+    strided = _rows(8, 8192)[:, ::2]  # no unit column stride: rmsnorm copies it
+    tk.rmsnorm(strided, weight, EPS)
+    seen = _python_launches(tk, monkeypatch)
+    torch.testing.assert_close(tk.rmsnorm(strided, weight, EPS), _ref_rmsnorm(strided, weight), rtol=2e-2, atol=2e-2)
+    assert len(seen) == 1
+    expanded = _rows(1, 4096).expand(8, 4096)
+    with pytest.raises(ValueError, match="overlap"):
+        tk.fused_add_rmsnorm(expanded, _rows(8, 4096), weight, EPS)
+    with pytest.raises(ValueError, match="residual has"):
+        tk.fused_add_rmsnorm(_rows(8, 4096), _rows(4, 4096), weight, EPS)
+    with pytest.raises(ValueError, match="1-D"):
+        tk.rmsnorm(_rows(8, 4096), weight[0], EPS)
+
+
+def test_norms_launched_from_c_are_captured_on_the_capturing_stream(monkeypatch):
+    tk = _kernels()
+    _direct_norms(tk)
+    x, residual = _rows(24, 4096), _rows(24, 4096)
+    weight = torch.randn(4096, device="cuda").to(torch.bfloat16)
+    expected_x, expected_res = x.clone(), residual.clone()
+    tk.fused_add_rmsnorm(expected_x, expected_res, weight, EPS)  # planned and kept outside the capture
+    torch.cuda.synchronize()
+    seen = _python_launches(tk, monkeypatch)
+    static_x, static_res = x.clone(), residual.clone()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        tk.fused_add_rmsnorm(static_x, static_res, weight, EPS)
+    static_x.copy_(x)
+    static_res.copy_(residual)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert seen == []
+    assert torch.equal(static_x, expected_x) and torch.equal(static_res, expected_res)
