@@ -511,29 +511,49 @@ def test_a_host_in_its_fast_or_its_slow_state_gives_the_same_decision():
     assert judge(fast).shape_winners == judge(slow).shape_winners == ["flashinfer"]
 
 
-def test_eager_ties_go_to_a_backend_before_a_triton_kernel_and_graph_ties_by_registration_order():
+def test_eager_ties_go_past_a_candidate_whose_launch_is_heavy_and_graph_ties_by_registration_order():
     # H200 eager rmsnorm over the representative shapes after Triton's launches went to C (call 24-2): triton 31.6
     # us, flashinfer 31.4, level; registered first, triton took the op, then ran held-out launch-bound shapes at
-    # 1.25x the per-shape best. In eager mode a tie now goes to the vendor; in graph mode registration order holds.
-    def stats(method):
-        return {"torch": [_m(300.0, method=method)], "triton": [_m(31.6, (31.5, 31.7, 31.6), method=method)],
-                "flashinfer": [_m(31.4, (31.3, 31.5, 31.4), method=method)]}
+    # 1.25x the per-shape best: its host part was twice flashinfer's. In eager mode such a tie goes to the lighter
+    # launch; in graph mode registration order holds.
+    def stats(method, triton_host=10.5):
+        host = method == "cuda:back-to-back"
+        return {"torch": [_m(300.0, method=method, host=40.0 if host else None, device=300.0 if host else None)],
+                "triton": [_m(31.6, (31.5, 31.7, 31.6), method=method,
+                              host=triton_host if host else None, device=31.0 if host else None)],
+                "flashinfer": [_m(31.4, (31.3, 31.5, 31.4), method=method,
+                                  host=5.5 if host else None, device=31.0 if host else None)]}
 
     assert judge(stats("cuda:back-to-back")).winner == "flashinfer"
     assert judge(stats("cuda:graph-replay")).winner == "triton"
+    # The norms' Triton launch from C (call 25-2): level with flashinfer's on the host, so registration order.
+    assert judge(stats("cuda:back-to-back", triton_host=5.6)).winner == "triton"
     eager = stats("cuda:back-to-back")
-    eager["triton"] = [_m(25.0, (25.0, 25.1, 24.9), method="cuda:back-to-back")]
+    eager["triton"] = [_m(25.0, (25.0, 25.1, 24.9), method="cuda:back-to-back", host=10.5, device=25.0)]
     assert judge(eager).winner == "triton"  # last in the order, it still wins by beating the others
+
+
+def test_a_heavy_host_is_measured_against_the_lightest_candidate():
+    from autosel.policy import heavy_hosts
+
+    stats = {"a": [_m(10.0, host=5.0, device=9.0), _m(20.0, host=5.4, device=19.0)],
+             "b": [_m(10.0, host=8.0, device=9.0), _m(20.0, host=8.2, device=19.0)],
+             "c": [_m(10.0, host=7.0, device=9.0), _m(20.0, host=8.0, device=19.0)]}
+    assert heavy_hosts(stats, 1.5) == {"b"}  # median host 8.1 against a's 5.2; c's 7.5 is within 1.5x
+    assert heavy_hosts(stats, None) == set()
+    stats["a"] = [_m(10.0), _m(20.0)]  # a's host part not measured: it is left out, c is then the lightest
+    assert heavy_hosts(stats, 1.5) == set()
 
 
 def test_a_bucket_keeps_the_op_level_winner_on_a_tie_even_where_the_rule_puts_it_last():
     from autosel.policy import DEFAULT_POLICY
 
     method = "cuda:back-to-back"
-    stats = {"triton": [_m(20.0, (20.0, 20.1, 19.9), method=method)],
-             "flashinfer": [_m(19.8, (19.8, 19.7, 19.9), method=method)]}
+    stats = {"triton": [_m(20.0, (20.0, 20.1, 19.9), method=method, host=10.0, device=20.0)],
+             "flashinfer": [_m(19.8, (19.8, 19.7, 19.9), method=method, host=5.0, device=19.8)]}
     verdicts = DEFAULT_POLICY.judge_groups(stats, {"bucket": [0]}, default="triton")
     assert verdicts["bucket"].winner == "triton"
+    assert DEFAULT_POLICY.judge(stats).winner == "flashinfer"  # without a default the heavy launch goes last
 
 
 def test_the_floor_follows_the_timing_method():
