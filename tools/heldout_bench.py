@@ -14,10 +14,11 @@ A; set3 was made after that run; set4 after the representative shapes at the eag
 2 and 3 (docs/BENCHMARKS.md section 2b); set5 after the Triton rmsnorm's row tiles were chosen on set4's figures
 (a kernel since reverted; set5 then judged its warps rule, the vendors' PDL off and the direct Triton launches);
 set6 was made in stop 22 before any run of it; set7 in stop 24 before any run of it, to judge the Triton kernels
-launched from C; set8 after set7's run, when eager ties were given to the vendors over those kernels.
-set8 is in no rule's, shape's or kernel change's sample yet:
+launched from C; set8 after set7's run, when eager ties were given to the vendors over those kernels; set9 in
+stop 25 before any run of it, to judge the norms' launch from C through DLPack and eager ties by measured host time.
+set9 is in no rule's, shape's or kernel change's sample yet:
 
-    python tools/heldout_bench.py --out DIR --shapes set8
+    python tools/heldout_bench.py --out DIR --shapes set9
 
 Writes DIR/heldout.md (the tables) and DIR/heldout.json (every median).
 """
@@ -142,7 +143,17 @@ SET7 = _held_out(TOKENS_7, rmsnorm=(896, 8192), fused=(2880, 7168), silu=(3072, 
 TOKENS_8 = (14, 36, 110, 330, 680, 1150, 1900, 2800, 5800, 9500)
 SET8 = _held_out(TOKENS_8, rmsnorm=(2560, 12288), fused=(2048, 5376), silu=(5632, 17408), gelu=(8192, 12288),
                  rope=((16, 2), (48, 8)), mm=((2560, 2048), (5120, 17408)))
-SETS = {"set1": SET1, "set2": SET2, "set3": SET3, "set4": SET4, "set5": SET5, "set6": SET6, "set7": SET7, "set8": SET8}
+# set9: shapes of no earlier set and no representative shape, made in stop 25 before any run of it, to judge the
+# norms' launch from C (through torch's DLPack C exchange API) and eager ties by measured host time, neither chosen on
+# it. Token counts none of sets 1-8's, and widths none of the op's earlier sets': hidden 1024 (Qwen3-0.6B) and 4608
+# for rmsnorm, 1536 (Qwen2.5-1.5B) and 6400 (Hunyuan-Large) for fused_add_rmsnorm; intermediate 2816 (Qwen1.5-0.5B)
+# and 14336 (Llama-3-8B) for silu, 4096 and 18432 for gelu; rope 20/4 and 64/16 heads; GEMMs of Qwen2-7B o_proj
+# (3584, 3584) and Llama-3-8B gate_up (28672, 4096).
+TOKENS_9 = (21, 46, 130, 390, 830, 1350, 1650, 3200, 6800, 11500)
+SET9 = _held_out(TOKENS_9, rmsnorm=(1024, 4608), fused=(1536, 6400), silu=(2816, 14336), gelu=(4096, 18432),
+                 rope=((20, 4), (64, 16)), mm=((3584, 3584), (28672, 4096)))
+SETS = {"set1": SET1, "set2": SET2, "set3": SET3, "set4": SET4, "set5": SET5, "set6": SET6, "set7": SET7, "set8": SET8,
+        "set9": SET9}
 
 
 def table_for(op: str, mode: str) -> BucketTable:
@@ -218,7 +229,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--mode", action="append", choices=("eager", "graph"), help="default: every mode here")
     parser.add_argument("--shapes", choices=sorted(SETS), default="set2",
                         help="held-out shape set (default set2; set1: the shapes of docs/BENCHMARKS.md section 2; "
-                             "set6: out of sample for every rule, representative shape and kernel change so far)")
+                             "set9: out of sample for every rule, representative shape and kernel change so far)")
     args = parser.parse_args(argv)
     held_out = SETS[args.shapes]
     platform = platforms.current_platform()
