@@ -2,14 +2,15 @@
 (the op-level winner and every bucket's), so every rank runs the same kernel by construction (docs/DESIGN.md
 section 7).
 
-The first selection of an op with several eligible backends in each mode is then a collective: every rank must
-make it, in the same order (engines select their kernels at model initialisation on every rank), or, with
-set_group, every rank of that group (a pipeline stage's ranks, say). The agreed
-table is kept per (op, mode, platform), so later selections of it (select_kernel, get_kernel with another
+The first selection of an op with several registered backends in each mode is then a collective, however many
+of them are usable on each rank (a rank that sees one or none still takes part, and raises where it cannot run
+rank 0's table): every rank must make it, in the same order (engines select their kernels at model
+initialisation on every rank), or, with set_group, every rank of that group (a pipeline stage's ranks, say). The
+agreed table is kept per (op, mode, platform), so later selections of it (select_kernel, get_kernel with another
 backend argument or an explicit mode, inside CUDA-graph capture too) are not collectives, until clear_cache()
 forgets it, or a registration for the op (a new backend, its definition) forgets that op's, which every rank must
-then do alike. No first agreement is made while a CUDA graph is being captured, where a collective would be
-recorded into the graph.
+then do alike; one that lands while the op is being agreed counts as rank 0 says. No first agreement is made
+while a CUDA graph is being captured, where a collective would be recorded into the graph.
 
 With AUTOSEL_CHECK_RANKS=1 every other rank also looks up what its own DB would have chosen and warns where that
 differs from rank 0's table (`differences`), so an operator sees how far the ranks' own tunes disagree.
@@ -123,7 +124,8 @@ def forget_agreements(op: str | None = None) -> None:
 
 
 def _stamp_locked(key: tuple) -> tuple[int, int]:
-    """What a broadcast of `key` compares before and after: a forget_agreements() meanwhile keeps its answer out."""
+    """What rank 0 compares when a broadcast of `key` begins and before it sends the answer: a forget_agreements()
+    meanwhile keeps the answer out, on every rank."""
     return _generation, _op_generations.get(key[0], 0)
 
 
@@ -134,8 +136,11 @@ def agree(decide: Callable[[], T], *, what: str, key: tuple, in_capture: bool = 
     a time, each naming its op: a rank that received another op's answer than it asked for (ranks selecting in
     different orders) raises rather than run it. Any exception on rank 0 reaches every rank: the contract's
     KeyError and ValueError as themselves, anything else as a TuningError naming it, so no rank is left waiting
-    in the broadcast; errors are not kept. key: a tuple whose first item is the op (forget_agreements(op) drops
-    the keys of that op)."""
+    in the broadcast; errors are not kept. Whether the answer is kept is rank 0's call, sent with it: a
+    forget_agreements() on rank 0 while it decided drops it on every rank, one on another rank while it waited for
+    the answer does not (a registration that lands during the broadcast on some ranks only would otherwise leave
+    one rank selecting again, with a collective the others do not make). key: a tuple whose first item is the op
+    (forget_agreements(op) drops the keys of that op)."""
     global _group
     world = _world()
     if world is None:
@@ -160,15 +165,27 @@ def agree(decide: Callable[[], T], *, what: str, key: tuple, in_capture: bool = 
         if flight.error is not None:
             raise flight.error
         return flight.answer  # type: ignore[return-value]
+
+    def keep(answer: T) -> bool:
+        """Rank 0's, before it sends `answer`: kept unless forget_agreements() came since this flight began (the
+        answer may then predate a registration), and kept now, so a forget_agreements() after this drops it."""
+        with _agreed_lock:
+            if stamp != _stamp_locked(key):
+                return False
+            _agreed[key] = answer
+            return True
+
     try:
         with _broadcast_lock:
-            flight.answer = _broadcast(decide, what, world)
-        with _agreed_lock:
-            if stamp == _stamp_locked(key):
+            flight.answer, kept = _broadcast(decide, what, world, keep)
+        if kept and world[0] != 0:  # as rank 0 says, whatever was forgotten here meanwhile: every rank alike
+            with _agreed_lock:
                 _agreed[key] = flight.answer
         return flight.answer  # type: ignore[return-value]
     except BaseException as exc:
         flight.error = exc
+        with _agreed_lock:  # rank 0 kept it before sending: a broadcast that failed agreed nothing
+            _agreed.pop(key, None)
         raise
     finally:
         with _agreed_lock:
@@ -188,17 +205,19 @@ def _say_chosen_alone(world: tuple) -> None:
                     ", ".join(repr(op) for op in sorted(selector.chosen_alone)))
 
 
-def _broadcast(decide: Callable[[], T], what: str, world: tuple) -> T:
+def _broadcast(decide: Callable[[], T], what: str, world: tuple, keep: Callable[[T], bool]) -> tuple[T, bool]:
+    """Rank 0's answer and whether every rank keeps it (rank 0's keep(answer), sent with it)."""
     rank, size, dist = world
     group, src = _agreeing(dist)
     message: list[object] = [None]
     if rank == 0:
         try:
-            message[0] = ("ok", what, decide())
+            answer = decide()
         except BaseException as exc:  # every failure travels, or the other ranks wait forever
             message[0] = ("error", what, type(exc).__name__, str(exc.args[0] if exc.args else exc))
             dist.broadcast_object_list(message, src=src, group=group)
             raise
+        message[0] = ("ok", what, answer, keep(answer))
     dist.broadcast_object_list(message, src=src, group=group)
     kind, sent_for, *payload = message[0]
     # ranks are numbered within the agreeing group; with set_group's, say which process its rank 0 is
@@ -212,9 +231,34 @@ def _broadcast(decide: Callable[[], T], what: str, world: tuple) -> T:
         error = {"KeyError": KeyError, "ValueError": ValueError}.get(name, TuningError)
         raise error(f"{text} (decided on rank 0 of {size}{within})" if error is not TuningError
                     else f"{what}: rank 0 failed with {name}: {text} (decided on rank 0 of {size}{within})")
-    decision = payload[0]
+    decision, kept = payload
     log.info("%s: rank %d of %d runs rank 0's decision", what, rank, size)
-    return decision
+    return decision, kept
+
+
+def agree_on_fewer(op: str, usable: list[str], none_usable: str, *, mode: str, platform_key: str) -> None:
+    """Make `op`'s agreement on a rank where fewer than two of its registered backends are usable (usable: their
+    names, one or none), as the ranks that see several make it in tuning.decide, so that none of them is left
+    waiting in the broadcast. Rank 0 sends its one backend, untuned, as the table every rank runs, or its
+    none_usable error, which every rank raises (a ValueError). Another rank raises where it cannot run rank 0's
+    table: a TuningError, or with no usable backend a ValueError, none_usable naming both ranks. mode, platform_key:
+    the selection's, which tuning.decide's words and key are made of."""
+    from autosel.dispatch import BucketTable
+    from autosel.platforms import capturing_cuda_graph
+
+    def one() -> BucketTable:
+        if not usable:
+            raise ValueError(none_usable)
+        return BucketTable(op, mode, usable[0], {})
+
+    what = f"op {op!r} ({mode} mode)"  # tuning.decide's: the other ranks' broadcast names the op in these words
+    table = agree(one, what=what, key=(op, mode, platform_key), in_capture=capturing_cuda_graph())
+    chosen = {table.default, *table.winners.values()}
+    world = _world()
+    if not usable and world is not None:  # rank 0 could run some (with none it raised, above): this rank none
+        raise ValueError(f"{none_usable} on rank {world[0]} of {world[1]}, where rank 0 chose "
+                         f"{', '.join(map(repr, sorted(chosen)))}; every rank must see the same device and packages")
+    check_eligible(chosen, set(usable), what=what)
 
 
 def check_eligible(chosen: set[str], eligible: set[str], *, what: str) -> None:

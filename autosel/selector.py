@@ -10,7 +10,7 @@ from typing import Any, Callable
 
 from autosel import config, platforms
 from autosel.dispatch import BucketTable, dispatcher, recording, trace_as
-from autosel.distributed import in_process_group
+from autosel.distributed import agree_on_fewer, in_process_group
 from autosel.platforms import PlatformInfo, capturing_cuda_graph
 from autosel.registry import load_plugins, on_register, registry
 from autosel.spec import KernelBackend, KernelSpec, spec_list
@@ -71,11 +71,15 @@ def _choose(op: str, backend: KernelBackend | str | None, mode: str | None
             raise KeyError(f"No '{forced.value}' backend registered for op {op!r}")
     platform = platforms.current_platform()
     eligible = [s for s in specs if s.is_available(platform)]
-    if len(eligible) == 1:
+    if len(eligible) < 2:
+        none_usable = (f"op {op!r} has no backend usable on device {platform.device.value!r} "
+                       f"(registered: {spec_list(specs)})")
+        if in_process_group():  # ranks that see several make the op's agreement: this one takes part, or they hang
+            agree_on_fewer(op, [s.backend.value for s in eligible], none_usable,
+                           mode=resolve_mode(mode, platform, settings), platform_key=platform.key)
+        if not eligible:
+            raise ValueError(none_usable)
         return eligible[0]
-    if not eligible:
-        raise ValueError(f"op {op!r} has no backend usable on device {platform.device.value!r} "
-                         f"(registered: {spec_list(specs)})")
     from autosel.tuning import decide
 
     table = decide(op, eligible, platform, resolve_mode(mode, platform, settings), settings)

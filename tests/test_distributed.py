@@ -124,11 +124,17 @@ def run_ranks(script: str, ranks: int, tmp_path: Path, **env: str) -> tuple[list
             env=dict(os.environ, RANK=str(rank), INIT_FILE=str(tmp_path / "init"), PYTHONPATH=str(HERE),
                      AUTOSEL_DB=str(tmp_path / f"rank{rank}.db"), **env)))
     results, errs = [], []
-    for proc in procs:
-        out, err = proc.communicate(timeout=180)
-        assert proc.returncode == 0, err
-        results.append(json.loads(out.strip().splitlines()[-1]))
-        errs.append(err)
+    try:
+        for proc in procs:
+            out, err = proc.communicate(timeout=180)
+            assert proc.returncode == 0, err
+            results.append(json.loads(out.strip().splitlines()[-1]))
+            errs.append(err)
+    finally:  # a rank that failed or hung leaves none of the others running
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
     return results, errs
 
 
@@ -310,6 +316,131 @@ def test_a_backend_registered_on_every_rank_is_agreed_on_again(tmp_path):
         (0, "slow", "fast", 2, 2.0), (1, "slow", "fast", 0, 2.0)]
 
 
+FEWER = textwrap.dedent("""
+    import datetime, json, os
+    import torch
+    import torch.distributed as dist
+    import toy_kernels
+    from autosel import selector
+    from autosel.spec import KernelBackend as B, KernelSpec
+
+    rank = int(os.environ["RANK"])
+    dist.init_process_group("gloo", init_method="file://" + os.environ["INIT_FILE"], rank=rank, world_size=2,
+                            timeout=datetime.timedelta(seconds=20))  # a rank left waiting fails in 20 s
+    toy_kernels.use_fresh_registry()
+    os.environ["AUTOSEL_TUNE"] = "off"
+    # op: the ranks on which its torch and its triton backend are eligible; elsewhere each needs a package that
+    # is not installed. Every rank registers both: the packages and devices the ranks see differ.
+    seen = {"toy.one_on_1": ({0, 1}, {0}), "toy.one_on_0": ({0, 1}, {1}), "toy.none_on_1": ({0}, {0}),
+            "toy.none_on_0": ({1}, {1})}
+    picks = {}
+    for op, (torch_on, triton_on) in seen.items():
+        for backend, target, on in ((B.TORCH, "slow", torch_on), (B.TRITON, "fast", triton_on)):
+            missing = () if rank in on else ("autosel_test_package_not_installed",)
+            selector.registry.register(KernelSpec(op, backend, "toy_kernels:" + target, requires=missing))
+        if rank == 0 and len(torch_on & triton_on) == 1:
+            toy_kernels.plant(op, "triton", {})  # rank 0's stored decision, where it has two to choose from
+        try:
+            picks[op] = selector.select_kernel(op).backend.value
+        except Exception as exc:
+            picks[op] = f"{type(exc).__name__}: {exc}"
+    if rank == 0:  # agreed: a later selection is no collective, so rank 0 may make it alone
+        picks["again"] = selector.select_kernel("toy.one_on_0").backend.value
+    ones = torch.ones(1)
+    dist.all_reduce(ones)  # the ranks' next collective: it pairs up only if every selection above did
+    print(json.dumps({"rank": rank, "picks": picks, "all_reduce": ones.item()}))
+    dist.destroy_process_group()
+""")
+
+
+def test_ranks_that_see_fewer_than_two_backends_still_agree_and_say_where_they_differ(tmp_path):
+    # Used to hang: a rank with one usable backend (or none) returned it without the broadcast rank 0 made.
+    results, _ = run_ranks(FEWER, 2, tmp_path)
+    assert [r["all_reduce"] for r in results] == [2.0, 2.0]
+    assert results[0]["picks"] == {"toy.one_on_1": "triton", "toy.one_on_0": "torch", "toy.none_on_1": "triton",
+                                   "toy.none_on_0": "ValueError: op 'toy.none_on_0' has no backend usable on "
+                                                    "device 'cpu' (registered: ['torch', 'triton'])",
+                                   "again": "torch"}
+    assert results[1]["picks"] == {
+        "toy.one_on_1": "TuningError: op 'toy.one_on_1' (eager mode): rank 0 chose 'triton', which is not eligible "
+                        "on rank 1 (eligible here: ['torch']); every rank must see the same device and packages",
+        "toy.one_on_0": "torch",  # rank 0's one backend is every rank's, with no tuning anywhere
+        "toy.none_on_1": "ValueError: op 'toy.none_on_1' has no backend usable on device 'cpu' (registered: "
+                         "['torch', 'triton']) on rank 1 of 2, where rank 0 chose 'triton'; every rank must see the "
+                         "same device and packages",
+        "toy.none_on_0": results[0]["picks"]["toy.none_on_0"] + " (decided on rank 0 of 2)"}
+
+
+DURING = textwrap.dedent("""
+    import datetime, json, os, threading, time
+    import torch
+    import torch.distributed as dist
+    import toy_kernels
+    from autosel import distributed, selector, tuning
+    from autosel.spec import KernelBackend as B, KernelSpec
+
+    rank = int(os.environ["RANK"])
+    dist.init_process_group("gloo", init_method="file://" + os.environ["INIT_FILE"], rank=rank, world_size=2,
+                            timeout=datetime.timedelta(seconds=20))  # a rank left waiting fails in 20 s
+    toy_kernels.use_fresh_registry()
+    reg = selector.registry
+    os.environ["AUTOSEL_TUNE"] = "off"
+    for op in ("toy.late_on_1", "toy.late_on_0"):
+        reg.register(KernelSpec(op, B.TORCH, "toy_kernels:slow"))
+        reg.register(KernelSpec(op, B.TRITON, "toy_kernels:fast"))
+
+
+    def late(op):  # a plug-in's backend, registered on every rank: when, each rank's clock says
+        reg.register(KernelSpec(op, B.CUTE_DSL, "toy_kernels:fast"))
+
+
+    registered = os.environ["INIT_FILE"] + ".registered"
+    if rank == 0:  # toy.late_on_1: rank 0 registers before selecting, and decides with the new backend
+        late("toy.late_on_1")
+        toy_kernels.plant("toy.late_on_1", "triton", {})
+        while not os.path.exists(registered):  # rank 0 decides once rank 1 has registered
+            time.sleep(0.01)
+    else:  # ...rank 1 while its selection waits for rank 0's table
+        def register_while_waiting():
+            while not distributed._flights:
+                time.sleep(0.01)
+            late("toy.late_on_1")
+            open(registered, "w").close()
+
+        threading.Thread(target=register_while_waiting).start()
+    picks = [selector.select_kernel("toy.late_on_1").backend.value]
+    if rank == 0:  # toy.late_on_0: rank 0 registers while it decides, rank 1 before selecting
+        decide_here = tuning._decide_here
+
+        def registering(op, *args, **kwargs):
+            late(op)
+            return decide_here(op, *args, **kwargs)
+
+        tuning._decide_here = registering
+        toy_kernels.plant("toy.late_on_0", "triton", {})
+    else:
+        late("toy.late_on_0")
+    picks.append(selector.select_kernel("toy.late_on_0").backend.value)
+    if rank == 0:
+        tuning._decide_here = decide_here
+        toy_kernels.plant("toy.late_on_0", "cute_dsl", {})  # what rank 0 decides with the new backend
+    # Kept or dropped alike on every rank: a selection again is a collective on every rank or on none.
+    picks += [selector.select_kernel(op).backend.value for op in ("toy.late_on_1", "toy.late_on_0")]
+    ones = torch.ones(1)
+    dist.all_reduce(ones)  # the ranks' next collective: it pairs up only if every selection above did
+    print(json.dumps({"rank": rank, "picks": picks, "all_reduce": ones.item()}))
+    dist.destroy_process_group()
+""")
+
+
+def test_a_registration_during_the_first_agreement_is_kept_or_dropped_as_rank_0_says(tmp_path):
+    # Used to hang: each rank kept or dropped the agreed table by its own clock, so a rank on which the
+    # registration landed during the broadcast selected again, with a collective the other ranks did not make.
+    results, _ = run_ranks(DURING, 2, tmp_path)
+    # toy.late_on_1: kept (rank 0 decided with the new backend); toy.late_on_0: dropped everywhere, decided again.
+    assert [(r["picks"], r["all_reduce"]) for r in results] == [(["triton", "triton", "triton", "cute_dsl"], 2.0)] * 2
+
+
 def test_a_ranks_own_answer_is_looked_up_and_never_tuned(monkeypatch):
     reg = KernelRegistry()
     use_registry(monkeypatch, reg)
@@ -405,6 +536,20 @@ def test_forgetting_an_op_forgets_its_agreements_only_and_one_under_way(fake_wor
     fake_world.during = None
     assert distributed.agree(lambda: "triton", what="op", key=("toy.op", "eager")) == "triton"
     assert fake_world.broadcasts == 3 + 2  # the one forgotten under way is asked again; toy.other never was
+
+
+@pytest.mark.parametrize("kept, broadcasts", [(True, 1), (False, 2)])
+def test_a_rank_keeps_an_answer_or_drops_it_as_rank_0_says(fake_world, kept, broadcasts):
+    # A rank dropped an answer when a registration landed on it during the broadcast, whatever rank 0 did: it then
+    # selected again with a collective rank 0 did not make.
+    from autosel import distributed
+
+    fake_world.rank, fake_world.received = 1, ("ok", "op", "triton", kept)
+    fake_world.during = lambda: distributed.forget_agreements("toy.op")  # registered here, during the broadcast
+    assert distributed.agree(lambda: "torch", what="op", key=("toy.op", "eager")) == "triton"
+    fake_world.during = None
+    distributed.agree(lambda: "torch", what="op", key=("toy.op", "eager"))
+    assert fake_world.broadcasts == broadcasts
 
 
 def test_a_new_process_group_agrees_afresh(fake_world):
