@@ -545,6 +545,19 @@ def test_a_heavy_host_is_measured_against_the_lightest_candidate():
     assert heavy_hosts(stats, 1.5) == set()
 
 
+def test_eager_ties_pass_over_a_launch_1_16x_heavier_and_keep_one_1_02x():
+    # H200, call 25-3's tune 2, op level: silu_and_mul's Triton launch (Python wrapper) 12.26 us of host against
+    # flashinfer's 10.56, runner-up flashinfer 7.9% faster (a tie): the tie went to triton, which set9 then ran
+    # at 1.24x flashinfer's time at launch-bound shapes. The norms' Triton launch from C: 5.26 against 5.36 us.
+    method = "cuda:back-to-back"
+    silu = {"triton": [_m(30.0, (30.0, 30.2, 29.8), method=method, host=12.26, device=29.0)],
+            "flashinfer": [_m(27.8, (27.8, 27.9, 27.7), method=method, host=10.56, device=27.0)]}
+    assert judge(silu).winner == "flashinfer"
+    norm = {"triton": [_m(27.8, (27.8, 27.9, 27.7), method=method, host=5.26, device=27.0)],
+            "flashinfer": [_m(27.4, (27.4, 27.5, 27.3), method=method, host=5.36, device=27.0)]}
+    assert judge(norm).winner == "triton"
+
+
 def test_a_bucket_keeps_the_op_level_winner_on_a_tie_even_where_the_rule_puts_it_last():
     from autosel.policy import DEFAULT_POLICY
 
