@@ -121,12 +121,21 @@ def _rmsnorm_kernel(
 
 
 _launch_rmsnorm_kernel = FastLaunch(_rmsnorm_kernel)
-# The norms' whole launch in C, from their tensors (triton_launch.c's norm), where torch lets C read a tensor
-# (its DLPack C exchange API): the wrapper's checks, views and plan cost the H200's host more than the launch
-# itself (docs/H200.md, "Stop 25"). It launches only what _launch_rmsnorm would launch, with the plans that path
-# records in _NORM_PLANS, and returns False for everything else, which then takes the Python path below.
-_DIRECT_NORM = _launch_rmsnorm_kernel.direct.norm if _launch_rmsnorm_kernel.reads_dlpack else None
+# Each kernel's whole launch in C, from its tensors (triton_launch.c's norm, act_and_mul and rope), where torch lets
+# C read a tensor (its DLPack C exchange API): the wrapper's checks, views and plan cost the H200's host more than
+# the launch itself (docs/H200.md, "Stop 25"). It launches only what the Python path would launch, with the plans
+# that path records (_remember), and returns False for everything else, which then takes the Python path.
+_DIRECT = _launch_rmsnorm_kernel.direct if _launch_rmsnorm_kernel.reads_dlpack else None
+_PLANS_KEPT = 4096  # plans per kernel, as _rmsnorm_plan's cache: a bound for many token counts
 _NORM_PLANS: dict[tuple, tuple] = {}  # (n_rows, n_cols, element size) -> _rmsnorm_plan(...)
+
+
+def _remember(plans: dict, key: tuple, plan: tuple) -> None:
+    """Record a plan the Python path launched with, for the C path's next call (only where there is one)."""
+    if _DIRECT is not None:
+        if len(plans) >= _PLANS_KEPT:
+            plans.clear()
+        plans[key] = plan
 
 
 @functools.lru_cache(maxsize=4096)
@@ -157,10 +166,7 @@ def _launch_rmsnorm(x2, res2, weight, out, out_stride: int, eps: float) -> None:
         return
     weight = weight if weight.stride(0) == 1 else weight.contiguous()
     plan = _rmsnorm_plan(n_rows, n_cols, x2.element_size())
-    if _DIRECT_NORM is not None:
-        if len(_NORM_PLANS) >= 4096:  # as _rmsnorm_plan's cache, a bound for many token counts
-            _NORM_PLANS.clear()
-        _NORM_PLANS[(n_rows, n_cols, x2.element_size())] = plan
+    _remember(_NORM_PLANS, (n_rows, n_cols, x2.element_size()), plan)
     grid, num_warps, plain, with_residual = plan
     if res2 is None:
         _launch_rmsnorm_kernel(grid, (x2, x2, weight, out, n_rows, n_cols, x2.stride(0), 0, out_stride, eps),
@@ -188,7 +194,7 @@ def _not_1d(weight: torch.Tensor) -> ValueError:
 def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """x / sqrt(mean(x^2) + eps) * weight over the last dim, in fp32, returned in x.dtype."""
     out = torch.empty_like(x, memory_format=torch.contiguous_format)  # half the host time of torch.empty(shape, ...)
-    if _DIRECT_NORM is not None and not hooked() and _DIRECT_NORM(
+    if _DIRECT is not None and not hooked() and _DIRECT.norm(
             _launch_rmsnorm_kernel.kept, _NORM_PLANS, x, None, weight, out, eps):
         return out
     try:
@@ -202,7 +208,7 @@ def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
 def fused_add_rmsnorm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float) -> None:
     """In place: residual <- x + residual (rounded to its dtype); x <- rmsnorm of the fp32 sum, weight, eps."""
-    if _DIRECT_NORM is not None and not hooked() and _DIRECT_NORM(
+    if _DIRECT is not None and not hooked() and _DIRECT.norm(
             _launch_rmsnorm_kernel.kept, _NORM_PLANS, x, residual, weight, x, eps):
         return
     if x.shape != residual.shape:
@@ -234,6 +240,7 @@ def _act_and_mul_kernel(x_ptr, out_ptr, d, x_stride, out_stride, BLOCK: tl.const
 
 
 _launch_act_and_mul = FastLaunch(_act_and_mul_kernel)
+_ACT_PLANS: dict[tuple, tuple] = {}  # (d, gelu) -> (num_warps, constexprs, block)
 
 
 def _act_and_mul(x: torch.Tensor, *, gelu: bool) -> torch.Tensor:
@@ -241,15 +248,18 @@ def _act_and_mul(x: torch.Tensor, *, gelu: bool) -> torch.Tensor:
     if width % 2:
         raise ValueError(f"x last dim must be even (gate and up halves), got {width}")
     d = width // 2
-    x2 = _as_rows(x, width, name="x", in_place=False)
     out = x.new_empty((*x.shape[:-1], d))
+    if _DIRECT is not None and not hooked() and _DIRECT.act_and_mul(_launch_act_and_mul.kept, _ACT_PLANS, x, out, gelu):
+        return out
+    x2 = _as_rows(x, width, name="x", in_place=False)
     n_rows = x2.shape[0]
     if n_rows == 0 or d == 0:
         return out
     # Rows go on grid axis 0 (2^31 limit); column blocks on axis 1 give small batches enough programs.
     block = min(next_power_of_2(d), 1024)
-    _launch_act_and_mul((n_rows, _cdiv(d, block)), (x2, out, d, x2.stride(0), d), (block, gelu),  # BLOCK, GELU
-                        _num_warps(block, max_warps=8))
+    num_warps, constexprs = _num_warps(block, max_warps=8), (block, gelu)  # BLOCK, GELU
+    _remember(_ACT_PLANS, (d, gelu), (num_warps, constexprs, block))
+    _launch_act_and_mul((n_rows, _cdiv(d, block)), (x2, out, d, x2.stride(0), d), constexprs, num_warps)
     return out
 
 
@@ -329,6 +339,8 @@ def _rope_kernel(
 
 
 _launch_rope = FastLaunch(_rope_kernel)
+# (head_size, rotary_dim, q heads, k heads, is_neox) -> (num_warps, constexprs, block_h)
+_ROPE_PLANS: dict[tuple, tuple] = {}
 
 
 def rope(
@@ -341,6 +353,9 @@ def rope(
 ) -> None:
     """In place on query [T, Hq*head_size] and key [T, Hk*head_size]; cache rows are [cos | sin]. A token whose
     position is not a row of the cache gets NaN query and key."""
+    if _DIRECT is not None and not hooked() and _DIRECT.rope(
+            _launch_rope.kept, _ROPE_PLANS, positions, query, key, head_size, cos_sin_cache, is_neox):
+        return
     rotary_dim = cos_sin_cache.shape[-1]
     if rotary_dim % 2 or rotary_dim > head_size:
         raise ValueError(f"cos_sin_cache last dim {rotary_dim} must be even and <= head_size {head_size}")
@@ -363,12 +378,15 @@ def rope(
     half = rotary_dim // 2
     block_r = next_power_of_2(half)
     block_h = min(next_power_of_2(max(n_q_heads, n_k_heads)), max(1, 1024 // block_r))
+    constexprs = (head_size, half, bool(is_neox), block_h, block_r)  # HEAD_SIZE, HALF, IS_NEOX, BLOCK_H, BLOCK_R
+    num_warps = _num_warps(block_h * block_r, max_warps=8)
+    _remember(_ROPE_PLANS, (head_size, rotary_dim, n_q_heads, n_k_heads, bool(is_neox)),
+              (num_warps, constexprs, block_h))
     _launch_rope(
         (n_tokens, _cdiv(max(n_q_heads, n_k_heads), block_h)),
         (positions.contiguous(), q2, k2, cos_sin_cache,
          n_q_heads, n_k_heads, q2.stride(0), k2.stride(0), cos_sin_cache.stride(0), cos_sin_cache.shape[0]),
-        (head_size, half, bool(is_neox), block_h, block_r),  # HEAD_SIZE, HALF, IS_NEOX, BLOCK_H, BLOCK_R
-        _num_warps(block_h * block_r, max_warps=8),
+        constexprs, num_warps,
     )
 
 

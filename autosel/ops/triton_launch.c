@@ -18,10 +18,13 @@
        torch 2.10 on): a tensor's address, dtype, device, shape and strides in one C call, where the attributes
        cost a Python call each. Without it tensors are read through their attributes and norm() is not offered.
    norm(kept, plans, x, residual, weight, out, eps) -> bool
-       autosel's rmsnorm kernel (residual None) or fused add + rmsnorm (out is x) from its tensors, as
-       triton_kernels._launch_rmsnorm launches it: the rows, the checks, the plan and the key in C. False, having
-       launched nothing, wherever that Python path could differ (an argument it would copy, reject or key
-       otherwise; a shape not planned yet; a kernel not kept yet): the caller then takes it.
+   act_and_mul(kept, plans, x, out, gelu) -> bool
+   rope(kept, plans, positions, query, key, head_size, cos_sin_cache, is_neox) -> bool
+       autosel's Triton kernels for rmsnorm (residual None) or fused add + rmsnorm (out is x), silu/gelu_and_mul
+       and rope, launched from their tensors as triton_kernels launches them from Python: the views, the checks,
+       the plan and the key in C. False, having launched nothing, wherever the Python path could differ (an
+       argument it would copy, reject or key otherwise; a shape not planned yet, `plans` being what that path
+       recorded; a kernel not kept yet): the caller then takes that path.
 
    An entry is (function, threads per block, shared memory bytes, kinds, trailing null pointers, the compiled
    kernel, held so that its module stays loaded): kinds has one
@@ -364,34 +367,88 @@ static int same_shape(const DLTensor *a, const DLTensor *b) {
     return 1;
 }
 
-/* Reads a tensor argument through DLPack: 1, or 0 (no exception set) for anything else. */
-static int read_tensor(PyObject *obj, DLTensor *t) {
+/* Reads a tensor argument through DLPack: 1 for a CUDA tensor on `device`, 0 (no exception set) for anything else. */
+static int read_tensor(PyObject *obj, int device, DLTensor *t) {
     if (!PyObject_TypeCheck(obj, tensor_type)) return 0;
     if (dlpack->dltensor_from_py_object_no_sync(obj, t) != 0) {
         PyErr_Clear();
         return 0;
     }
-    return t->device.device_type == DL_CUDA;
+    return t->device.device_type == DL_CUDA && t->device.device_id == device;
 }
 
+/* The current CUDA device, where a context is current and tensors can be read through DLPack; -1 otherwise. */
+static int current_device(void) {
+    int device;
+    if (dlpack == NULL || !open_driver() || cu_ctx_device(&device) != 0) return -1;
+    return device;
+}
+
+/* Launches the kernel kept under (device, num_warps, constexprs) for runtime arguments that are `tensors`, then
+   `ints`, then `eps` where not NULL (the order of the kernel's parameters, as the Python wrapper passes them):
+   keyed as read_args keys the same arguments, on the device's current stream. */
+static PyObject *launch_tensors(PyObject *kept, int device, PyObject *num_warps, PyObject *constexprs,
+                                PyObject *grid, const DLTensor *const *tensors, int n_tensors, const int64_t *ints,
+                                int n_ints, const double *eps) {
+    char codes[MAX_ARGS];
+    Value values[MAX_ARGS];
+    PyObject *dtypes[MAX_ARGS];
+    int n = 0;
+    for (; n < n_tensors; n++) {
+        values[n].u64 = (uint64_t)(uintptr_t)tensors[n]->data + tensors[n]->byte_offset;
+        codes[n] = TENSOR | ((values[n].u64 & 15) == 0 ? ALIGNED : 0);
+        dtypes[n] = dtype_code(tensors[n]->dtype);
+        if (dtypes[n] == NULL) {
+            for (int j = 0; j < n; j++) Py_DECREF(dtypes[j]);
+            return NULL;
+        }
+    }
+    for (int i = 0; i < n_ints; i++, n++) {
+        values[n].i64 = ints[i];
+        codes[n] = int_code(ints[i]);
+    }
+    if (eps != NULL) {
+        values[n].f32 = (float)*eps;
+        codes[n++] = FLOAT;
+    }
+    void *stream = NULL;
+    PyObject *prefix = Py_BuildValue("(iOO)", device, num_warps, constexprs);
+    if (prefix == NULL || dlpack->current_work_stream(DL_CUDA, device, &stream) != 0) {
+        Py_XDECREF(prefix);
+        for (int j = 0; j < n_tensors; j++) Py_DECREF(dtypes[j]);
+        return NULL;
+    }
+    PyObject *k = make_key(prefix, codes, n, dtypes, n_tensors);
+    Py_DECREF(prefix);
+    return launch_kept(kept, k, grid, (unsigned long long)(uintptr_t)stream, codes, values, n);
+}
+
+/* plans[key] (borrowed) where it is a tuple of `size` items; NULL with no exception where there is none yet. */
+static PyObject *plan_for(PyObject *plans, PyObject *key, Py_ssize_t size) {
+    if (key == NULL) return NULL;
+    PyObject *plan = PyDict_GetItemWithError(plans, key);
+    Py_DECREF(key);
+    if (plan != NULL && (!PyTuple_Check(plan) || PyTuple_GET_SIZE(plan) != size)) {
+        PyErr_Format(PyExc_ValueError, "a launch plan must be a tuple of %zd items", size);
+        return NULL;
+    }
+    return plan;
+}
+
+/* norm(kept, plans, x, residual, weight, out, eps); plans[(rows, width, element size)] is
+   (grid, num_warps, constexprs without the residual, constexprs with it). */
 static PyObject *norm(PyObject *self, PyObject *const *a, Py_ssize_t nargs) {
     if (nargs != 7 || !PyDict_Check(a[0]) || !PyDict_Check(a[1])) {
         PyErr_SetString(PyExc_TypeError, "norm(kept: dict, plans: dict, x, residual, weight, out, eps)");
         return NULL;
     }
-    PyObject *kept = a[0], *plans = a[1], *x_obj = a[2], *res_obj = a[3], *w_obj = a[4], *out_obj = a[5];
-    int fused = res_obj != Py_None;
-    if (dlpack == NULL || !PyFloat_CheckExact(a[6]) || !open_driver()) Py_RETURN_FALSE;
-    int device;
-    if (cu_ctx_device(&device) != 0) Py_RETURN_FALSE;  /* no CUDA context current */
-
+    int fused = a[3] != Py_None, device = current_device();
+    if (device < 0 || !PyFloat_CheckExact(a[6])) Py_RETURN_FALSE;
     DLTensor x, res, w, out;
-    if (!read_tensor(x_obj, &x) || !read_tensor(w_obj, &w) || !read_tensor(out_obj, &out)) Py_RETURN_FALSE;
-    if (fused && !read_tensor(res_obj, &res)) Py_RETURN_FALSE;
-    if (x.device.device_id != device || w.device.device_id != device || out.device.device_id != device
-        || (fused && res.device.device_id != device))
+    if (!read_tensor(a[2], device, &x) || !read_tensor(a[4], device, &w) || !read_tensor(a[5], device, &out)
+        || (fused && !read_tensor(a[3], device, &res)))
         Py_RETURN_FALSE;
-    if (w.ndim != 1 || x.ndim < 1 || (w.strides != NULL && w.strides[0] != 1 && w.shape[0] > 1)) Py_RETURN_FALSE;
+    if (w.ndim != 1 || (w.strides != NULL && w.strides[0] != 1 && w.shape[0] > 1)) Py_RETURN_FALSE;
     int64_t width = w.shape[0], n_rows, x_stride, res_stride = 0, out_rows, out_stride;
     if (!as_rows(&x, width, &n_rows, &x_stride) || n_rows == 0 || !same_shape(&x, &out)
         || !as_rows(&out, width, &out_rows, &out_stride))
@@ -401,54 +458,106 @@ static PyObject *norm(PyObject *self, PyObject *const *a, Py_ssize_t nargs) {
         if (!same_shape(&x, &res) || !as_rows(&res, width, &res_rows, &res_stride)) Py_RETURN_FALSE;
         if (n_rows > 1 && (x_stride < width || res_stride < width)) Py_RETURN_FALSE;  /* overlapping rows */
     }
-
-    PyObject *shape = Py_BuildValue("(LLi)", (long long)n_rows, (long long)width, (int)(x.dtype.bits / 8));
-    if (shape == NULL) return NULL;
-    PyObject *plan = PyDict_GetItemWithError(plans, shape);  /* borrowed: (grid, num_warps, plain, fused) */
-    Py_DECREF(shape);
-    if (plan == NULL) {
-        if (PyErr_Occurred()) return NULL;
-        Py_RETURN_FALSE;
-    }
-    if (!PyTuple_Check(plan) || PyTuple_GET_SIZE(plan) != 4) {
-        PyErr_SetString(PyExc_ValueError, "a norm plan is (grid, num_warps, constexprs, constexprs)");
-        return NULL;
-    }
-    PyObject *prefix = Py_BuildValue("(iOO)", device, PyTuple_GET_ITEM(plan, 1), PyTuple_GET_ITEM(plan, fused ? 3 : 2));
-    if (prefix == NULL) return NULL;
-
-    /* The arguments of triton_kernels._launch_rmsnorm's call, in its order. */
-    char codes[10];
-    Value values[10];
-    PyObject *dtypes[4];
+    PyObject *plan = plan_for(a[1], Py_BuildValue("(LLi)", (long long)n_rows, (long long)width,
+                                                  (int)(x.dtype.bits / 8)), 4);
+    if (plan == NULL) return PyErr_Occurred() ? NULL : Py_NewRef(Py_False);  /* not planned yet */
     const DLTensor *tensors[4] = {&x, fused ? &res : &x, &w, &out};
-    for (int i = 0; i < 4; i++) {
-        values[i].u64 = (uint64_t)(uintptr_t)tensors[i]->data + tensors[i]->byte_offset;
-        codes[i] = TENSOR | ((values[i].u64 & 15) == 0 ? ALIGNED : 0);
-        dtypes[i] = dtype_code(tensors[i]->dtype);
-        if (dtypes[i] == NULL) {
-            for (int j = 0; j < i; j++) Py_DECREF(dtypes[j]);
-            Py_DECREF(prefix);
-            return NULL;
-        }
-    }
     int64_t ints[5] = {n_rows, width, x_stride, res_stride, out_stride};
-    for (int i = 0; i < 5; i++) {
-        values[4 + i].i64 = ints[i];
-        codes[4 + i] = int_code(ints[i]);
-    }
-    values[9].f32 = (float)PyFloat_AS_DOUBLE(a[6]);
-    codes[9] = FLOAT;
+    double eps = PyFloat_AS_DOUBLE(a[6]);
+    return launch_tensors(a[0], device, PyTuple_GET_ITEM(plan, 1), PyTuple_GET_ITEM(plan, fused ? 3 : 2),
+                          PyTuple_GET_ITEM(plan, 0), tensors, 4, ints, 5, &eps);
+}
 
-    void *stream = NULL;
-    if (dlpack->current_work_stream(DL_CUDA, device, &stream) != 0) {
-        for (int i = 0; i < 4; i++) Py_DECREF(dtypes[i]);
-        Py_DECREF(prefix);
+/* act_and_mul(kept, plans, x, out, gelu); plans[(d, gelu)] is (num_warps, constexprs, block). */
+static PyObject *act_and_mul(PyObject *self, PyObject *const *a, Py_ssize_t nargs) {
+    if (nargs != 5 || !PyDict_Check(a[0]) || !PyDict_Check(a[1]) || !PyBool_Check(a[4])) {
+        PyErr_SetString(PyExc_TypeError, "act_and_mul(kept: dict, plans: dict, x, out, gelu: bool)");
         return NULL;
     }
-    PyObject *k = make_key(prefix, codes, 10, dtypes, 4);
-    Py_DECREF(prefix);
-    return launch_kept(kept, k, PyTuple_GET_ITEM(plan, 0), (unsigned long long)(uintptr_t)stream, codes, values, 10);
+    int device = current_device();
+    if (device < 0) Py_RETURN_FALSE;
+    DLTensor x, out;
+    if (!read_tensor(a[2], device, &x) || !read_tensor(a[3], device, &out) || x.ndim < 1 || x.ndim != out.ndim)
+        Py_RETURN_FALSE;
+    int64_t width = x.shape[x.ndim - 1], d = width / 2, n_rows, x_stride, out_rows, out_stride;
+    if (width % 2 || d == 0 || out.shape[out.ndim - 1] != d) Py_RETURN_FALSE;
+    for (int i = 0; i < x.ndim - 1; i++) if (x.shape[i] != out.shape[i]) Py_RETURN_FALSE;
+    if (!as_rows(&x, width, &n_rows, &x_stride) || n_rows == 0 || !as_rows(&out, d, &out_rows, &out_stride)
+        || out_stride != d)
+        Py_RETURN_FALSE;
+    PyObject *plan = plan_for(a[1], Py_BuildValue("(LO)", (long long)d, a[4]), 3);
+    if (plan == NULL) return PyErr_Occurred() ? NULL : Py_NewRef(Py_False);  /* not planned yet */
+    long long block = PyLong_AsLongLong(PyTuple_GET_ITEM(plan, 2));
+    if (block <= 0) return PyErr_Occurred() ? NULL : Py_NewRef(Py_False);
+    PyObject *grid = Py_BuildValue("(LL)", (long long)n_rows, (long long)((d + block - 1) / block));
+    if (grid == NULL) return NULL;
+    const DLTensor *tensors[2] = {&x, &out};
+    int64_t ints[3] = {d, x_stride, d};
+    PyObject *result = launch_tensors(a[0], device, PyTuple_GET_ITEM(plan, 0), PyTuple_GET_ITEM(plan, 1), grid,
+                                      tensors, 2, ints, 3, NULL);
+    Py_DECREF(grid);
+    return result;
+}
+
+/* t as [n_tokens, width] rows with contiguous columns, as triton_kernels._token_rows views it; 0 if not so. */
+static int token_rows(const DLTensor *t, int64_t n_tokens, int64_t *width, int64_t *row_stride) {
+    if (t->ndim < 2 || t->shape[0] != n_tokens || t->strides == NULL) return 0;
+    int64_t expected = 1;
+    for (int d = t->ndim - 1; d >= 1; d--) {
+        if (t->strides[d] != expected && t->shape[d] > 1) return 0;
+        expected *= t->shape[d];
+    }
+    *width = expected;
+    *row_stride = t->strides[0];
+    return 1;
+}
+
+/* rope(kept, plans, positions, query, key, head_size, cos_sin_cache, is_neox); plans[(head_size, rotary_dim,
+   q heads, k heads, is_neox)] is (num_warps, constexprs, heads per program). */
+static PyObject *rope(PyObject *self, PyObject *const *a, Py_ssize_t nargs) {
+    if (nargs != 8 || !PyDict_Check(a[0]) || !PyDict_Check(a[1])) {
+        PyErr_SetString(PyExc_TypeError, "rope(kept: dict, plans: dict, positions, query, key, head_size, "
+                                         "cos_sin_cache, is_neox)");
+        return NULL;
+    }
+    int device = current_device();
+    if (device < 0 || !PyLong_CheckExact(a[5]) || !PyBool_Check(a[7])) Py_RETURN_FALSE;
+    long long head_size = PyLong_AsLongLong(a[5]);
+    if (head_size <= 0) return PyErr_Occurred() ? NULL : Py_NewRef(Py_False);
+    DLTensor pos, q, k, cache;
+    if (!read_tensor(a[2], device, &pos) || !read_tensor(a[3], device, &q) || !read_tensor(a[4], device, &k)
+        || !read_tensor(a[6], device, &cache))
+        Py_RETURN_FALSE;
+    /* positions: int64 or int32 (DLPack's kDLInt is 0), one per token, in one run of memory */
+    if (pos.dtype.code != 0 || (pos.dtype.bits != 64 && pos.dtype.bits != 32) || pos.dtype.lanes != 1) Py_RETURN_FALSE;
+    int64_t n_tokens = 1, expected = 1;
+    for (int d = pos.ndim - 1; d >= 0; d--) {
+        if (pos.strides != NULL && pos.strides[d] != expected && pos.shape[d] > 1) Py_RETURN_FALSE;
+        expected *= pos.shape[d];
+    }
+    n_tokens = expected;
+    if (cache.ndim != 2 || (cache.strides[1] != 1 && cache.shape[1] > 1)) Py_RETURN_FALSE;
+    int64_t rotary_dim = cache.shape[1], q_width, k_width, q_stride, k_stride;
+    if (rotary_dim % 2 || rotary_dim > head_size || n_tokens == 0) Py_RETURN_FALSE;
+    if (!token_rows(&q, n_tokens, &q_width, &q_stride) || !token_rows(&k, n_tokens, &k_width, &k_stride)
+        || q_width % head_size || k_width % head_size)
+        Py_RETURN_FALSE;
+    if (n_tokens > 1 && (q_stride < q_width || k_stride < k_width)) Py_RETURN_FALSE;  /* overlapping rows */
+    int64_t q_heads = q_width / head_size, k_heads = k_width / head_size;
+    PyObject *plan = plan_for(a[1], Py_BuildValue("(LLLLO)", head_size, (long long)rotary_dim, (long long)q_heads,
+                                                  (long long)k_heads, a[7]), 3);
+    if (plan == NULL) return PyErr_Occurred() ? NULL : Py_NewRef(Py_False);  /* not planned yet */
+    long long block_h = PyLong_AsLongLong(PyTuple_GET_ITEM(plan, 2));
+    if (block_h <= 0) return PyErr_Occurred() ? NULL : Py_NewRef(Py_False);
+    int64_t heads = q_heads > k_heads ? q_heads : k_heads;
+    PyObject *grid = Py_BuildValue("(LL)", (long long)n_tokens, (long long)((heads + block_h - 1) / block_h));
+    if (grid == NULL) return NULL;
+    const DLTensor *tensors[4] = {&pos, &q, &k, &cache};
+    int64_t ints[6] = {q_heads, k_heads, q_stride, k_stride, cache.strides[0], cache.shape[0]};
+    PyObject *result = launch_tensors(a[0], device, PyTuple_GET_ITEM(plan, 0), PyTuple_GET_ITEM(plan, 1), grid,
+                                      tensors, 4, ints, 6, NULL);
+    Py_DECREF(grid);
+    return result;
 }
 
 static PyObject *reads_dlpack(PyObject *self, PyObject *unused) {
@@ -485,6 +594,10 @@ static PyMethodDef methods[] = {
     {"reads_dlpack", reads_dlpack, METH_NOARGS, "reads_dlpack() -> bool"},
     {"norm", (PyCFunction)(void (*)(void))norm, METH_FASTCALL,
      "norm(kept, plans, x, residual, weight, out, eps) -> bool"},
+    {"act_and_mul", (PyCFunction)(void (*)(void))act_and_mul, METH_FASTCALL,
+     "act_and_mul(kept, plans, x, out, gelu) -> bool"},
+    {"rope", (PyCFunction)(void (*)(void))rope, METH_FASTCALL,
+     "rope(kept, plans, positions, query, key, head_size, cos_sin_cache, is_neox) -> bool"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -152,19 +152,48 @@ def test_direct_launches_are_captured_in_a_cuda_graph():
 
 
 # --------------------------------------------------------------------------------------------------
-# The norms' launch from their tensors (triton_launch.c's norm), where torch has the DLPack C exchange API.
+# The launch from a kernel's tensors in C (triton_launch.c's norm, act_and_mul, rope), where torch has the DLPack C
+# exchange API.
 
 
-def _direct_norms(tk):
-    if not tk._launch_rmsnorm_kernel.reads_dlpack:
-        pytest.skip("this torch has no DLPack C exchange API: the norms take the Python path")
+def _direct(tk):
+    if tk._DIRECT is None:
+        pytest.skip("this torch has no DLPack C exchange API: the kernels take the Python path")
 
 
-def _python_launches(tk, monkeypatch) -> list:
-    """Records every norm call that reaches the Python wrapper's launch (and lets it launch)."""
-    seen, launch = [], tk._launch_rmsnorm
-    monkeypatch.setattr(tk, "_launch_rmsnorm", lambda *a: seen.append(a) or launch(*a))
-    return seen
+class _Recorded:
+    """Stands in for a FastLaunch: records every call that reaches it (the Python path) and passes it on."""
+
+    def __init__(self, launcher):
+        self.launcher, self.calls = launcher, []
+
+    def __getattr__(self, name):
+        return getattr(self.launcher, name)
+
+    def __call__(self, *args):
+        self.calls.append(args)
+        return self.launcher(*args)
+
+
+def _record_python_launches(tk, monkeypatch) -> dict:
+    """Every FastLaunch of tk recorded, by the kernel's name: a call that reaches one took the Python path."""
+    names = {"rmsnorm": "_launch_rmsnorm_kernel", "act": "_launch_act_and_mul", "rope": "_launch_rope"}
+    recorded = {kind: _Recorded(getattr(tk, name)) for kind, name in names.items()}
+    for kind, name in names.items():
+        monkeypatch.setattr(tk, name, recorded[kind])
+    return recorded
+
+
+@pytest.mark.parametrize("tokens", [1, 16, 37])
+def test_every_kernel_launches_from_its_tensors_in_c_after_its_first_call(tokens, monkeypatch):
+    tk = _kernels()
+    _direct(tk)
+    for _, name, call, reference in _every_kernel_call(tk, tokens):
+        call()  # the first call of this specialization: planned, compiled or loaded, and kept on the Python path
+        with monkeypatch.context() as patch:
+            recorded = _record_python_launches(tk, patch)
+            torch.testing.assert_close(call(), reference(), rtol=2e-2, atol=2e-2, msg=name)
+            assert not any(r.calls for r in recorded.values()), f"{name}: a planned, kept call took the Python path"
 
 
 def _norm_call(tk, fused, x, residual, weight):
@@ -182,32 +211,59 @@ def _norm_call(tk, fused, x, residual, weight):
 
 
 @pytest.mark.parametrize("fused", [False, True], ids=["rmsnorm", "fused_add_rmsnorm"])
-@pytest.mark.parametrize("shape", [(4096,), (1, 4096), (37, 4096), (2, 19, 4096), (16, 4100), (3, 1, 5, 4096)])
-def test_norms_launch_from_their_tensors_after_the_first_call(shape, fused, monkeypatch):
+@pytest.mark.parametrize("shape", [(4096,), (2, 19, 4096), (16, 4100), (3, 1, 5, 4096)])
+def test_norms_of_any_rows_launch_from_c(shape, fused, monkeypatch):
     tk = _kernels()
-    _direct_norms(tk)
+    _direct(tk)
     x = torch.randn(*shape, device="cuda").to(torch.bfloat16)
     residual = torch.randn_like(x)
     # An nn.Parameter that requires grad, as a model's weight is: DLPack's __dlpack__ refuses such a tensor.
     weight = torch.nn.Parameter(torch.randn(shape[-1], device="cuda").to(torch.bfloat16))
-    _norm_call(tk, fused, x, residual, weight)  # the first call: planned and kept on the Python path
-    seen = _python_launches(tk, monkeypatch)
+    _norm_call(tk, fused, x, residual, weight)
+    recorded = _record_python_launches(tk, monkeypatch)
     for _ in range(2):
         ours, reference = _norm_call(tk, fused, x, residual, weight)
         for got, want in zip(ours, reference, strict=True):
             torch.testing.assert_close(got, want, rtol=2e-2, atol=2e-2)
-    assert seen == [], "a planned, kept norm call took the Python path"
+    assert recorded["rmsnorm"].calls == []
 
 
-def test_norm_calls_c_cannot_take_go_the_python_way_and_fail_as_before(monkeypatch):
+def test_gated_activations_and_rope_of_3d_tensors_launch_from_c(monkeypatch):
+    from autosel.ops import torch_impl
+
     tk = _kernels()
-    _direct_norms(tk)
+    _direct(tk)
+    gate_up = torch.randn(2, 9, 2 * 1408, device="cuda").to(torch.bfloat16)
+    positions = torch.arange(9, device="cuda", dtype=torch.int32) % 64
+    query = torch.randn(9, 8, 128, device="cuda").to(torch.bfloat16)
+    key = torch.randn(9, 2, 128, device="cuda").to(torch.bfloat16)
+    cache = torch.randn(64, 128, device="cuda")
+
+    def rope(module):
+        q, k = query.clone(), key.clone()
+        module.rope(positions, q, k, 128, cache, False)
+        return q, k
+
+    tk.silu_and_mul(gate_up), tk.gelu_and_mul(gate_up), rope(tk)
+    recorded = _record_python_launches(tk, monkeypatch)
+    torch.testing.assert_close(tk.silu_and_mul(gate_up), torch_impl.silu_and_mul(gate_up), rtol=2e-2, atol=2e-2)
+    torch.testing.assert_close(tk.gelu_and_mul(gate_up), torch_impl.gelu_and_mul(gate_up), rtol=2e-2, atol=2e-2)
+    torch.testing.assert_close(rope(tk), rope(torch_impl), rtol=2e-2, atol=2e-2)
+    assert not any(r.calls for r in recorded.values())
+
+
+def test_calls_c_cannot_take_go_the_python_way_and_fail_as_before(monkeypatch):
+    tk = _kernels()
+    _direct(tk)
     weight = torch.randn(4096, device="cuda").to(torch.bfloat16)
-    strided = _rows(8, 8192)[:, ::2]  # no unit column stride: rmsnorm copies it
-    tk.rmsnorm(strided, weight, EPS)
-    seen = _python_launches(tk, monkeypatch)
+    strided = _rows(8, 8192)[:, ::2]  # no unit column stride: rmsnorm and silu_and_mul copy it
+    tk.rmsnorm(strided, weight, EPS), tk.silu_and_mul(strided)
+    recorded = _record_python_launches(tk, monkeypatch)
     torch.testing.assert_close(tk.rmsnorm(strided, weight, EPS), _ref_rmsnorm(strided, weight), rtol=2e-2, atol=2e-2)
-    assert len(seen) == 1
+    a, b = strided.float().chunk(2, dim=-1)
+    torch.testing.assert_close(tk.silu_and_mul(strided), (torch.nn.functional.silu(a) * b).to(torch.bfloat16),
+                               rtol=2e-2, atol=2e-2)
+    assert len(recorded["rmsnorm"].calls) == len(recorded["act"].calls) == 1
     expanded = _rows(1, 4096).expand(8, 4096)
     with pytest.raises(ValueError, match="overlap"):
         tk.fused_add_rmsnorm(expanded, _rows(8, 4096), weight, EPS)
@@ -215,24 +271,33 @@ def test_norm_calls_c_cannot_take_go_the_python_way_and_fail_as_before(monkeypat
         tk.fused_add_rmsnorm(_rows(8, 4096), _rows(4, 4096), weight, EPS)
     with pytest.raises(ValueError, match="1-D"):
         tk.rmsnorm(_rows(8, 4096), weight[0], EPS)
+    with pytest.raises(ValueError, match="even"):
+        tk.silu_and_mul(_rows(8, 4095))
+    positions = torch.arange(8, device="cuda")
+    with pytest.raises(ValueError, match="int64 or int32"):
+        tk.rope(positions.float(), _rows(8, 1024), _rows(8, 256), 128, torch.randn(64, 128, device="cuda"), True)
 
 
-def test_norms_launched_from_c_are_captured_on_the_capturing_stream(monkeypatch):
+def test_launches_from_c_are_captured_on_the_capturing_stream(monkeypatch):
     tk = _kernels()
-    _direct_norms(tk)
+    _direct(tk)
     x, residual = _rows(24, 4096), _rows(24, 4096)
     weight = torch.randn(4096, device="cuda").to(torch.bfloat16)
+    gate_up = _rows(24, 2 * 1408)
     expected_x, expected_res = x.clone(), residual.clone()
     tk.fused_add_rmsnorm(expected_x, expected_res, weight, EPS)  # planned and kept outside the capture
+    expected_act = tk.silu_and_mul(gate_up)
     torch.cuda.synchronize()
-    seen = _python_launches(tk, monkeypatch)
+    recorded = _record_python_launches(tk, monkeypatch)
     static_x, static_res = x.clone(), residual.clone()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         tk.fused_add_rmsnorm(static_x, static_res, weight, EPS)
+        activated = tk.silu_and_mul(gate_up)
     static_x.copy_(x)
     static_res.copy_(residual)
     graph.replay()
     torch.cuda.synchronize()
-    assert seen == []
+    assert not any(r.calls for r in recorded.values())
     assert torch.equal(static_x, expected_x) and torch.equal(static_res, expected_res)
+    assert torch.equal(activated, expected_act)
