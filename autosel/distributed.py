@@ -236,6 +236,12 @@ def _broadcast(decide: Callable[[], T], what: str, world: tuple, keep: Callable[
     return decision, kept
 
 
+def op_agreement(op: str, mode: str, platform_key: str) -> tuple[str, tuple]:
+    """The words naming an op's agreement in `mode` and its key: every rank must make that broadcast under the same
+    ones, whether it decides (tuning.decide) or sees fewer than two usable backends (agree_on_fewer)."""
+    return f"op {op!r} ({mode} mode)", (op, mode, platform_key)
+
+
 def agree_on_fewer(op: str, usable: list[str], none_usable: str, *, mode: str, platform_key: str) -> None:
     """Make `op`'s agreement on a rank where fewer than two of its registered backends are usable (usable: their
     names, one or none), as the ranks that see several make it in tuning.decide, so that none of them is left
@@ -251,8 +257,8 @@ def agree_on_fewer(op: str, usable: list[str], none_usable: str, *, mode: str, p
             raise ValueError(none_usable)
         return BucketTable(op, mode, usable[0], {})
 
-    what = f"op {op!r} ({mode} mode)"  # tuning.decide's: the other ranks' broadcast names the op in these words
-    table = agree(one, what=what, key=(op, mode, platform_key), in_capture=capturing_cuda_graph())
+    what, key = op_agreement(op, mode, platform_key)  # as tuning.decide's, whose broadcast the other ranks make
+    table = agree(one, what=what, key=key, in_capture=capturing_cuda_graph())
     chosen = {table.default, *table.winners.values()}
     world = _world()
     if not usable and world is not None:  # rank 0 could run some (with none it raised, above): this rank none

@@ -76,12 +76,12 @@ def decide(op: str, eligible: list[KernelSpec], platform: PlatformInfo, mode: st
            settings: config.Settings) -> BucketTable:
     """The stored or measured decision of `op` as a bucket table; with several ranks, rank 0's whole table
     (autosel.distributed), so every rank dispatches every bucket alike."""
-    from autosel.distributed import agree, check_against_local, check_eligible
+    from autosel.distributed import agree, check_against_local, check_eligible, op_agreement
 
-    what = f"op {op!r} ({mode} mode)"
+    what, key = op_agreement(op, mode, platform.key)
     in_capture = capturing_cuda_graph()
     table = agree(lambda: _decide_here(op, eligible, platform, mode, settings), what=what, in_capture=in_capture,
-                  key=(op, mode, platform.key))
+                  key=key)
     check_eligible({table.default, *table.winners.values()}, {s.backend.value for s in eligible}, what=what)
     if settings.check_ranks:
         check_against_local(table, lambda: stored_table(op, eligible, platform, mode, settings), what=what,
