@@ -123,6 +123,17 @@ def forget_agreements(op: str | None = None) -> None:
             _op_generations[op] = _op_generations.get(op, 0) + 1
 
 
+_local = threading.local()  # .deciding: this thread is making rank 0's decision of an op (in _broadcast)
+
+
+def deciding() -> bool:
+    """Whether this thread is making rank 0's decision of an op for the ranks. A selection made meanwhile (a
+    backend's own get_kernel while it is checked or timed) is this rank's alone, since the other ranks wait in that
+    op's broadcast and cannot make another: it is neither agreed nor kept, here or in get_kernel's cache, and the
+    op is agreed when every rank selects it. (It was a broadcast under a lock this thread held: a hang.)"""
+    return getattr(_local, "deciding", False)
+
+
 def _stamp_locked(key: tuple) -> tuple[int, int]:
     """What rank 0 compares when a broadcast of `key` begins and before it sends the answer: a forget_agreements()
     meanwhile keeps the answer out, on every rank."""
@@ -145,6 +156,8 @@ def agree(decide: Callable[[], T], *, what: str, key: tuple, in_capture: bool = 
     world = _world()
     if world is None:
         return decide()
+    if deciding():  # selected while rank 0 decides another op: the other ranks wait in that op's broadcast
+        return decide()
     group = _agreeing(world[2])[0]
     with _agreed_lock:
         if _group() is not group:  # a new process group (an elastic restart): nothing agreed in the old one holds
@@ -166,26 +179,22 @@ def agree(decide: Callable[[], T], *, what: str, key: tuple, in_capture: bool = 
             raise flight.error
         return flight.answer  # type: ignore[return-value]
 
-    def keep(answer: T) -> bool:
-        """Rank 0's, before it sends `answer`: kept unless forget_agreements() came since this flight began (the
-        answer may then predate a registration), and kept now, so a forget_agreements() after this drops it."""
+    def keep() -> bool:
+        """Rank 0's, when it sends its answer: kept unless forget_agreements() came while it decided (the answer may
+        then predate a registration). One that lands while the answer is being sent is ignored on every rank: one
+        rank dropping the answer alone would select again with a collective the others do not make."""
         with _agreed_lock:
-            if stamp != _stamp_locked(key):
-                return False
-            _agreed[key] = answer
-            return True
+            return stamp == _stamp_locked(key)
 
     try:
         with _broadcast_lock:
             flight.answer, kept = _broadcast(decide, what, world, keep)
-        if kept and world[0] != 0:  # as rank 0 says, whatever was forgotten here meanwhile: every rank alike
+        if kept:  # as rank 0 said when it sent it, whatever was forgotten here since: every rank alike
             with _agreed_lock:
                 _agreed[key] = flight.answer
         return flight.answer  # type: ignore[return-value]
     except BaseException as exc:
         flight.error = exc
-        with _agreed_lock:  # rank 0 kept it before sending: a broadcast that failed agreed nothing
-            _agreed.pop(key, None)
         raise
     finally:
         with _agreed_lock:
@@ -205,19 +214,22 @@ def _say_chosen_alone(world: tuple) -> None:
                     ", ".join(repr(op) for op in sorted(selector.chosen_alone)))
 
 
-def _broadcast(decide: Callable[[], T], what: str, world: tuple, keep: Callable[[T], bool]) -> tuple[T, bool]:
-    """Rank 0's answer and whether every rank keeps it (rank 0's keep(answer), sent with it)."""
+def _broadcast(decide: Callable[[], T], what: str, world: tuple, keep: Callable[[], bool]) -> tuple[T, bool]:
+    """Rank 0's answer and whether every rank keeps it (rank 0's keep(), sent with it)."""
     rank, size, dist = world
     group, src = _agreeing(dist)
     message: list[object] = [None]
     if rank == 0:
         try:
+            _local.deciding = True
             answer = decide()
         except BaseException as exc:  # every failure travels, or the other ranks wait forever
             message[0] = ("error", what, type(exc).__name__, str(exc.args[0] if exc.args else exc))
             dist.broadcast_object_list(message, src=src, group=group)
             raise
-        message[0] = ("ok", what, answer, keep(answer))
+        finally:
+            _local.deciding = False
+        message[0] = ("ok", what, answer, keep())
     dist.broadcast_object_list(message, src=src, group=group)
     kind, sent_for, *payload = message[0]
     # ranks are numbered within the agreeing group; with set_group's, say which process its rank 0 is

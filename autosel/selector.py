@@ -10,7 +10,7 @@ from typing import Any, Callable
 
 from autosel import config, platforms
 from autosel.dispatch import BucketTable, dispatcher, recording, trace_as
-from autosel.distributed import agree_on_fewer, in_process_group
+from autosel.distributed import agree_on_fewer, deciding, in_process_group
 from autosel.platforms import PlatformInfo, capturing_cuda_graph
 from autosel.registry import load_plugins, on_register, registry
 from autosel.spec import KernelBackend, KernelSpec, spec_list
@@ -124,8 +124,9 @@ def get_kernel(op: str, backend: KernelBackend | str | None = None, *, mode: str
     fn = _build(*key)
     with _cache_lock:
         # A clear_cache(), or a registration for op, during the lookup wins: its result, chosen from the specs
-        # before it, is returned but not stored, so the next call selects again.
-        if stamp == _stamp_locked(op):
+        # before it, is returned but not stored, so the next call selects again. Nor is one made while this
+        # thread decides another op for the ranks: this rank's own (distributed.deciding).
+        if stamp == _stamp_locked(op) and not deciding():
             fn = _cache.setdefault(key, fn)  # threads that built it at once all return the first one stored
     return fn
 

@@ -441,6 +441,52 @@ def test_a_registration_during_the_first_agreement_is_kept_or_dropped_as_rank_0_
     assert [(r["picks"], r["all_reduce"]) for r in results] == [(["triton", "triton", "triton", "cute_dsl"], 2.0)] * 2
 
 
+NESTED = textwrap.dedent("""
+    import datetime, json, os
+    import torch, torch.distributed as dist
+    import toy_kernels
+    from autosel import selector
+    from autosel.spec import KernelBackend as B, KernelSpec, OpDefinition
+
+
+    def outer_slow(x):  # a composite op's backend selecting its sub-op at its first call, as rank 0 checks it
+        inner = selector.get_kernel("toy.inner")
+        for _ in range(32):
+            y = inner(x)
+        return y
+
+
+    def outer_fast(x):
+        return selector.get_kernel("toy.inner")(x)
+
+
+    rank = int(os.environ["RANK"])
+    dist.init_process_group("gloo", init_method="file://" + os.environ["INIT_FILE"], rank=rank, world_size=2,
+                            timeout=datetime.timedelta(seconds=20))  # a rank left waiting fails in 20 s
+    toy_kernels.use_fresh_registry()
+    reg = selector.registry
+    reg.register(KernelSpec("toy.inner", B.TORCH, "toy_kernels:fast"))  # one usable: its package is not there
+    reg.register(KernelSpec("toy.inner", B.FLASHINFER, "toy_kernels:fast", requires=("autosel_no_such_package",)))
+    reg.register(KernelSpec("toy.outer", B.TORCH, "__main__:outer_slow"))
+    reg.register(KernelSpec("toy.outer", B.TRITON, "__main__:outer_fast"))
+    reg.define(OpDefinition("toy.outer", shapes=toy_kernels.SHAPES, make_inputs=toy_kernels.inputs))
+    picks = [selector.select_kernel("toy.outer").backend.value]
+    # toy.inner's own agreement, made now by every rank: rank 0's choice while it decided toy.outer was not kept
+    picks.append(selector.get_kernel("toy.inner") is toy_kernels.fast)
+    ones = torch.ones(1)
+    dist.all_reduce(ones)  # pairs up only if every selection above did
+    print(json.dumps({"rank": rank, "picks": picks, "all_reduce": ones.item()}))
+    dist.destroy_process_group()
+""")
+
+
+def test_an_op_selected_while_rank_0_decides_another_is_agreed_when_every_rank_selects_it(tmp_path):
+    # Used to hang for good: rank 0, deciding toy.outer under the broadcast lock, selected toy.inner (a composite
+    # backend's sub-op) with a broadcast of its own, under the same lock; rank 1 waited in toy.outer's broadcast.
+    results, _ = run_ranks(NESTED, 2, tmp_path, AUTOSEL_BUDGET_S="2")
+    assert [(r["picks"], r["all_reduce"]) for r in results] == [(["triton", True], 2.0)] * 2
+
+
 def test_a_ranks_own_answer_is_looked_up_and_never_tuned(monkeypatch):
     reg = KernelRegistry()
     use_registry(monkeypatch, reg)
@@ -510,16 +556,26 @@ def test_threads_of_one_rank_agreeing_on_one_op_make_one_broadcast(fake_world):
     assert (answers, fake_world.broadcasts) == (["triton"] * 4, 1)
 
 
-def test_an_agreement_cleared_during_its_broadcast_is_returned_not_kept(fake_world):
+def test_an_agreement_forgotten_while_rank_0_decides_is_not_kept_and_one_forgotten_while_sent_is(fake_world):
     from autosel import distributed
 
-    fake_world.during = distributed.forget_agreements  # clear_cache() while the broadcast is under way
-    assert distributed.agree(lambda: "torch", what="op", key=("toy.op", "eager")) == "torch"
-    fake_world.during = None
+    def decide_and_forget():  # clear_cache() while rank 0 decides: the answer may predate it
+        distributed.forget_agreements()
+        return "torch"
+
+    assert distributed.agree(decide_and_forget, what="op", key=("toy.op", "eager")) == "torch"
     assert distributed.agree(lambda: "torch", what="op", key=("toy.op", "eager")) == "torch"
     assert fake_world.broadcasts == 2  # not kept: asked again, agreed again
     assert distributed.agree(lambda: "torch", what="op", key=("toy.op", "eager")) == "torch"
     assert fake_world.broadcasts == 2  # kept this time
+    # Once sent, kept on rank 0 too, as it told every rank: dropped on rank 0 alone, its next selection was a
+    # collective the others did not make (a rank joining the broadcast seconds late held that window open).
+    distributed.forget_agreements()
+    fake_world.during = distributed.forget_agreements
+    distributed.agree(lambda: "torch", what="op", key=("toy.op", "eager"))
+    fake_world.during = None
+    distributed.agree(lambda: "torch", what="op", key=("toy.op", "eager"))
+    assert fake_world.broadcasts == 3
 
 
 def test_forgetting_an_op_forgets_its_agreements_only_and_one_under_way(fake_world):
@@ -531,9 +587,11 @@ def test_forgetting_an_op_forgets_its_agreements_only_and_one_under_way(fake_wor
         distributed.agree(lambda: "torch", what="op", key=key)
     distributed.forget_agreements("toy.op")
     assert set(distributed._agreed) == {("toy.other", "eager")}
-    fake_world.during = lambda: distributed.forget_agreements("toy.op")  # registered during its broadcast
-    distributed.agree(lambda: "triton", what="op", key=("toy.op", "eager"))
-    fake_world.during = None
+    def decide_while_registered():  # a registration for the op while rank 0 decides it
+        distributed.forget_agreements("toy.op")
+        return "triton"
+
+    distributed.agree(decide_while_registered, what="op", key=("toy.op", "eager"))
     assert distributed.agree(lambda: "triton", what="op", key=("toy.op", "eager")) == "triton"
     assert fake_world.broadcasts == 3 + 2  # the one forgotten under way is asked again; toy.other never was
 
