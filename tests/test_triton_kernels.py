@@ -183,23 +183,33 @@ def test_fused_add_rmsnorm(shape, dtype):
     check_fused_add_rmsnorm(shape, dtype, DEVICE)
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("fused", [False, True])
-def test_rmsnorm_two_pass_path(monkeypatch, fused, dtype):
-    # The chunked path only starts past 16K columns, too slow to interpret; shrink its thresholds instead.
+@pytest.fixture
+def two_pass(monkeypatch):
+    """The chunked path only starts past 16K columns, too slow to interpret: shrink its thresholds instead, with no
+    plan of the real thresholds kept from an earlier test (the plan caches) and none of these kept for later ones."""
     monkeypatch.setattr(tk, "_MAX_ROW_BYTES", 64)
     monkeypatch.setattr(tk, "_CHUNK_COLS", 16)
+    monkeypatch.setattr(tk, "_NORM_PLANS", {})
+    tk._rmsnorm_plan.cache_clear()
+    yield
+    tk._rmsnorm_plan.cache_clear()
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("fused", [False, True])
+def test_rmsnorm_two_pass_path(two_pass, fused, dtype):
+    assert tk._rmsnorm_plan(3, 50, torch.tensor([], dtype=dtype).element_size())[3][2] is False  # ONE_PASS off
     check = check_fused_add_rmsnorm if fused else check_rmsnorm
     check((3, 50), dtype, DEVICE)
 
 
 @pytest.mark.parametrize("one_pass", [True, False], ids=["one_pass", "two_pass"])
-def test_fused_add_rmsnorm_normalizes_the_fp32_sum_where_the_stored_one_overflows(monkeypatch, one_pass):
+def test_fused_add_rmsnorm_normalizes_the_fp32_sum_where_the_stored_one_overflows(request, one_pass):
     # 40000 + 40000 is past fp16's 65504: the stored residual is inf, as everywhere; the norm of the fp32 sum is
     # finite, as flashinfer's and the torch backend's are. Normalizing the stored sum made the whole row NaN.
     if not one_pass:
-        monkeypatch.setattr(tk, "_MAX_ROW_BYTES", 64)
-        monkeypatch.setattr(tk, "_CHUNK_COLS", 16)
+        request.getfixturevalue("two_pass")
+    assert tk._rmsnorm_plan(2, 50, 2)[3][2] is one_pass  # ONE_PASS as the test's name says
     x = torch.full((2, 50), 40000.0, dtype=torch.float16, device=DEVICE)
     x[:, 1::2] = 1.0
     residual, weight = x.clone(), torch.ones(50, dtype=torch.float16, device=DEVICE)
@@ -253,6 +263,15 @@ def test_rope_leaves_nan_for_a_position_outside_the_cache_instead_of_reading_pas
     assert torch.isnan(query[[1, 3]]).all() and torch.isnan(key[[1, 3]]).all()
     assert_close(query[in_cache], expected_q, torch.float32)
     assert_close(key[in_cache], expected_k, torch.float32)
+
+
+def test_rope_refuses_a_cos_sin_cache_that_is_not_2d():
+    # The kernel indexes a row per position: a [1, positions, rotary_dim] cache was read as one row (every position
+    # past 0 NaN), a 1-D one as rows of whatever memory followed.
+    positions = torch.tensor([0, 1], dtype=torch.int64, device=DEVICE)
+    query, key = torch.randn(2, 16, device=DEVICE), torch.randn(2, 8, device=DEVICE)
+    with pytest.raises(ValueError, match="cos_sin_cache must be 2-D"):
+        tk.rope(positions, query, key, 8, torch.randn(1, 4, 8, device=DEVICE), True)
 
 
 def test_rope_accepts_3d_query_and_key():

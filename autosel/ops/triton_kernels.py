@@ -330,6 +330,7 @@ def _rope_kernel(
     # is not read (the vendors' kernels read past the cache; the torch backend raises, which a kernel cannot
     # without synchronizing): its token's query and key become NaN, so the mistake shows downstream.
     pos = tl.load(pos_ptr + token).to(tl.int64)
+    # (r < HALF) & in range, written as one comparison: Triton's interpreter refuses a block mask and-ed with a scalar
     in_cache = r < tl.where((pos >= 0) & (pos < n_positions), HALF, 0)
     cache_row = cache_ptr + pos * cache_stride
     cos = tl.load(cache_row + r, mask=in_cache, other=float("nan")).to(tl.float32)[None, :]
@@ -352,10 +353,12 @@ def rope(
     is_neox: bool,
 ) -> None:
     """In place on query [T, Hq*head_size] and key [T, Hk*head_size]; cache rows are [cos | sin]. A token whose
-    position is not a row of the cache gets NaN query and key."""
+    position is not a row of the cache gets NaN in the rotated part of its query and key."""
     if _DIRECT is not None and not hooked() and _DIRECT.rope(
             _launch_rope.kept, _ROPE_PLANS, positions, query, key, head_size, cos_sin_cache, is_neox):
         return
+    if cos_sin_cache.dim() != 2:  # a row per position is what the kernel indexes
+        raise ValueError(f"cos_sin_cache must be 2-D [positions, rotary_dim], got shape {tuple(cos_sin_cache.shape)}")
     rotary_dim = cos_sin_cache.shape[-1]
     if rotary_dim % 2 or rotary_dim > head_size:
         raise ValueError(f"cos_sin_cache last dim {rotary_dim} must be even and <= head_size {head_size}")

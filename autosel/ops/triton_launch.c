@@ -16,7 +16,8 @@
    reads_dlpack() -> bool
        Whether tensors are read through torch's DLPack C exchange API (torch.Tensor.__dlpack_c_exchange_api__,
        torch 2.10 on): a tensor's address, dtype, device, shape and strides in one C call, where the attributes
-       cost a Python call each. Without it tensors are read through their attributes and norm() is not offered.
+       cost a Python call each. Without it tensors are read through their attributes, and norm(), act_and_mul() and
+       rope() launch nothing (they return False).
    norm(kept, plans, x, residual, weight, out, eps) -> bool
    act_and_mul(kept, plans, x, out, gelu) -> bool
    rope(kept, plans, positions, query, key, head_size, cos_sin_cache, is_neox) -> bool
@@ -73,7 +74,16 @@ typedef struct {
     int (*dltensor_from_py_object_no_sync)(void *py_object, DLTensor *out);
     int (*current_work_stream)(int32_t device_type, int32_t device_id, void **out_current_stream);
 } DLPackExchangeAPI;
-enum { DL_CUDA = 2 };
+/* The DLPack device type launched on (kDLCUDA) and the driver library; a test builds this file with
+   AUTOSEL_DL_DEVICE 1 (kDLCPU) and a stand-in driver that records launches, to compare the C launches with the
+   Python path's on a machine without a GPU (tests/test_triton_launch_c.py). */
+#ifndef AUTOSEL_DL_DEVICE
+#define AUTOSEL_DL_DEVICE 2
+#endif
+#ifndef AUTOSEL_LIBCUDA
+#define AUTOSEL_LIBCUDA "libcuda.so.1"
+#endif
+enum { DL_CUDA = AUTOSEL_DL_DEVICE };
 
 #define MAX_ARGS 32
 #define MAX_NULLS 8
@@ -102,7 +112,7 @@ typedef union {
 
 static int open_driver(void) {
     if (cu_launch != NULL) return 1;
-    void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    void *lib = dlopen(AUTOSEL_LIBCUDA, RTLD_NOW | RTLD_LOCAL);
     if (lib == NULL) return 0;
     cu_ctx_current = (ctx_current_t)dlsym(lib, "cuCtxGetCurrent");
     cu_error_string = (error_string_t)dlsym(lib, "cuGetErrorString");
@@ -341,7 +351,7 @@ static int as_rows(const DLTensor *t, int64_t width, int64_t *rows, int64_t *row
         *row_stride = width;
         return 1;
     }
-    if (t->strides[nd - 1] != 1 && width > 1) return 0;
+    if (t->strides[nd - 1] != 1) return 0;  /* even at width 1, as torch's view reports it to the Python path */
     if (nd == 2) {  /* as triton_kernels._as_rows takes a 2-d tensor: its own row stride, even for one row */
         *rows = t->shape[0];
         *row_stride = t->strides[0];
@@ -374,7 +384,8 @@ static int read_tensor(PyObject *obj, int device, DLTensor *t) {
         PyErr_Clear();
         return 0;
     }
-    return t->device.device_type == DL_CUDA && t->device.device_id == device;
+    /* a tensor without storage (a FakeTensor under tracing) has no address to launch on */
+    return t->device.device_type == DL_CUDA && t->device.device_id == device && t->data != NULL;
 }
 
 /* The current CUDA device, where a context is current and tensors can be read through DLPack; -1 otherwise. */
@@ -423,7 +434,8 @@ static PyObject *launch_tensors(PyObject *kept, int device, PyObject *num_warps,
     return launch_kept(kept, k, grid, (unsigned long long)(uintptr_t)stream, codes, values, n);
 }
 
-/* plans[key] (borrowed) where it is a tuple of `size` items; NULL with no exception where there is none yet. */
+/* plans[key] (a new reference, so that a plans.clear() meanwhile cannot free it) where it is a tuple of `size`
+   items; NULL with no exception where there is none yet. */
 static PyObject *plan_for(PyObject *plans, PyObject *key, Py_ssize_t size) {
     if (key == NULL) return NULL;
     PyObject *plan = PyDict_GetItemWithError(plans, key);
@@ -432,7 +444,7 @@ static PyObject *plan_for(PyObject *plans, PyObject *key, Py_ssize_t size) {
         PyErr_Format(PyExc_ValueError, "a launch plan must be a tuple of %zd items", size);
         return NULL;
     }
-    return plan;
+    return Py_XNewRef(plan);
 }
 
 /* norm(kept, plans, x, residual, weight, out, eps); plans[(rows, width, element size)] is
@@ -443,7 +455,8 @@ static PyObject *norm(PyObject *self, PyObject *const *a, Py_ssize_t nargs) {
         return NULL;
     }
     int fused = a[3] != Py_None, device = current_device();
-    if (device < 0 || !PyFloat_CheckExact(a[6])) Py_RETURN_FALSE;
+    /* out is x without a residual: fused_add_rmsnorm called without one, which its Python path rejects */
+    if (device < 0 || !PyFloat_CheckExact(a[6]) || (!fused && a[5] == a[2])) Py_RETURN_FALSE;
     DLTensor x, res, w, out;
     if (!read_tensor(a[2], device, &x) || !read_tensor(a[4], device, &w) || !read_tensor(a[5], device, &out)
         || (fused && !read_tensor(a[3], device, &res)))
@@ -464,8 +477,10 @@ static PyObject *norm(PyObject *self, PyObject *const *a, Py_ssize_t nargs) {
     const DLTensor *tensors[4] = {&x, fused ? &res : &x, &w, &out};
     int64_t ints[5] = {n_rows, width, x_stride, res_stride, out_stride};
     double eps = PyFloat_AS_DOUBLE(a[6]);
-    return launch_tensors(a[0], device, PyTuple_GET_ITEM(plan, 1), PyTuple_GET_ITEM(plan, fused ? 3 : 2),
-                          PyTuple_GET_ITEM(plan, 0), tensors, 4, ints, 5, &eps);
+    PyObject *result = launch_tensors(a[0], device, PyTuple_GET_ITEM(plan, 1), PyTuple_GET_ITEM(plan, fused ? 3 : 2),
+                                      PyTuple_GET_ITEM(plan, 0), tensors, 4, ints, 5, &eps);
+    Py_DECREF(plan);
+    return result;
 }
 
 /* act_and_mul(kept, plans, x, out, gelu); plans[(d, gelu)] is (num_warps, constexprs, block). */
@@ -488,22 +503,25 @@ static PyObject *act_and_mul(PyObject *self, PyObject *const *a, Py_ssize_t narg
     PyObject *plan = plan_for(a[1], Py_BuildValue("(LO)", (long long)d, a[4]), 3);
     if (plan == NULL) return PyErr_Occurred() ? NULL : Py_NewRef(Py_False);  /* not planned yet */
     long long block = PyLong_AsLongLong(PyTuple_GET_ITEM(plan, 2));
-    if (block <= 0) return PyErr_Occurred() ? NULL : Py_NewRef(Py_False);
-    PyObject *grid = Py_BuildValue("(LL)", (long long)n_rows, (long long)((d + block - 1) / block));
-    if (grid == NULL) return NULL;
+    PyObject *grid = block <= 0 ? NULL : Py_BuildValue("(LL)", (long long)n_rows, (long long)((d + block - 1) / block));
+    if (grid == NULL) {
+        Py_DECREF(plan);
+        return PyErr_Occurred() ? NULL : Py_NewRef(Py_False);
+    }
     const DLTensor *tensors[2] = {&x, &out};
     int64_t ints[3] = {d, x_stride, d};
     PyObject *result = launch_tensors(a[0], device, PyTuple_GET_ITEM(plan, 0), PyTuple_GET_ITEM(plan, 1), grid,
                                       tensors, 2, ints, 3, NULL);
     Py_DECREF(grid);
+    Py_DECREF(plan);
     return result;
 }
 
 /* t as [n_tokens, width] rows with contiguous columns, as triton_kernels._token_rows views it; 0 if not so. */
 static int token_rows(const DLTensor *t, int64_t n_tokens, int64_t *width, int64_t *row_stride) {
-    if (t->ndim < 2 || t->shape[0] != n_tokens || t->strides == NULL) return 0;
-    int64_t expected = 1;
-    for (int d = t->ndim - 1; d >= 1; d--) {
+    if (t->ndim < 2 || t->shape[0] != n_tokens || t->strides == NULL || t->strides[t->ndim - 1] != 1) return 0;
+    int64_t expected = t->shape[t->ndim - 1];
+    for (int d = t->ndim - 2; d >= 1; d--) {
         if (t->strides[d] != expected && t->shape[d] > 1) return 0;
         expected *= t->shape[d];
     }
@@ -522,8 +540,9 @@ static PyObject *rope(PyObject *self, PyObject *const *a, Py_ssize_t nargs) {
     }
     int device = current_device();
     if (device < 0 || !PyLong_CheckExact(a[5]) || !PyBool_Check(a[7])) Py_RETURN_FALSE;
-    long long head_size = PyLong_AsLongLong(a[5]);
-    if (head_size <= 0) return PyErr_Occurred() ? NULL : Py_NewRef(Py_False);
+    int overflow;
+    long long head_size = PyLong_AsLongLongAndOverflow(a[5], &overflow);
+    if (overflow || head_size <= 0) Py_RETURN_FALSE;  /* the Python path says what is wrong with it */
     DLTensor pos, q, k, cache;
     if (!read_tensor(a[2], device, &pos) || !read_tensor(a[3], device, &q) || !read_tensor(a[4], device, &k)
         || !read_tensor(a[6], device, &cache))
@@ -548,15 +567,19 @@ static PyObject *rope(PyObject *self, PyObject *const *a, Py_ssize_t nargs) {
                                                   (long long)k_heads, a[7]), 3);
     if (plan == NULL) return PyErr_Occurred() ? NULL : Py_NewRef(Py_False);  /* not planned yet */
     long long block_h = PyLong_AsLongLong(PyTuple_GET_ITEM(plan, 2));
-    if (block_h <= 0) return PyErr_Occurred() ? NULL : Py_NewRef(Py_False);
     int64_t heads = q_heads > k_heads ? q_heads : k_heads;
-    PyObject *grid = Py_BuildValue("(LL)", (long long)n_tokens, (long long)((heads + block_h - 1) / block_h));
-    if (grid == NULL) return NULL;
+    PyObject *grid = block_h <= 0 ? NULL
+                     : Py_BuildValue("(LL)", (long long)n_tokens, (long long)((heads + block_h - 1) / block_h));
+    if (grid == NULL) {
+        Py_DECREF(plan);
+        return PyErr_Occurred() ? NULL : Py_NewRef(Py_False);
+    }
     const DLTensor *tensors[4] = {&pos, &q, &k, &cache};
     int64_t ints[6] = {q_heads, k_heads, q_stride, k_stride, cache.strides[0], cache.shape[0]};
     PyObject *result = launch_tensors(a[0], device, PyTuple_GET_ITEM(plan, 0), PyTuple_GET_ITEM(plan, 1), grid,
                                       tensors, 4, ints, 6, NULL);
     Py_DECREF(grid);
+    Py_DECREF(plan);
     return result;
 }
 

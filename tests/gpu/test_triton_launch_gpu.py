@@ -108,21 +108,24 @@ def test_every_kernel_launches_from_c_after_its_first_call(tokens, monkeypatch):
 
 
 def test_a_launch_hook_sends_calls_through_triton(monkeypatch):
-    """A profiler's launch hook (proton sets one) must see every launch: the C launcher would skip it."""
+    """A profiler's launch hook (proton sets one) must see every launch of every kernel: the C launcher, from
+    prepared arguments or from the tensors, would skip it."""
     from triton import knobs
 
     tk = _kernels()
-    x = _rows(8, 4096)
-    weight = torch.randn(4096, device="cuda").to(torch.bfloat16)
-    tk.rmsnorm(x, weight, EPS)
+    calls = _every_kernel_call(tk, 8)
+    for _, _, call, _ in calls:
+        call()  # planned, compiled or loaded, and kept
     seen = []
     hooks = knobs.runtime.launch_enter_hook
     if hasattr(hooks, "add"):  # Triton 3.6 and later: a HookChain, empty unless a profiler adds to it
         monkeypatch.setattr(hooks, "calls", [seen.append])  # the chain's own list comes back after the test
     else:
         monkeypatch.setattr(knobs.runtime, "launch_enter_hook", seen.append)
-    tk.rmsnorm(x, weight, EPS)
-    assert len(seen) == 1
+    for _, name, call, _ in calls:
+        before = len(seen)
+        call()
+        assert len(seen) == before + 1, f"{name}: the launch hook did not see the launch"
 
 
 def test_direct_launches_are_captured_in_a_cuda_graph():
@@ -301,3 +304,32 @@ def test_launches_from_c_are_captured_on_the_capturing_stream(monkeypatch):
     assert not any(r.calls for r in recorded.values())
     assert torch.equal(static_x, expected_x) and torch.equal(static_res, expected_res)
     assert torch.equal(activated, expected_act)
+
+
+def test_rows_sliced_out_of_wider_buffers_launch_from_c_with_their_own_row_stride(monkeypatch):
+    """Engines pass rows of wider buffers (a residual stream's slice, q and k out of one qkv projection): a row
+    stride taken as the width would read the wrong rows, which contiguous inputs cannot show."""
+    from autosel.ops import torch_impl
+
+    tk = _kernels()
+    _direct(tk)
+    x, residual = _rows(12, 8192)[:, :4096], _rows(12, 6144)[:, 1024:5120]
+    weight = torch.randn(4096, device="cuda").to(torch.bfloat16)
+    qkv = _rows(12, (8 + 2 + 2) * 128)
+    positions = torch.arange(12, device="cuda")
+    cache = torch.randn(64, 128, device="cuda")
+
+    def run(module):
+        xc, rc, q, k = x.clone(), residual.clone(), qkv[:, :1024].clone(), qkv[:, 1024:1280].clone()
+        # the in-place ops on views of the buffers' copies, as an engine calls them
+        xb, rb, qkvb = _rows(12, 8192), _rows(12, 6144), qkv.clone()
+        xb[:, :4096].copy_(xc), rb[:, 1024:5120].copy_(rc)
+        module.fused_add_rmsnorm(xb[:, :4096], rb[:, 1024:5120], weight, EPS)
+        module.rope(positions, qkvb[:, :1024], qkvb[:, 1024:1280], 128, cache, True)
+        return module.rmsnorm(x, weight, EPS), xb[:, :4096], rb[:, 1024:5120], qkvb[:, :1280]
+
+    run(tk)  # planned and kept on the Python path
+    recorded = _record_python_launches(tk, monkeypatch)
+    for got, want in zip(run(tk), run(torch_impl), strict=True):
+        torch.testing.assert_close(got, want, rtol=2e-2, atol=2e-2)
+    assert not any(r.calls for r in recorded.values())
