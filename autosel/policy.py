@@ -33,16 +33,16 @@ class Rule:
 # A CPU round is often disturbed wholesale for one candidate (descheduled, OpenMP wake-ups), so there a win
 # may lose one round of three.
 #
-# Eager ties go to the candidates whose host part of a call is not clearly heavier than another's: an eager call
-# costs the larger of its host and device time, so level over the representative shapes, a candidate with a heavier
-# launch loses the launch-bound shapes routed to it. With triton first in registration order and its launch then
-# twice flashinfer's on the host (9.9-11.1 against 5.4-5.8 us), a tie made it eager rmsnorm's op-level winner and
-# held-out shapes ran at 1.25x the per-shape best against flashinfer's 1.10 (docs/H200.md call 24-2). Stop 24 put
-# triton last by name; since the norms' Triton launch went to C it is level with flashinfer's (host parts 1.00-1.02x
-# the lightest over two tunes, flashinfer's 1.02-1.10x), while silu_and_mul's, gelu_and_mul's and rope's Triton
-# launches cost 1.16-1.23x flashinfer's; ties went to triton at 1.5x and set9 ran those ops' eager dispatchers at
-# up to 1.24x the per-shape best at launch-bound shapes (docs/H200.md calls 25-3, 25-4). 1.13x splits the two
-# groups, chosen on call 25-3's tunes; set10 judges it. In graph mode the host's time is gone; registration decides.
+# Eager ties pass over a candidate whose host part of a call is clearly heavier than the lightest tied candidate's
+# (choose): an eager call costs the larger of its host and device time, so level over the representative shapes, a
+# candidate with a heavier launch loses the launch-bound shapes routed to it. With triton first in registration
+# order and its launch then twice flashinfer's on the host (9.9-11.1 against 5.4-5.8 us), a tie made it eager
+# rmsnorm's op-level winner and held-out shapes ran at 1.25x the per-shape best against flashinfer's 1.10
+# (docs/H200.md call 24-2). Stop 24 put triton last by name; since the norms' Triton launch went to C it is level
+# with flashinfer's, while silu_and_mul's, gelu_and_mul's and rope's Triton launches through their Python wrappers
+# cost 1.16-1.23x flashinfer's: at 1.5x their ties went to triton and set9 ran those ops' eager dispatchers at up
+# to 1.24x the per-shape best (calls 25-3, 25-4). 1.13x splits the two groups on call 25-3's tunes; a cut inside
+# two tunes' spread flips decisions (docs/TUNING.md section 4). In graph mode the host's time is gone.
 GRAPH_RULE = Rule(0.06)
 RULES = {"cuda:graph-replay": GRAPH_RULE, "cuda:back-to-back": Rule(0.10, heavy_host=1.13),
          "cpu:torch.utils.benchmark": Rule(0.05, may_lose=1),
@@ -73,18 +73,25 @@ def relative_scores(medians: dict[str, list[float]]) -> dict[str, float]:
     return {b: geomean([m[i] / best[i] for i in range(n_shapes)]) for b, m in medians.items()}
 
 
-def choose(order: Sequence[str], readings: dict[str, Sequence[float]], margin: float, may_lose: int = 0) -> str:
+def choose(order: Sequence[str], readings: dict[str, Sequence[float]], margin: float, may_lose: int = 0,
+           hosts: Mapping[str, float] | None = None, heavy_host: float | None = None) -> str:
     """The first candidate in registration order that the fastest does not beat by more than `margin` in
     every reading (each round, each host speed), or in all but `may_lose` of three or more: the default
     keeps the decision unless beaten, and among candidates level with the fastest the earliest registered
-    wins, so a near-tie cannot change hands between two tunes. The fastest: the lowest median reading."""
+    wins, so a near-tie cannot change hands between two tunes. The fastest: the lowest median reading.
+
+    With `hosts` (each candidate's host part of a call) and `heavy_host`, a level candidate whose host part is
+    over heavy_host times the lightest level candidate's comes after the other level ones (heavy_hosts), but for
+    the first in `order` when the caller pins it there (a bucket's default: pass hosts without it)."""
     fastest = min(order, key=lambda b: statistics.median(readings[b]))
 
     def beaten(candidate: str) -> bool:
         wins = [t > f * (1.0 + margin) for t, f in zip(readings[candidate], readings[fastest], strict=True)]
         return sum(wins) >= (len(wins) - may_lose if len(wins) >= 3 else len(wins))
 
-    return next(b for b in order if not beaten(b))
+    level = [b for b in order if not beaten(b)]
+    heavy = heavy_hosts(level, hosts or {}, heavy_host)
+    return min(level, key=lambda b: b in heavy)  # the first of the lightest group, in order
 
 
 def at_host_speed(m: Measurement, factor: float) -> float:
@@ -147,15 +154,23 @@ def typical_margin(measurements: Sequence[Measurement], floor: float) -> float:
     return max(floor, statistics.median(noise(m) for m in measurements))
 
 
-def heavy_hosts(stats: dict[str, list[Measurement]], factor: float | None) -> set[str]:
-    """The candidates whose host part of a call (the median over their shapes) is more than `factor` times the
-    lightest candidate's; none without a factor or where the host part was not measured (CPU, graph replay)."""
-    hosts = {b: statistics.median(m.host_us for m in ms) for b, ms in stats.items()
-             if ms and all(m.host_us for m in ms)}
-    if factor is None or len(hosts) < 2:
+def heavy_hosts(level: Sequence[str], hosts: Mapping[str, float], factor: float | None) -> set[str]:
+    """Of the candidates level with the fastest, those whose host part of a call is more than `factor` times the
+    lightest of them: measured against the candidates in the tie only, so that a slower one, installed or not,
+    cannot move a tie between two others. None without a factor, or unless every level candidate in `hosts` has
+    its host part measured (CPU and graph timings have none; a bucket's pinned default is left out of hosts)."""
+    compared = [b for b in level if b in hosts]
+    if factor is None or len(compared) < 2 or any(not hosts[b] for b in compared):
         return set()
-    lightest = min(hosts.values())
-    return {b for b, host in hosts.items() if host > factor * lightest}
+    lightest = min(hosts[b] for b in compared)
+    return {b for b in compared if hosts[b] > factor * lightest}
+
+
+def host_parts(stats: Mapping[str, Sequence[Measurement]]) -> dict[str, float] | None:
+    """Each candidate's host part of a call, the median over its shapes; None unless every measurement has one."""
+    if not all(m.host_us for ms in stats.values() for m in ms):
+        return None
+    return {b: statistics.median(m.host_us for m in ms) for b, ms in stats.items() if ms}
 
 
 @dataclass(frozen=True)
@@ -187,14 +202,23 @@ class Policy:
         rule = dataclasses.replace(shared, floor=floor)
         return dataclasses.replace(self, rules={m: rule if r is shared else r for m, r in self.rules.items()})
 
+    def with_heavy_host(self, factor: float | None) -> "Policy":
+        """This policy with every heavy-host step's factor set (None: no such step), for replays of other rules."""
+        return dataclasses.replace(self, rules={m: dataclasses.replace(r, heavy_host=factor) if r.heavy_host else r
+                                                for m, r in self.rules.items()})
+
     def with_may_lose(self, may_lose: int) -> "Policy":
         return dataclasses.replace(self, rules={m: dataclasses.replace(r, may_lose=may_lose)
                                                for m, r in self.rules.items()})
 
-    def judge(self, stats: dict[str, list[Measurement]], default: str | None = None) -> Verdict:
+    def judge(self, stats: dict[str, list[Measurement]], default: str | None = None,
+              hosts: Mapping[str, float] | None = None) -> Verdict:
         """The decision, from each candidate's per-shape measurements (dict in registration order). Ties are
-        broken in that order, with candidates of a heavy host part after the others (heavy_hosts), or with
-        `default` first.
+        broken in that order, or with `default` first; in the timing methods whose Rule has heavy_host, a level
+        candidate with a heavy host part comes after the other level ones (choose), but for `default`. hosts: each
+        candidate's host part of a call (default: host_parts of stats). A call's host part hardly depends on its
+        shape, so one figure per candidate over all of an op's shapes serves its buckets too, steadier than
+        their one or two shapes' own.
 
         To beat a candidate, the fastest must win every reading (but those the timing method's Rule lets it
         lose): each interleaved round (rounds compared pairwise, measured close in time) and, where a call's
@@ -202,8 +226,11 @@ class Policy:
         """
         everything = [m for ms in stats.values() for m in ms]
         rule = self.rule_for(everything[0].method)
-        heavy = heavy_hosts(stats, rule.heavy_host)
-        order = sorted(stats, key=lambda b: (b != default, b in heavy))  # a stable sort: registration order
+        order = sorted(stats, key=lambda b: b != default)  # a stable sort: registration order, the default first
+
+        # The host parts the heavy-host step compares: every candidate's but the default's, never passed over.
+        parts = host_parts(stats) if hosts is None else hosts
+        parts = parts and {b: h for b, h in parts.items() if b != default}
         floor = rule.floor if self.margin_floor is None else self.margin_floor
         rounds = max(len(m.round_medians_us) for m in everything)
         speeds = self.host_speeds if all(m.host_us and m.device_us for m in everything) else ()
@@ -220,9 +247,11 @@ class Policy:
         scores = relative_scores({b: [m.median_us for m in ms] for b, ms in stats.items()})
         margin = typical_margin(everything, floor)
         shape_winners = [choose(order, {b: per_shape[b][i] for b in order},
-                                typical_margin([stats[b][i] for b in order], floor), rule.may_lose)
+                                typical_margin([stats[b][i] for b in order], floor), rule.may_lose,
+                                parts, rule.heavy_host)
                          for i in range(n_shapes)]
-        return Verdict(scores, choose(order, op_readings, margin, rule.may_lose), margin, shape_winners)
+        winner = choose(order, op_readings, margin, rule.may_lose, parts, rule.heavy_host)
+        return Verdict(scores, winner, margin, shape_winners)
 
     def judge_groups(self, stats: dict[str, list[Measurement]], groups: Mapping[object, Sequence[int]],
                      default: str) -> dict[object, Verdict]:
@@ -231,7 +260,8 @@ class Policy:
         in every reading at that group's shapes. With registration order instead, a near-tie at one shape handed
         the bucket to an earlier-registered backend (triton before the vendors) that lost by 1.8x on the
         held-out shapes routed to it (H200, eager rmsnorm; docs/BENCHMARKS.md)."""
-        return {g: self.judge({b: [ms[i] for i in idx] for b, ms in stats.items()}, default=default)
+        hosts = host_parts(stats)
+        return {g: self.judge({b: [ms[i] for i in idx] for b, ms in stats.items()}, default=default, hosts=hosts)
                 for g, idx in groups.items()}
 
 

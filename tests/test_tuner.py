@@ -533,16 +533,39 @@ def test_eager_ties_go_past_a_candidate_whose_launch_is_heavy_and_graph_ties_by_
     assert judge(eager).winner == "triton"  # last in the order, it still wins by beating the others
 
 
-def test_a_heavy_host_is_measured_against_the_lightest_candidate():
+def test_a_heavy_host_is_measured_against_the_lightest_candidate_in_the_tie():
     from autosel.policy import heavy_hosts
 
-    stats = {"a": [_m(10.0, host=5.0, device=9.0), _m(20.0, host=5.4, device=19.0)],
-             "b": [_m(10.0, host=8.0, device=9.0), _m(20.0, host=8.2, device=19.0)],
-             "c": [_m(10.0, host=7.0, device=9.0), _m(20.0, host=8.0, device=19.0)]}
-    assert heavy_hosts(stats, 1.5) == {"b"}  # median host 8.1 against a's 5.2; c's 7.5 is within 1.5x
-    assert heavy_hosts(stats, None) == set()
-    stats["a"] = [_m(10.0), _m(20.0)]  # a's host part not measured: it is left out, c is then the lightest
-    assert heavy_hosts(stats, 1.5) == set()
+    hosts = {"a": 5.2, "b": 8.1, "c": 7.5}
+    assert heavy_hosts(["a", "b", "c"], hosts, 1.5) == {"b"}  # 8.1 against a's 5.2; c's 7.5 is within 1.5x
+    assert heavy_hosts(["b", "c"], hosts, 1.5) == set()  # a not in the tie: b and c are within 1.5x of each other
+    assert heavy_hosts(["a", "b", "c"], hosts, None) == set()
+    assert heavy_hosts(["a", "b", "c"], {**hosts, "a": None}, 1.5) == set()  # a host part not measured: no step
+
+
+def test_a_candidate_outside_the_tie_does_not_move_it():
+    # A review's case: a and b level, b's launch 1.2x lighter, so b wins the tie; a third backend 1.5x slower (so
+    # not in the tie) with a lighter launch still made both heavy, and a, registered first, won.
+    method = "cuda:back-to-back"
+    a = [_m(20.0, (20.0, 20.1, 19.9), method=method, host=6.0, device=19.0)]
+    b = [_m(20.0, (20.0, 19.9, 20.1), method=method, host=5.0, device=19.0)]
+    c = [_m(30.0, (30.0, 30.1, 29.9), method=method, host=4.4, device=29.0)]
+    assert judge({"a": a, "b": b}).winner == "b"
+    assert judge({"a": a, "b": b, "c": c}).winner == "b"
+    assert judge({"a": a, "b": b, "c": c}).shape_winners == ["b"]
+
+
+def test_a_bucket_default_is_never_passed_over_and_partial_host_parts_take_no_step():
+    from autosel.policy import DEFAULT_POLICY
+
+    method = "cuda:back-to-back"
+    heavy = [_m(20.0, (20.0, 20.1, 19.9), method=method, host=9.0, device=19.0)]
+    light = [_m(20.0, (20.0, 19.9, 20.1), method=method, host=5.0, device=19.0)]
+    assert DEFAULT_POLICY.judge({"a": heavy, "b": light}).winner == "b"
+    assert DEFAULT_POLICY.judge({"a": heavy, "b": light}, default="a").winner == "a"
+    assert DEFAULT_POLICY.judge({"b": light, "a": heavy}, default="a").winner == "a"
+    unmeasured = [_m(20.0, (20.0, 20.1, 19.9), method=method)]
+    assert DEFAULT_POLICY.judge({"a": unmeasured, "b": light}).winner == "a"  # registration order, as before
 
 
 def test_eager_ties_pass_over_a_launch_1_16x_heavier_and_keep_one_1_02x():
@@ -976,3 +999,12 @@ def test_a_make_inputs_error_of_several_lines_is_named_by_its_first_line(toy):
     assert str(info.value) == ("op 'toy.double': its make_inputs raised TypeError: randn() received an invalid "
                                "combination of arguments - got (str, ), but expected one of: [...] for the shape n=x: "
                                "fix the shape or the op's make_inputs")
+
+
+def test_a_replay_can_set_the_heavy_host_step_of_eager_timing_only():
+    from autosel.policy import DEFAULT_POLICY
+
+    policy = DEFAULT_POLICY.with_heavy_host(1.5)
+    assert policy.rule_for("cuda:back-to-back").heavy_host == 1.5
+    assert policy.rule_for("cuda:graph-replay").heavy_host is None
+    assert DEFAULT_POLICY.with_heavy_host(None).rule_for("cuda:back-to-back").heavy_host is None

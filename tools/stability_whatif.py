@@ -119,6 +119,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--host-speed-range", type=float)
     parser.add_argument("--host-speeds", type=float, nargs="*", help="the host-speed readings' factors")
     parser.add_argument("--may-lose", type=int)
+    parser.add_argument("--heavy-host", type=float, metavar="FACTOR",
+                        help="the eager tie's heavy-launch factor (policy.Rule.heavy_host; 0: no such step)")
     parser.add_argument("--floor", action="append", default=[], metavar="METHOD=FLOOR",
                         help="replay with this floor for one timing method (repeatable)")
     parser.add_argument("--settled", type=float, metavar="FACTOR",
@@ -135,6 +137,8 @@ def main(argv: list[str] | None = None) -> int:
         policy = dataclasses.replace(policy, host_speeds=tuple(args.host_speeds))
     if args.may_lose is not None:
         policy = policy.with_may_lose(args.may_lose)
+    if args.heavy_host is not None:
+        policy = policy.with_heavy_host(args.heavy_host or None)
     for setting in args.floor:
         method, _, floor = setting.rpartition("=")
         try:
