@@ -316,6 +316,16 @@ def test_a_backend_registered_on_every_rank_is_agreed_on_again(tmp_path):
         (0, "slow", "fast", 2, 2.0), (1, "slow", "fast", 0, 2.0)]
 
 
+# The end of a rank's script that selected kernels into `picks`: the ranks' next collective, which pairs up only if
+# every selection before it did (a rank left waiting fails at the group's timeout), and what the rank prints.
+PICKS_AND_ALL_REDUCE = textwrap.dedent("""
+    ones = torch.ones(1)
+    dist.all_reduce(ones)
+    print(json.dumps({"rank": rank, "picks": picks, "all_reduce": ones.item()}))
+    dist.destroy_process_group()
+""")
+
+
 FEWER = textwrap.dedent("""
     import datetime, json, os
     import torch
@@ -346,11 +356,7 @@ FEWER = textwrap.dedent("""
             picks[op] = f"{type(exc).__name__}: {exc}"
     if rank == 0:  # agreed: a later selection is no collective, so rank 0 may make it alone
         picks["again"] = selector.select_kernel("toy.one_on_0").backend.value
-    ones = torch.ones(1)
-    dist.all_reduce(ones)  # the ranks' next collective: it pairs up only if every selection above did
-    print(json.dumps({"rank": rank, "picks": picks, "all_reduce": ones.item()}))
-    dist.destroy_process_group()
-""")
+""") + PICKS_AND_ALL_REDUCE
 
 
 def test_ranks_that_see_fewer_than_two_backends_still_agree_and_say_where_they_differ(tmp_path):
@@ -426,11 +432,7 @@ DURING = textwrap.dedent("""
         toy_kernels.plant("toy.late_on_0", "cute_dsl", {})  # what rank 0 decides with the new backend
     # Kept or dropped alike on every rank: a selection again is a collective on every rank or on none.
     picks += [selector.select_kernel(op).backend.value for op in ("toy.late_on_1", "toy.late_on_0")]
-    ones = torch.ones(1)
-    dist.all_reduce(ones)  # the ranks' next collective: it pairs up only if every selection above did
-    print(json.dumps({"rank": rank, "picks": picks, "all_reduce": ones.item()}))
-    dist.destroy_process_group()
-""")
+""") + PICKS_AND_ALL_REDUCE
 
 
 def test_a_registration_during_the_first_agreement_is_kept_or_dropped_as_rank_0_says(tmp_path):
@@ -473,11 +475,7 @@ NESTED = textwrap.dedent("""
     picks = [selector.select_kernel("toy.outer").backend.value]
     # toy.inner's own agreement, made now by every rank: rank 0's choice while it decided toy.outer was not kept
     picks.append(selector.get_kernel("toy.inner") is toy_kernels.fast)
-    ones = torch.ones(1)
-    dist.all_reduce(ones)  # pairs up only if every selection above did
-    print(json.dumps({"rank": rank, "picks": picks, "all_reduce": ones.item()}))
-    dist.destroy_process_group()
-""")
+""") + PICKS_AND_ALL_REDUCE
 
 
 def test_an_op_selected_while_rank_0_decides_another_is_agreed_when_every_rank_selects_it(tmp_path):
