@@ -10,7 +10,7 @@ from typing import Any, Callable
 
 from autosel import config, platforms
 from autosel.dispatch import BucketTable, dispatcher, recording, trace_as
-from autosel.distributed import agree_on_fewer, deciding, in_process_group
+from autosel.distributed import agree_on_fewer, decision_kernels, in_process_group
 from autosel.platforms import PlatformInfo, capturing_cuda_graph
 from autosel.registry import load_plugins, on_register, registry
 from autosel.spec import KernelBackend, KernelSpec, spec_list
@@ -120,13 +120,17 @@ def get_kernel(op: str, backend: KernelBackend | str | None = None, *, mode: str
     if _compiling():  # a first call inside code torch.compile traces, as the selector autosel replaces allowed
         return getattr(sys.modules[__name__], _traced_name(key))
     load_plugins()  # before the stamp: the plug-ins' registrations are not news to this lookup
+    during_decision = decision_kernels()  # this thread decides another op for the ranks: its choice is its own
+    if during_decision is not None:
+        if key not in during_decision:
+            during_decision[key] = _build(*key)
+        return during_decision[key]
     stamp = _stamp(op)
     fn = _build(*key)
     with _cache_lock:
         # A clear_cache(), or a registration for op, during the lookup wins: its result, chosen from the specs
-        # before it, is returned but not stored, so the next call selects again. Nor is one made while this
-        # thread decides another op for the ranks: this rank's own (distributed.deciding).
-        if stamp == _stamp_locked(op) and not deciding():
+        # before it, is returned but not stored, so the next call selects again.
+        if stamp == _stamp_locked(op):
             fn = _cache.setdefault(key, fn)  # threads that built it at once all return the first one stored
     return fn
 
