@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
 
+import numpy
 import pytest
 import torch
 
@@ -290,6 +291,8 @@ CASES = [
     _case("rmsnorm-weight-0d", RMS, lambda: (_t(4, 64), _t(64)[0], EPS), Raises(ValueError, "1-D"),
           prime=_valid_rmsnorm),
     _case("rmsnorm-eps-int", RMS, lambda: (_t(4, 64), _t(64), 0), PYTHON, prime=_valid_rmsnorm),
+    # a float subclass (a model config's numpy eps): both paths read it as float(eps); FastLaunch refused it before
+    _case("rmsnorm-eps-numpy-float", RMS, lambda: (_t(4, 64), _t(64), numpy.float64(EPS)), C),
     _case("rmsnorm-0-rows", RMS, lambda: (_t(0, 64), _t(64), EPS), PYTHON),
 
     _case("fused-2d", FUSED, lambda: (_t(4, 64), _t(4, 64), _t(64), EPS)),

@@ -126,16 +126,17 @@ _launch_rmsnorm_kernel = FastLaunch(_rmsnorm_kernel)
 # the launch itself (docs/H200.md, "Stop 25"). It launches only what the Python path would launch, with the plans
 # that path records (_remember), and returns False for everything else, which then takes the Python path.
 _DIRECT = _launch_rmsnorm_kernel.direct if _launch_rmsnorm_kernel.reads_dlpack else None
-_PLANS_KEPT = 4096  # plans per kernel, as _rmsnorm_plan's cache: a bound for many token counts
+# Plans kept per kernel, as _rmsnorm_plan's cache: a bound for many token counts. When it is reached they all go, and
+# each shape's next call takes the Python path once to plan again.
+_PLANS_KEPT = 4096
 _NORM_PLANS: dict[tuple, tuple] = {}  # (n_rows, n_cols, element size) -> _rmsnorm_plan(...)
 
 
 def _remember(plans: dict, key: tuple, plan: tuple) -> None:
-    """Record a plan the Python path launched with, for the C path's next call (only where there is one)."""
-    if _DIRECT is not None:
-        if len(plans) >= _PLANS_KEPT:
-            plans.clear()
-        plans[key] = plan
+    """Record a plan the Python path launched with, for the C path's next call: call it only where _DIRECT is."""
+    if len(plans) >= _PLANS_KEPT:
+        plans.clear()
+    plans[key] = plan
 
 
 @functools.lru_cache(maxsize=4096)
@@ -165,9 +166,12 @@ def _launch_rmsnorm(x2, res2, weight, out, out_stride: int, eps: float) -> None:
     if n_rows == 0:
         return
     weight = weight if weight.stride(0) == 1 else weight.contiguous()
-    plan = _rmsnorm_plan(n_rows, n_cols, x2.element_size())
-    _remember(_NORM_PLANS, (n_rows, n_cols, x2.element_size()), plan)
+    element_size = x2.element_size()
+    plan = _rmsnorm_plan(n_rows, n_cols, element_size)
+    if _DIRECT is not None:
+        _remember(_NORM_PLANS, (n_rows, n_cols, element_size), plan)
     grid, num_warps, plain, with_residual = plan
+    eps = float(eps)  # as the C path reads it, and as FastLaunch keys it (a numpy float would switch it off)
     if res2 is None:
         _launch_rmsnorm_kernel(grid, (x2, x2, weight, out, n_rows, n_cols, x2.stride(0), 0, out_stride, eps),
                                plain, num_warps)
@@ -258,7 +262,8 @@ def _act_and_mul(x: torch.Tensor, *, gelu: bool) -> torch.Tensor:
     # Rows go on grid axis 0 (2^31 limit); column blocks on axis 1 give small batches enough programs.
     block = min(next_power_of_2(d), 1024)
     num_warps, constexprs = _num_warps(block, max_warps=8), (block, gelu)  # BLOCK, GELU
-    _remember(_ACT_PLANS, (d, gelu), (num_warps, constexprs, block))
+    if _DIRECT is not None:
+        _remember(_ACT_PLANS, (d, gelu), (num_warps, constexprs, block))
     _launch_act_and_mul((n_rows, _cdiv(d, block)), (x2, out, d, x2.stride(0), d), constexprs, num_warps)
     return out
 
@@ -383,8 +388,9 @@ def rope(
     block_h = min(next_power_of_2(max(n_q_heads, n_k_heads)), max(1, 1024 // block_r))
     constexprs = (head_size, half, bool(is_neox), block_h, block_r)  # HEAD_SIZE, HALF, IS_NEOX, BLOCK_H, BLOCK_R
     num_warps = _num_warps(block_h * block_r, max_warps=8)
-    _remember(_ROPE_PLANS, (head_size, rotary_dim, n_q_heads, n_k_heads, bool(is_neox)),
-              (num_warps, constexprs, block_h))
+    if _DIRECT is not None:
+        _remember(_ROPE_PLANS, (head_size, rotary_dim, n_q_heads, n_k_heads, constexprs[2]),
+                  (num_warps, constexprs, block_h))
     _launch_rope(
         (n_tokens, _cdiv(max(n_q_heads, n_k_heads), block_h)),
         (positions.contiguous(), q2, k2, cos_sin_cache,

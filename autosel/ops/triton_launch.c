@@ -456,7 +456,7 @@ static PyObject *norm(PyObject *self, PyObject *const *a, Py_ssize_t nargs) {
     }
     int fused = a[3] != Py_None, device = current_device();
     /* out is x without a residual: fused_add_rmsnorm called without one, which its Python path rejects */
-    if (device < 0 || !PyFloat_CheckExact(a[6]) || (!fused && a[5] == a[2])) Py_RETURN_FALSE;
+    if (device < 0 || !PyFloat_Check(a[6]) || (!fused && a[5] == a[2])) Py_RETURN_FALSE;
     DLTensor x, res, w, out;
     if (!read_tensor(a[2], device, &x) || !read_tensor(a[4], device, &w) || !read_tensor(a[5], device, &out)
         || (fused && !read_tensor(a[3], device, &res)))
@@ -476,7 +476,7 @@ static PyObject *norm(PyObject *self, PyObject *const *a, Py_ssize_t nargs) {
     if (plan == NULL) return PyErr_Occurred() ? NULL : Py_NewRef(Py_False);  /* not planned yet */
     const DLTensor *tensors[4] = {&x, fused ? &res : &x, &w, &out};
     int64_t ints[5] = {n_rows, width, x_stride, res_stride, out_stride};
-    double eps = PyFloat_AS_DOUBLE(a[6]);
+    double eps = PyFloat_AS_DOUBLE(a[6]);  /* a float or a subclass of it (numpy's float64), as float(eps) reads */
     PyObject *result = launch_tensors(a[0], device, PyTuple_GET_ITEM(plan, 1), PyTuple_GET_ITEM(plan, fused ? 3 : 2),
                                       PyTuple_GET_ITEM(plan, 0), tensors, 4, ints, 5, &eps);
     Py_DECREF(plan);
