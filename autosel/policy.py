@@ -41,8 +41,9 @@ class Rule:
 # (docs/H200.md call 24-2). Stop 24 put triton last by name; since the norms' Triton launch went to C it is level
 # with flashinfer's, while silu_and_mul's, gelu_and_mul's and rope's Triton launches through their Python wrappers
 # cost 1.16-1.23x flashinfer's: at 1.5x their ties went to triton and set9 ran those ops' eager dispatchers at up
-# to 1.24x the per-shape best (calls 25-3, 25-4). 1.13x splits the two groups on call 25-3's tunes; a cut inside
-# two tunes' spread flips decisions (docs/TUNING.md section 4). In graph mode the host's time is gone.
+# to 1.24x the per-shape best (calls 25-3, 25-4): set9 showed 1.5x too lax, and call 25-3's tunes' host ratios
+# placed the cut at 1.13x; a cut inside two tunes' spread flips decisions (docs/TUNING.md section 4). In graph mode
+# the host's time is gone.
 GRAPH_RULE = Rule(0.06)
 RULES = {"cuda:graph-replay": GRAPH_RULE, "cuda:back-to-back": Rule(0.10, heavy_host=1.13),
          "cpu:torch.utils.benchmark": Rule(0.05, may_lose=1),

@@ -16,7 +16,7 @@ A; set3 was made after that run; set4 after the representative shapes at the eag
 set6 was made in stop 22 before any run of it; set7 in stop 24 before any run of it, to judge the Triton kernels
 launched from C; set8 after set7's run, when eager ties were given to the vendors over those kernels; set9 in
 stop 25 before any run of it, to judge the norms' launch from C through DLPack and eager ties by measured host time;
-set10 after set9's run, when the tie rule's factor was set on its figures and the other kernels were launched from C.
+set10 after set9's run, which showed the tie rule's factor too lax, and after the other kernels were launched from C.
 set10 is in no rule's, shape's or kernel change's sample yet:
 
     python tools/heldout_bench.py --out DIR --shapes set10
