@@ -21,8 +21,9 @@ class Rule:
 
     floor: float  # the least margin, however quiet the measurements
     may_lose: int = 0  # readings a win may lose, when there are three or more
-    # In the tie-break order (registration order), a candidate whose host part of a call is more than this many
-    # times the lightest candidate's goes after the others (medians over the shapes judged); None: no such step.
+    # Among candidates level with the fastest, one whose host part of a call (its median over the op's shapes) is
+    # more than this many times the lightest level candidate's goes after the other level ones (choose); None: no
+    # such step.
     heavy_host: float | None = None
 
 
