@@ -157,9 +157,9 @@ def agree(decide: Callable[[], T], *, what: str, key: tuple, in_capture: bool = 
     different orders) raises rather than run it. Any exception on rank 0 reaches every rank: the contract's
     KeyError and ValueError as themselves, anything else as a TuningError naming it, so no rank is left waiting
     in the broadcast; errors are not kept. Whether the answer is kept is rank 0's call, sent with it: a
-    forget_agreements() on rank 0 while it decided drops it on every rank, one on another rank while it waited for
-    the answer does not (a registration that lands during the broadcast on some ranks only would otherwise leave
-    one rank selecting again, with a collective the others do not make). key: a tuple whose first item is the op
+    forget_agreements() on rank 0 while it decided drops it on every rank; one that lands while the answer is sent
+    or awaited, on any rank, does not (a registration that lands during the broadcast on some ranks only would
+    otherwise leave one rank selecting again, with a collective the others do not make). key: a tuple whose first item is the op
     (forget_agreements(op) drops the keys of that op)."""
     global _group
     world = _world()
