@@ -215,6 +215,8 @@ def fused_add_rmsnorm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Ten
     if _DIRECT is not None and not hooked() and _DIRECT.norm(
             _launch_rmsnorm_kernel.kept, _NORM_PLANS, x, residual, weight, x, eps):
         return
+    if residual is None:
+        raise ValueError("fused_add_rmsnorm needs a residual tensor the shape of x; without one, use layernorm.rmsnorm")
     if x.shape != residual.shape:
         raise ValueError(f"x has shape {tuple(x.shape)} but residual has {tuple(residual.shape)}")
     try:
