@@ -106,7 +106,7 @@ class _Flight:
     """One broadcast under way: threads of this rank asking for the same key wait for its answer (or error)."""
 
     def __init__(self) -> None:
-        self.done, self.answer, self.error = threading.Event(), None, None
+        self.done, self.answer, self.error, self.kept = threading.Event(), None, None, False
 
 
 def forget_agreements(op: str | None = None) -> None:
@@ -136,6 +136,14 @@ def deciding() -> bool:
     return getattr(_local, "kernels", None) is not None
 
 
+def agreement_kept() -> bool | None:
+    """Whether the last agreement this thread made, since it last asked, is kept on every rank (rank 0's word), and
+    so may be cached alike everywhere: True or False, or None where it made none (no process group, a choice of its
+    own under capture or while deciding). Asking clears it."""
+    kept, _local.kept = getattr(_local, "kept", None), None
+    return kept
+
+
 def decision_kernels() -> dict | None:
     """While this thread makes rank 0's decision of an op, get_kernel's cache for what it selects meanwhile, dropped
     with the decision (a sub-op selected on every call of a timed backend would otherwise be selected again each
@@ -158,49 +166,62 @@ def agree(decide: Callable[[], T], *, what: str, key: tuple, in_capture: bool = 
     KeyError and ValueError as themselves, anything else as a TuningError naming it, so no rank is left waiting
     in the broadcast; errors are not kept. Whether the answer is kept is rank 0's call, sent with it: a
     forget_agreements() on rank 0 while it decided drops it on every rank; one that lands while the answer is sent
-    or awaited, on any rank, does not (a registration that lands during the broadcast on some ranks only would
-    otherwise leave one rank selecting again, with a collective the others do not make). key: a tuple whose first item is the op
+    or awaited does not (a registration that lands during the broadcast on some ranks only would otherwise leave
+    one rank selecting again, with a collective the others do not make). What rank 0 selects while it decides
+    (a backend's own sub-op) is decided there alone and sent with the answer, and agreed with it. Whether the
+    answer is kept is also left for this thread's next agreement_kept(). key: a tuple whose first item is the op
     (forget_agreements(op) drops the keys of that op)."""
     global _group
     world = _world()
     if world is None:
         return decide()
-    if deciding():  # selected while rank 0 decides another op: the other ranks wait in that op's broadcast
-        return decide()
     group = _agreeing(world[2])[0]
+    nested = deciding()  # selected while rank 0 decides another op: the other ranks wait in that op's broadcast
     with _agreed_lock:
         if _group() is not group:  # a new process group (an elastic restart): nothing agreed in the old one holds
             _agreed.clear()
             _group = weakref.ref(group)
             _say_chosen_alone(world)
         if key in _agreed:
+            _local.kept = True
             return _agreed[key]  # type: ignore[return-value]
-        flight = None if in_capture else _flights.get(key)
-        mine = flight is None and not in_capture
+        flight = None if in_capture or nested else _flights.get(key)
+        mine = flight is None and not in_capture and not nested
+        if mine or nested:
+            stamp = _stamp_locked(key)
         if mine:
             flight = _flights[key] = _Flight()
-            stamp = _stamp_locked(key)
+    if nested:
+        answer = decide()
+        _local.nested[key] = (answer, stamp)
+        return answer
     if in_capture:  # no collective may be recorded into the graph: this rank's own answer
         return decide()
     if not mine:
         flight.done.wait()
         if flight.error is not None:
             raise flight.error
+        _local.kept = flight.kept
         return flight.answer  # type: ignore[return-value]
 
-    def keep() -> bool:
+    def keep(nested: dict) -> tuple[bool, dict]:
         """Rank 0's, when it sends its answer: kept unless forget_agreements() came while it decided (the answer may
-        then predate a registration). One that lands while the answer is being sent is ignored on every rank: one
-        rank dropping the answer alone would select again with a collective the others do not make."""
+        then predate a registration), and with it the answers it selected meanwhile, each unless forgotten since.
+        One that lands while the answer is being sent is ignored on every rank: one rank dropping the answer alone
+        would select again with a collective the others do not make."""
         with _agreed_lock:
-            return stamp == _stamp_locked(key)
+            if stamp != _stamp_locked(key):
+                return False, {}
+            return True, {k: answer for k, (answer, began) in nested.items() if began == _stamp_locked(k)}
 
     try:
         with _broadcast_lock:
-            flight.answer, kept = _broadcast(decide, what, world, keep)
-        if kept:  # as rank 0 said when it sent it, whatever was forgotten here since: every rank alike
+            flight.answer, flight.kept, nested_answers = _broadcast(decide, what, world, keep)
+        if flight.kept:  # as rank 0 said when it sent it, whatever was forgotten here since: every rank alike
             with _agreed_lock:
+                _agreed.update(nested_answers)
                 _agreed[key] = flight.answer
+        _local.kept = flight.kept
         return flight.answer  # type: ignore[return-value]
     except BaseException as exc:
         flight.error = exc
@@ -223,22 +244,25 @@ def _say_chosen_alone(world: tuple) -> None:
                     ", ".join(repr(op) for op in sorted(selector.chosen_alone)))
 
 
-def _broadcast(decide: Callable[[], T], what: str, world: tuple, keep: Callable[[], bool]) -> tuple[T, bool]:
-    """Rank 0's answer and whether every rank keeps it (rank 0's keep(), sent with it)."""
+def _broadcast(decide: Callable[[], T], what: str, world: tuple,
+               keep: Callable[[dict], tuple[bool, dict]]) -> tuple[T, bool, dict]:
+    """Rank 0's answer, whether every rank keeps it, and the answers rank 0 selected while it decided, agreed with
+    it (rank 0's keep(), sent with the answer)."""
     rank, size, dist = world
     group, src = _agreeing(dist)
     message: list[object] = [None]
     if rank == 0:
         try:
-            _local.kernels = {}
+            _local.kernels, _local.nested = {}, {}
             answer = decide()
+            kept, nested = keep(_local.nested)
         except BaseException as exc:  # every failure travels, or the other ranks wait forever
             message[0] = ("error", what, type(exc).__name__, str(exc.args[0] if exc.args else exc))
             dist.broadcast_object_list(message, src=src, group=group)
             raise
         finally:
-            _local.kernels = None
-        message[0] = ("ok", what, answer, keep())
+            _local.kernels = _local.nested = None
+        message[0] = ("ok", what, answer, kept, nested)
     dist.broadcast_object_list(message, src=src, group=group)
     kind, sent_for, *payload = message[0]
     # ranks are numbered within the agreeing group; with set_group's, say which process its rank 0 is
@@ -252,9 +276,9 @@ def _broadcast(decide: Callable[[], T], what: str, world: tuple, keep: Callable[
         error = {"KeyError": KeyError, "ValueError": ValueError}.get(name, TuningError)
         raise error(f"{text} (decided on rank 0 of {size}{within})" if error is not TuningError
                     else f"{what}: rank 0 failed with {name}: {text} (decided on rank 0 of {size}{within})")
-    decision, kept = payload
+    decision, kept, nested = payload
     log.info("%s: rank %d of %d runs rank 0's decision", what, rank, size)
-    return decision, kept
+    return decision, kept, nested
 
 
 def op_agreement(op: str, mode: str, platform_key: str) -> tuple[str, tuple]:

@@ -10,7 +10,7 @@ from typing import Any, Callable
 
 from autosel import config, platforms
 from autosel.dispatch import BucketTable, dispatcher, recording, trace_as
-from autosel.distributed import agree_on_fewer, decision_kernels, in_process_group
+from autosel.distributed import agree_on_fewer, agreement_kept, decision_kernels, in_process_group
 from autosel.platforms import PlatformInfo, capturing_cuda_graph
 from autosel.registry import load_plugins, on_register, registry
 from autosel.spec import KernelBackend, KernelSpec, spec_list
@@ -126,11 +126,14 @@ def get_kernel(op: str, backend: KernelBackend | str | None = None, *, mode: str
             during_decision[key] = _build(*key)
         return during_decision[key]
     stamp = _stamp(op)
+    agreement_kept()  # forget an earlier lookup's answer: this one's comes from _build
     fn = _build(*key)
+    kept = agreement_kept()  # with several ranks, whether rank 0 had every rank keep this op's table
     with _cache_lock:
         # A clear_cache(), or a registration for op, during the lookup wins: its result, chosen from the specs
-        # before it, is returned but not stored, so the next call selects again.
-        if stamp == _stamp_locked(op):
+        # before it, is returned but not stored, so the next call selects again. With several ranks rank 0's word
+        # decides instead: a rank storing it while another does not would select alone, with a collective.
+        if stamp == _stamp_locked(op) if kept is None else kept:
             fn = _cache.setdefault(key, fn)  # threads that built it at once all return the first one stored
     return fn
 

@@ -391,7 +391,7 @@ DURING = textwrap.dedent("""
     toy_kernels.use_fresh_registry()
     reg = selector.registry
     os.environ["AUTOSEL_TUNE"] = "off"
-    for op in ("toy.late_on_1", "toy.late_on_0"):
+    for op in ("toy.late_on_1", "toy.late_on_0", "toy.late_get"):
         reg.register(KernelSpec(op, B.TORCH, "toy_kernels:slow"))
         reg.register(KernelSpec(op, B.TRITON, "toy_kernels:fast"))
 
@@ -415,7 +415,7 @@ DURING = textwrap.dedent("""
 
         threading.Thread(target=register_while_waiting).start()
     picks = [selector.select_kernel("toy.late_on_1").backend.value]
-    if rank == 0:  # toy.late_on_0: rank 0 registers while it decides, rank 1 before selecting
+    if rank == 0:  # toy.late_on_0 and toy.late_get: rank 0 registers while it decides, rank 1 before selecting
         decide_here = tuning._decide_here
 
         def registering(op, *args, **kwargs):
@@ -423,15 +423,21 @@ DURING = textwrap.dedent("""
             return decide_here(op, *args, **kwargs)
 
         tuning._decide_here = registering
-        toy_kernels.plant("toy.late_on_0", "triton", {})
+        for op in ("toy.late_on_0", "toy.late_get"):
+            toy_kernels.plant(op, "triton", {})
     else:
         late("toy.late_on_0")
+        late("toy.late_get")
     picks.append(selector.select_kernel("toy.late_on_0").backend.value)
+    # get_kernel's cache follows rank 0's word too: rank 1's own clock saw no registration during its lookup
+    picks.append(selector.get_kernel("toy.late_get") is toy_kernels.fast)
     if rank == 0:
         tuning._decide_here = decide_here
-        toy_kernels.plant("toy.late_on_0", "cute_dsl", {})  # what rank 0 decides with the new backend
+        for op in ("toy.late_on_0", "toy.late_get"):
+            toy_kernels.plant(op, "cute_dsl", {})  # what rank 0 decides with the new backend
     # Kept or dropped alike on every rank: a selection again is a collective on every rank or on none.
-    picks += [selector.select_kernel(op).backend.value for op in ("toy.late_on_1", "toy.late_on_0")]
+    picks.append(selector.get_kernel("toy.late_get") is toy_kernels.fast)
+    picks += [selector.select_kernel(op).backend.value for op in ("toy.late_on_1", "toy.late_on_0", "toy.late_get")]
 """) + PICKS_AND_ALL_REDUCE
 
 
@@ -439,8 +445,10 @@ def test_a_registration_during_the_first_agreement_is_kept_or_dropped_as_rank_0_
     # Used to hang: each rank kept or dropped the agreed table by its own clock, so a rank on which the
     # registration landed during the broadcast selected again, with a collective the other ranks did not make.
     results, _ = run_ranks(DURING, 2, tmp_path)
-    # toy.late_on_1: kept (rank 0 decided with the new backend); toy.late_on_0: dropped everywhere, decided again.
-    assert [(r["picks"], r["all_reduce"]) for r in results] == [(["triton", "triton", "triton", "cute_dsl"], 2.0)] * 2
+    # toy.late_on_1: kept (rank 0 decided with the new backend); toy.late_on_0 and toy.late_get: dropped
+    # everywhere, decided again (toy.late_get through get_kernel, whose cache rank 1 kept by its own clock).
+    assert [(r["picks"], r["all_reduce"]) for r in results] == [
+        (["triton", "triton", True, True, "triton", "cute_dsl", "cute_dsl"], 2.0)] * 2
 
 
 NESTED = textwrap.dedent("""
@@ -451,15 +459,24 @@ NESTED = textwrap.dedent("""
     from autosel.spec import KernelBackend as B, KernelSpec, OpDefinition
 
 
+    kept = {}
+
+
+    def inner2():  # a composite keeping its second sub-op's kernel from its first call (rank 0's while it decides)
+        if "inner2" not in kept:
+            kept["inner2"] = selector.get_kernel("toy.inner2")
+        return kept["inner2"]
+
+
     def outer_slow(x):  # a composite op's backend selecting its sub-op at its first call, as rank 0 checks it
         inner = selector.get_kernel("toy.inner")
         for _ in range(32):
-            y = inner(x)
+            y = inner(inner2()(x))
         return y
 
 
     def outer_fast(x):
-        return selector.get_kernel("toy.inner")(x)
+        return selector.get_kernel("toy.inner")(inner2()(x))
 
 
     rank = int(os.environ["RANK"])
@@ -469,11 +486,18 @@ NESTED = textwrap.dedent("""
     reg = selector.registry
     reg.register(KernelSpec("toy.inner", B.TORCH, "toy_kernels:fast"))  # one usable: its package is not there
     reg.register(KernelSpec("toy.inner", B.FLASHINFER, "toy_kernels:fast", requires=("autosel_no_such_package",)))
+    reg.register(KernelSpec("toy.inner2", B.TORCH, "toy_kernels:slow"))  # two usable: rank 0 decides it
+    reg.register(KernelSpec("toy.inner2", B.TRITON, "toy_kernels:fast"))
+    if rank == 0:
+        toy_kernels.plant("toy.inner2", "triton", {})  # what it decides, nothing timed
     reg.register(KernelSpec("toy.outer", B.TORCH, "__main__:outer_slow"))
     reg.register(KernelSpec("toy.outer", B.TRITON, "__main__:outer_fast"))
     reg.define(OpDefinition("toy.outer", shapes=toy_kernels.SHAPES, make_inputs=toy_kernels.inputs))
     picks = [selector.select_kernel("toy.outer").backend.value]
-    # toy.inner's own agreement, made now by every rank: rank 0's choice while it decided toy.outer was not kept
+    # toy.inner2 was agreed with toy.outer: rank 1's composite, at its first call, selects it with no collective
+    # (rank 0's holds the kernel it chose while deciding, and makes none).
+    picks.append((kept["inner2"] if rank == 0 else selector.get_kernel("toy.inner2")) is toy_kernels.fast)
+    # toy.inner's own agreement, made now by every rank: sent with toy.outer's too
     picks.append(selector.get_kernel("toy.inner") is toy_kernels.fast)
 """) + PICKS_AND_ALL_REDUCE
 
@@ -483,7 +507,7 @@ def test_an_op_selected_while_rank_0_decides_another_is_agreed_when_every_rank_s
     # backend's sub-op) with a broadcast of its own, under the same lock; rank 1 waited in toy.outer's broadcast.
     results, _ = run_ranks(NESTED, 2, tmp_path, AUTOSEL_BUDGET_S="2")
     assert results[0]["picks"] == results[1]["picks"]  # rank 1 runs rank 0's decision of toy.outer
-    assert results[0]["picks"][0] in ("torch", "triton") and results[0]["picks"][1] is True
+    assert results[0]["picks"][0] in ("torch", "triton") and results[0]["picks"][1:] == [True, True]
     assert [r["all_reduce"] for r in results] == [2.0, 2.0]
 
 
@@ -602,7 +626,7 @@ def test_a_rank_keeps_an_answer_or_drops_it_as_rank_0_says(fake_world, kept, bro
     # selected again with a collective rank 0 did not make.
     from autosel import distributed
 
-    fake_world.rank, fake_world.received = 1, ("ok", "op", "triton", kept)
+    fake_world.rank, fake_world.received = 1, ("ok", "op", "triton", kept, {})
     fake_world.during = lambda: distributed.forget_agreements("toy.op")  # registered here, during the broadcast
     assert distributed.agree(lambda: "torch", what="op", key=("toy.op", "eager")) == "triton"
     fake_world.during = None
@@ -685,3 +709,33 @@ def test_what_rank_0_selects_while_it_decides_is_cached_for_that_decision_only(f
     distributed.agree(decide, what="op", key=("toy.op", "eager"))
     assert builds == [("toy.sub", None, None)] and selector._cache == {}
     assert not distributed.deciding()
+
+
+def test_what_rank_0_decides_while_deciding_another_op_is_sent_and_agreed_with_it(fake_world):
+    # A composite backend that keeps the kernel it selected while rank 0 timed it never selects again there; the
+    # other ranks' first selection of that sub-op was then a broadcast rank 0 never made.
+    from autosel import distributed
+
+    distributed.agree(lambda: "torch", what="op", key=("toy.agreed", "eager"))
+
+    def decide():
+        assert distributed.agree(lambda: "triton", what="sub", key=("toy.sub", "eager")) == "triton"
+        # one agreed already is looked up, not decided again here
+        assert distributed.agree(lambda: "local", what="sub", key=("toy.agreed", "eager")) == "torch"
+        return "torch"
+
+    distributed.agree(decide, what="op", key=("toy.op", "eager"))
+    assert distributed._agreed[("toy.sub", "eager")] == "triton" and fake_world.broadcasts == 2
+    assert distributed.agreement_kept() is True
+
+
+def test_a_sub_op_forgotten_while_rank_0_decides_is_not_sent(fake_world):
+    from autosel import distributed
+
+    def decide():
+        distributed.agree(lambda: "triton", what="sub", key=("toy.sub", "eager"))
+        distributed.forget_agreements("toy.sub")  # registered for the sub-op while rank 0 decides
+        return "torch"
+
+    distributed.agree(decide, what="op", key=("toy.op", "eager"))
+    assert ("toy.sub", "eager") not in distributed._agreed and ("toy.op", "eager") in distributed._agreed
