@@ -206,11 +206,16 @@ class Policy:
 
     def with_heavy_host(self, factor: float | None) -> "Policy":
         """This policy with every heavy-host step's factor set (None: no such step), for replays of other rules."""
-        return dataclasses.replace(self, rules={m: dataclasses.replace(r, heavy_host=factor) if r.heavy_host else r
-                                                for m, r in self.rules.items()})
+        return self._each_rule(lambda r: dataclasses.replace(r, heavy_host=factor) if r.heavy_host else r)
 
     def with_may_lose(self, may_lose: int) -> "Policy":
-        return dataclasses.replace(self, rules={m: dataclasses.replace(r, may_lose=may_lose)
+        return self._each_rule(lambda r: dataclasses.replace(r, may_lose=may_lose))
+
+    def _each_rule(self, change) -> "Policy":
+        """This policy with change(rule) for each rule, once per rule shared by several method names (older
+        names), so that they stay one rule for with_floor."""
+        changed: dict[int, Rule] = {}
+        return dataclasses.replace(self, rules={m: changed.setdefault(id(r), change(r))
                                                for m, r in self.rules.items()})
 
     def judge(self, stats: dict[str, list[Measurement]], default: str | None = None,

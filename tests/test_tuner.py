@@ -1008,3 +1008,13 @@ def test_a_replay_can_set_the_heavy_host_step_of_eager_timing_only():
     assert policy.rule_for("cuda:back-to-back").heavy_host == 1.5
     assert policy.rule_for("cuda:graph-replay").heavy_host is None
     assert DEFAULT_POLICY.with_heavy_host(None).rule_for("cuda:back-to-back").heavy_host is None
+
+
+def test_rules_shared_by_several_method_names_stay_shared_through_a_replay_s_changes():
+    # --may-lose N then --floor cuda:graph-replay=F left the older name's copy of the graph rule at its old floor.
+    from autosel.policy import DEFAULT_POLICY
+
+    policy = DEFAULT_POLICY.with_may_lose(1).with_heavy_host(1.5).with_floor("cuda:graph-replay", 0.05)
+    assert policy.rule_for("cuda:do_bench_cudagraph") is policy.rule_for("cuda:graph-replay")
+    assert policy.rule_for("cuda:do_bench_cudagraph").floor == 0.05
+    assert policy.rule_for("cuda:back-to-back").may_lose == 1
