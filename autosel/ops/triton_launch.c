@@ -129,6 +129,21 @@ static PyObject *dtype_code(DLDataType dtype) {
     return PyLong_FromUnsignedLong(dtype.code | (unsigned long)dtype.bits << 8 | (unsigned long)dtype.lanes << 16);
 }
 
+/* Reads obj through torch's DLPack exchange: 1, or 0 (no exception set) where DLPack cannot describe it. */
+static int dl_read(PyObject *obj, DLTensor *t) {
+    if (dlpack->dltensor_from_py_object_no_sync(obj, t) == 0) return 1;
+    PyErr_Clear();  /* the Python path, or Triton's, says what is wrong with it */
+    return 0;
+}
+
+/* A tensor argument read through DLPack: its address in *value, its code in *code, and its dtype for the key (a new
+   reference; NULL on an error). */
+static PyObject *dl_arg(const DLTensor *t, Value *value, char *code) {
+    value->u64 = (uint64_t)(uintptr_t)t->data + t->byte_offset;
+    *code = TENSOR | ((value->u64 & 15) == 0 ? ALIGNED : 0);
+    return dtype_code(t->dtype);
+}
+
 /* An integer argument's code, as read_args gives it. */
 static char int_code(long long v) {
     return INT | (v == 1 ? ONE : 0) | ((v & 15) == 0 ? DIV16 : 0) | (v >= -2147483648LL && v < 2147483648LL ? I32 : 0);
@@ -145,16 +160,10 @@ static int read_args(PyObject *args, int need_cuda, char *codes, Value *values, 
         PyObject *arg = PyTuple_GET_ITEM(args, i);
         if (dlpack != NULL && PyObject_TypeCheck(arg, tensor_type)) {
             DLTensor t;
-            if (dlpack->dltensor_from_py_object_no_sync(arg, &t) != 0) {
-                PyErr_Clear();  /* not a tensor DLPack describes: Triton's path, which says what is wrong */
-                return 0;
-            }
-            if (need_cuda && t.device.device_type != DL_CUDA) return 0;
-            values[i].u64 = (uint64_t)(uintptr_t)t.data + t.byte_offset;
-            PyObject *dtype = dtype_code(t.dtype);
+            if (!dl_read(arg, &t) || (need_cuda && t.device.device_type != DL_CUDA)) return 0;
+            PyObject *dtype = dl_arg(&t, &values[i], &codes[i]);
             if (dtype == NULL) return -1;
             dtypes[(*n_dtypes)++] = dtype;
-            codes[i] = TENSOR | ((values[i].u64 & 15) == 0 ? ALIGNED : 0);
         } else if (PyObject_TypeCheck(arg, tensor_type)) {
             if (need_cuda) {
                 PyObject *on_cuda = PyObject_GetAttr(arg, is_cuda_name);
@@ -379,11 +388,7 @@ static int same_shape(const DLTensor *a, const DLTensor *b) {
 
 /* Reads a tensor argument through DLPack: 1 for a CUDA tensor on `device`, 0 (no exception set) for anything else. */
 static int read_tensor(PyObject *obj, int device, DLTensor *t) {
-    if (!PyObject_TypeCheck(obj, tensor_type)) return 0;
-    if (dlpack->dltensor_from_py_object_no_sync(obj, t) != 0) {
-        PyErr_Clear();
-        return 0;
-    }
+    if (!PyObject_TypeCheck(obj, tensor_type) || !dl_read(obj, t)) return 0;
     /* a tensor without storage (a FakeTensor under tracing) has no address to launch on */
     return t->device.device_type == DL_CUDA && t->device.device_id == device && t->data != NULL;
 }
@@ -406,9 +411,7 @@ static PyObject *launch_tensors(PyObject *kept, int device, PyObject *num_warps,
     PyObject *dtypes[MAX_ARGS];
     int n = 0;
     for (; n < n_tensors; n++) {
-        values[n].u64 = (uint64_t)(uintptr_t)tensors[n]->data + tensors[n]->byte_offset;
-        codes[n] = TENSOR | ((values[n].u64 & 15) == 0 ? ALIGNED : 0);
-        dtypes[n] = dtype_code(tensors[n]->dtype);
+        dtypes[n] = dl_arg(tensors[n], &values[n], &codes[n]);
         if (dtypes[n] == NULL) {
             for (int j = 0; j < n; j++) Py_DECREF(dtypes[j]);
             return NULL;
@@ -517,15 +520,23 @@ static PyObject *act_and_mul(PyObject *self, PyObject *const *a, Py_ssize_t narg
     return result;
 }
 
-/* t as [n_tokens, width] rows with contiguous columns, as triton_kernels._token_rows views it; 0 if not so. */
-static int token_rows(const DLTensor *t, int64_t n_tokens, int64_t *width, int64_t *row_stride) {
-    if (t->ndim < 2 || t->shape[0] != n_tokens || t->strides == NULL || t->strides[t->ndim - 1] != 1) return 0;
-    int64_t expected = t->shape[t->ndim - 1];
-    for (int d = t->ndim - 2; d >= 1; d--) {
-        if (t->strides[d] != expected && t->shape[d] > 1) return 0;
+/* Whether t's dims from `first` on lie in one run of memory, row-major (a dim of size 1 whatever its stride), as
+   torch's view reads them; their element count in *count. */
+static int compact_from(const DLTensor *t, int first, int64_t *count) {
+    int64_t expected = 1;
+    for (int d = t->ndim - 1; d >= first; d--) {
+        if (t->strides != NULL && t->strides[d] != expected && t->shape[d] > 1) return 0;
         expected *= t->shape[d];
     }
-    *width = expected;
+    *count = expected;
+    return 1;
+}
+
+/* t as [n_tokens, width] rows with contiguous columns, as triton_kernels._token_rows views it; 0 if not so. */
+static int token_rows(const DLTensor *t, int64_t n_tokens, int64_t *width, int64_t *row_stride) {
+    if (t->ndim < 2 || t->shape[0] != n_tokens || t->strides == NULL || t->strides[t->ndim - 1] != 1
+        || !compact_from(t, 1, width))
+        return 0;
     *row_stride = t->strides[0];
     return 1;
 }
@@ -549,12 +560,8 @@ static PyObject *rope(PyObject *self, PyObject *const *a, Py_ssize_t nargs) {
         Py_RETURN_FALSE;
     /* positions: int64 or int32 (DLPack's kDLInt is 0), one per token, in one run of memory */
     if (pos.dtype.code != 0 || (pos.dtype.bits != 64 && pos.dtype.bits != 32) || pos.dtype.lanes != 1) Py_RETURN_FALSE;
-    int64_t n_tokens = 1, expected = 1;
-    for (int d = pos.ndim - 1; d >= 0; d--) {
-        if (pos.strides != NULL && pos.strides[d] != expected && pos.shape[d] > 1) Py_RETURN_FALSE;
-        expected *= pos.shape[d];
-    }
-    n_tokens = expected;
+    int64_t n_tokens;
+    if (!compact_from(&pos, 0, &n_tokens)) Py_RETURN_FALSE;
     if (cache.ndim != 2 || (cache.strides[1] != 1 && cache.shape[1] > 1)) Py_RETURN_FALSE;
     int64_t rotary_dim = cache.shape[1], q_width, k_width, q_stride, k_stride;
     if (rotary_dim % 2 || rotary_dim > head_size || n_tokens == 0) Py_RETURN_FALSE;
