@@ -128,12 +128,13 @@ _local = threading.local()  # .kernels: while this thread makes rank 0's decisio
 
 def deciding() -> bool:
     """Whether this thread is making rank 0's decision of an op for the ranks. A selection made meanwhile (a
-    backend's own get_kernel while it is checked or timed) is this rank's alone, since the other ranks wait in that
-    op's broadcast and cannot make another: it is not agreed, nor kept in get_kernel's cache past the decision
-    (decision_kernels), and the op is agreed when every rank selects it. (It was a broadcast under a lock this
+    backend's own get_kernel while it is checked or timed) is decided here alone, since the other ranks wait in
+    that op's broadcast and cannot make another: it is sent with the op's answer and agreed with it (agree), and
+    get_kernel keeps its kernel for the decision only (decision_kernels). (It was a broadcast under a lock this
     thread held: a hang.) Per thread: a backend that selects from a thread of its own while it is timed still
-    waits on that lock; autosel's tuner runs candidates on the calling thread."""
-    return getattr(_local, "kernels", None) is not None
+    waits on that lock, for good if this thread waits for that one; autosel's tuner runs candidates on the
+    calling thread."""
+    return decision_kernels() is not None
 
 
 def agreement_kept() -> bool | None:
