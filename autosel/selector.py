@@ -120,7 +120,7 @@ def get_kernel(op: str, backend: KernelBackend | str | None = None, *, mode: str
     if _compiling():  # a first call inside code torch.compile traces, as the selector autosel replaces allowed
         return getattr(sys.modules[__name__], _traced_name(key))
     load_plugins()  # before the stamp: the plug-ins' registrations are not news to this lookup
-    during_decision = decision_kernels()  # this thread decides another op for the ranks: its choice is its own
+    during_decision = decision_kernels()  # this thread decides another op for the ranks: kept for that decision
     if during_decision is not None:
         if key not in during_decision:
             during_decision[key] = _build(*key)
@@ -133,7 +133,7 @@ def get_kernel(op: str, backend: KernelBackend | str | None = None, *, mode: str
         # A clear_cache(), or a registration for op, during the lookup wins: its result, chosen from the specs
         # before it, is returned but not stored, so the next call selects again. With several ranks rank 0's word
         # decides instead: a rank storing it while another does not would select alone, with a collective.
-        if stamp == _stamp_locked(op) if kept is None else kept:
+        if (stamp == _stamp_locked(op)) if kept is None else kept:
             fn = _cache.setdefault(key, fn)  # threads that built it at once all return the first one stored
     return fn
 
