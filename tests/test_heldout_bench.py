@@ -25,10 +25,11 @@ class GpuPlatform:
     torch_device = "cuda"
 
 
-@pytest.mark.parametrize("name", ["set2", "set3", "set4", "set5", "set6", "set7", "set8", "set9", "set10"])
+@pytest.mark.parametrize("name", ["set2", "set3", "set4", "set5", "set6", "set7", "set8", "set9", "set10", "set11"])
 def test_each_set_is_held_out_from_every_earlier_one_and_costs_what_set1_did(bench, name):
     # A shape of an earlier set (or a representative one) would put in-sample figures into a new set's table.
-    assert list(bench.SETS) == ["set1", "set2", "set3", "set4", "set5", "set6", "set7", "set8", "set9", "set10"]
+    assert list(bench.SETS) == ["set1", "set2", "set3", "set4", "set5", "set6", "set7", "set8", "set9", "set10",
+                                 "set11"]
     earlier = list(bench.SETS)[:list(bench.SETS).index(name)]
     for op, shapes in bench.SETS[name].items():
         representative = registry.definition(op).shapes(GpuPlatform())
@@ -37,7 +38,7 @@ def test_each_set_is_held_out_from_every_earlier_one_and_costs_what_set1_did(ben
         assert len(shapes) == len(bench.SET1[op]), op  # the benchmark's device time stays where it was
 
 
-@pytest.mark.parametrize("name", ["set3", "set4", "set5", "set6", "set7", "set8", "set9", "set10"])
+@pytest.mark.parametrize("name", ["set3", "set4", "set5", "set6", "set7", "set8", "set9", "set10", "set11"])
 def test_a_later_set_has_no_token_count_or_width_of_an_earlier_set(bench, name):
     def widths(shapes):
         return {tuple(v for k, v in s.items() if k not in ("tokens", "m")) for s in shapes}
@@ -49,7 +50,7 @@ def test_a_later_set_has_no_token_count_or_width_of_an_earlier_set(bench, name):
         assert not widths(shapes) & set().union(*(widths(bench.SETS[e][op]) for e in earlier)), op
 
 
-@pytest.mark.parametrize("name", ["set2", "set3", "set4", "set5", "set6", "set7", "set8", "set9", "set10"])
+@pytest.mark.parametrize("name", ["set2", "set3", "set4", "set5", "set6", "set7", "set8", "set9", "set10", "set11"])
 @pytest.mark.parametrize("op", ["layernorm.rmsnorm", "layernorm.fused_add_rmsnorm", "activation.silu_and_mul",
                                 "activation.gelu_and_mul", "embeddings.rope", "gemm.mm"])
 def test_every_shape_builds_its_inputs_and_bucket(bench, op, name):
@@ -177,3 +178,14 @@ def test_a_run_that_would_time_nothing_or_mislabel_it_is_refused(bench, tmp_path
     with pytest.raises(SystemExit) as exit_:
         bench.main(["--out", str(tmp_path / "out"), *args])
     assert exit_.value.code == 2 and said in capsys.readouterr().err and not (tmp_path / "out").exists()
+
+
+def test_steady_wins_counts_a_shape_only_where_another_backend_won_every_round(bench):
+    rows = [{"shape": {"tokens": 1}, "rounds_us": {"triton": [10, 10, 10], "flashinfer": [9, 9.5, 9.9],
+                                                   "sgl_kernel": [9.8, 9.0, 9.0]}},
+            {"shape": {"tokens": 2}, "rounds_us": {"triton": [10, 10, 10], "flashinfer": [9, 9, 10.5]}},
+            {"shape": {"tokens": 3}, "rounds_us": {"triton": [10, 10, 10], "flashinfer": [5]}},  # stopped after one
+            {"shape": {"tokens": 4}, "rounds_us": {"triton": [10, 10, 10]}}]
+    # flashinfer's worst round 0.99x and sgl-kernel's 0.98x: the steadier lead is named
+    (row, backend, worst), = bench.steady_wins(rows, "triton")
+    assert (row["shape"]["tokens"], backend, worst) == (1, "sgl_kernel", pytest.approx(0.98))

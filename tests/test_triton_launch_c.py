@@ -343,6 +343,7 @@ CASES = [
 
     _case("rope-2d", ROPE, lambda: _rope(_t(5, 256), _t(5, 64))),
     _case("rope-3d", ROPE, lambda: _rope(_t(5, 4, 64), _t(5, 1, 64))),
+    _case("rope-key-in-blocks-of-its-own", ROPE, lambda: _rope(_t(5, 256), _t(5, 256))),  # 4 key heads fill one
     _case("rope-qkv-slices", ROPE, lambda: _rope(*_qkv())),
     _case("rope-qkv-slices-not-neox", ROPE, lambda: _rope(*_qkv(), neox=False)),
     _case("rope-int32-positions", ROPE, lambda: _rope(*_qkv(), positions=_positions(5, torch.int32))),

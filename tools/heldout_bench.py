@@ -16,10 +16,11 @@ A; set3 was made after that run; set4 after the representative shapes at the eag
 set6 was made in stop 22 before any run of it; set7 in stop 24 before any run of it, to judge the Triton kernels
 launched from C; set8 after set7's run, when eager ties were given to the vendors over those kernels; set9 in
 stop 25 before any run of it, to judge the norms' launch from C through DLPack and eager ties by measured host time;
-set10 after set9's run, which showed the tie rule's factor too lax, and after the other kernels were launched from C.
-set10 is in no rule's, shape's or kernel change's sample yet:
+set10 after set9's run, which showed the tie rule's factor too lax, and after the other kernels were launched from C;
+set11 in stop 26 before any run of it, after rope's launch plan was chosen on probes of set10's rope shapes. set11 is
+in no rule's, shape's or kernel change's sample yet:
 
-    python tools/heldout_bench.py --out DIR --shapes set10
+    python tools/heldout_bench.py --out DIR --shapes set11
 
 Writes DIR/heldout.md (the tables) and DIR/heldout.json (every median).
 """
@@ -162,8 +163,17 @@ SET9 = _held_out(TOKENS_9, rmsnorm=(1024, 4608), fused=(1536, 6400), silu=(2816,
 TOKENS_10 = (23, 52, 170, 450, 900, 1450, 2250, 3700, 7600, 13500)
 SET10 = _held_out(TOKENS_10, rmsnorm=(1792, 10240), fused=(3072, 16384), silu=(6144, 19200), gelu=(5120, 27648),
                   rope=((8, 1), (128, 8)), mm=((16384, 3072), (5120, 27648)))
+# set11: made in stop 26 before any run of it, after rope's launch plan (key heads in blocks of their own, 4 warps for
+# 8 heads) was chosen on probes at set10's rope head counts. Token counts none of sets 1-10's; widths none of the op's
+# earlier sets': hidden 3840 (Gemma-3-12B) and 14848 (Falcon-180B) for rmsnorm, 2304 (Gemma-2-2B) and 18432
+# (Nemotron-4-340B) for fused_add_rmsnorm; intermediate 4096 and 13696 (GLM-4-9B) for silu, 6144 and 32768 for gelu;
+# rope 4/1 heads (Llama-3-8B at tensor parallel 8) and 32/2 (Llama-3.1-405B at 4); GEMMs of Llama-3.2-1B gate_up
+# (16384, 2048) and Qwen2.5-14B o_proj (5120, 5120).
+TOKENS_11 = (19, 37, 75, 270, 620, 1250, 2600, 4200, 8700, 14500)
+SET11 = _held_out(TOKENS_11, rmsnorm=(3840, 14848), fused=(2304, 18432), silu=(4096, 13696), gelu=(6144, 32768),
+                  rope=((4, 1), (32, 2)), mm=((16384, 2048), (5120, 5120)))
 SETS = {"set1": SET1, "set2": SET2, "set3": SET3, "set4": SET4, "set5": SET5, "set6": SET6, "set7": SET7, "set8": SET8,
-        "set9": SET9, "set10": SET10}
+        "set9": SET9, "set10": SET10, "set11": SET11}
 
 
 def table_for(op: str, mode: str) -> BucketTable:
@@ -232,6 +242,22 @@ def per_round(rows: list[dict], other: str) -> list[float]:
     return [geomean([at(a, k) / at(b, k) for a, b in pairs]) for k in range(n)]
 
 
+def steady_wins(rows: list[dict], fixed: str) -> list[tuple[dict, str, float]]:
+    """The shapes where another backend beat `fixed` in every timed round (three at least): (row, that backend, its
+    largest time over fixed's in a round), the fastest such backend per shape. Per-shape winners that differ only
+    inside the rounds' spread are noise, not a place a dispatcher can be ahead."""
+    wins = []
+    for row in rows:
+        base = row["rounds_us"].get(fixed, [])
+        steady = [(max(t / b for t, b in zip(times, base)), name) for name, times in row["rounds_us"].items()
+                  if name != fixed and len(times) == len(base) >= 3]
+        steady = [(worst, name) for worst, name in steady if worst < 1.0]
+        if steady:
+            worst, name = min(steady)
+            wins.append((row, name, worst))
+    return wins
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, required=True)
@@ -239,7 +265,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--mode", action="append", choices=("eager", "graph"), help="default: every mode here")
     parser.add_argument("--shapes", choices=sorted(SETS), default="set2",
                         help="held-out shape set (default set2; set1: the shapes of docs/BENCHMARKS.md section 2; "
-                             "set10: out of sample for every rule, representative shape and kernel change so far)")
+                             "set11: out of sample for every rule, representative shape and kernel change so far)")
     args = parser.parse_args(argv)
     held_out = SETS[args.shapes]
     platform = platforms.current_platform()
@@ -281,12 +307,17 @@ def main(argv: list[str] | None = None) -> int:
             if rounds:
                 lines += [f"- dispatcher over {best_fixed}, geometric mean of each round: "
                           f"{', '.join(f'{r:.3f}' for r in rounds)}", ""]
+            steady = steady_wins(rows, best_fixed)
+            lines += [f"- shapes where another backend beat {best_fixed} in every round: {len(steady)}"
+                      + "".join(f"; {r['shape']}: {b} at most {w:.3f}x, the dispatcher ran {r['dispatcher']}"
+                                for r, b, w in steady), ""]
             lines += [f"- {b}: rejected by the tune, so left out of the per-shape best: {why}" for b, why in
                       rejected.items()] + ([""] if rejected else [])
             results.append({"op": op, "mode": mode, "shapes": args.shapes, "table": {
                 "default": table.default, "winners": [[list(k), v] for k, v in table.winners.items()]},
                 "rows": rows, "rejected": rejected, "summary": {k: list(v) for k, v in summary.items()},
-                "dispatcher_over_best_fixed_per_round": rounds})
+                "dispatcher_over_best_fixed_per_round": rounds,
+                "steady_wins": [[r["shape"], b, w] for r, b, w in steady]})
             print("\n".join(lines[start:]), flush=True)
             (args.out / "heldout.md").write_text("\n".join(lines) + "\n")
             (args.out / "heldout.json").write_text(json.dumps(results, indent=1))

@@ -326,28 +326,52 @@ def _rope_rotate(base_ptr, cos, sin, heads, n_heads, r,
 @triton.jit
 def _rope_kernel(
     pos_ptr, q_ptr, k_ptr, cache_ptr,
-    n_q_heads, n_k_heads, q_stride, k_stride, cache_stride, n_positions,
+    n_q_heads, n_k_heads, q_stride, k_stride, cache_stride, n_positions, q_blocks,
     HEAD_SIZE: tl.constexpr, HALF: tl.constexpr, IS_NEOX: tl.constexpr,
-    BLOCK_H: tl.constexpr, BLOCK_R: tl.constexpr,
+    BLOCK_H: tl.constexpr, BLOCK_R: tl.constexpr, SPLIT_K: tl.constexpr,
 ):
+    # Grid: (token, head block). The first q_blocks head blocks are the query's; with SPLIT_K the key's heads have
+    # blocks of their own after them, else each query block also rotates the key heads of its indices.
     token = tl.program_id(0).to(tl.int64)
-    heads = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    block = tl.program_id(1)
     r = tl.arange(0, BLOCK_R)
-    # One cos/sin row serves every query and key head of this token's head block. A position outside the cache
-    # is not read (the vendors' kernels read past the cache; the torch backend raises, which a kernel cannot
-    # without synchronizing): its token's query and key become NaN, so the mistake shows downstream.
+    # One cos/sin row serves every head of this token's head block. A position outside the cache is not read (the
+    # vendors' kernels read past the cache; the torch backend raises, which a kernel cannot without
+    # synchronizing): its token's query and key become NaN, so the mistake shows downstream.
     pos = tl.load(pos_ptr + token).to(tl.int64)
     # (r < HALF) & in range, written as one comparison: Triton's interpreter refuses a block mask and-ed with a scalar
     in_cache = r < tl.where((pos >= 0) & (pos < n_positions), HALF, 0)
     cache_row = cache_ptr + pos * cache_stride
     cos = tl.load(cache_row + r, mask=in_cache, other=float("nan")).to(tl.float32)[None, :]
     sin = tl.load(cache_row + HALF + r, mask=in_cache, other=float("nan")).to(tl.float32)[None, :]
-    _rope_rotate(q_ptr + token * q_stride, cos, sin, heads, n_q_heads, r, HEAD_SIZE, HALF, IS_NEOX, BLOCK_R)
-    _rope_rotate(k_ptr + token * k_stride, cos, sin, heads, n_k_heads, r, HEAD_SIZE, HALF, IS_NEOX, BLOCK_R)
+    if block < q_blocks:
+        heads = block * BLOCK_H + tl.arange(0, BLOCK_H)
+        _rope_rotate(q_ptr + token * q_stride, cos, sin, heads, n_q_heads, r, HEAD_SIZE, HALF, IS_NEOX, BLOCK_R)
+        if not SPLIT_K:
+            _rope_rotate(k_ptr + token * k_stride, cos, sin, heads, n_k_heads, r, HEAD_SIZE, HALF, IS_NEOX, BLOCK_R)
+    else:
+        heads = (block - q_blocks) * BLOCK_H + tl.arange(0, BLOCK_H)
+        _rope_rotate(k_ptr + token * k_stride, cos, sin, heads, n_k_heads, r, HEAD_SIZE, HALF, IS_NEOX, BLOCK_R)
+
+
+def _rope_plan(head_size: int, rotary_dim: int, n_q_heads: int, n_k_heads: int, is_neox: bool) -> tuple:
+    """(num_warps, constexprs, head blocks, query blocks) for rope: up to 512 rotated pairs a program (8 heads of
+    128), 4 warps for them, the key's heads in blocks of their own once they fill one. Chosen on graph replays on the
+    H200 (docs/H200.md, "Stop 26") over the plan before (1024 pairs a program, the key's heads with the query's
+    first block, warps counted by pairs: 2 for 8 heads of 128): 8-15% less time up to 170 tokens and level (within
+    2%) from 900 tokens on, at 32-128 query heads; at 8 query heads and 1 key head 4-16% less up to 900 tokens (key
+    blocks of their own ran 1.4x slower there at 13500 tokens, so a key of fewer heads rides with the query's)."""
+    block_r = next_power_of_2(rotary_dim // 2)
+    block_h = min(next_power_of_2(max(n_q_heads, n_k_heads)), max(1, 512 // block_r))
+    split_k = n_k_heads >= block_h
+    q_blocks = _cdiv(n_q_heads if split_k else max(n_q_heads, n_k_heads), block_h)
+    head_blocks = q_blocks + _cdiv(n_k_heads, block_h) if split_k else q_blocks
+    constexprs = (head_size, rotary_dim // 2, bool(is_neox), block_h, block_r, split_k)
+    return _num_warps(2 * block_h * block_r, max_warps=8), constexprs, head_blocks, q_blocks
 
 
 _launch_rope = FastLaunch(_rope_kernel)
-# (head_size, rotary_dim, q heads, k heads, is_neox) -> (num_warps, constexprs, block_h)
+# (head_size, rotary_dim, q heads, k heads, is_neox) -> _rope_plan(...)
 _ROPE_PLANS: dict[tuple, tuple] = {}
 
 
@@ -385,18 +409,14 @@ def rope(
     if n_tokens > 1 and (q2.stride(0) < q2.shape[1] or k2.stride(0) < k2.shape[1]):
         raise _overlapping("query" if q2.stride(0) < q2.shape[1] else "key", q2 if q2.stride(0) < q2.shape[1] else k2)
     n_q_heads, n_k_heads = q2.shape[1] // head_size, k2.shape[1] // head_size
-    half = rotary_dim // 2
-    block_r = next_power_of_2(half)
-    block_h = min(next_power_of_2(max(n_q_heads, n_k_heads)), max(1, 1024 // block_r))
-    constexprs = (head_size, half, bool(is_neox), block_h, block_r)  # HEAD_SIZE, HALF, IS_NEOX, BLOCK_H, BLOCK_R
-    num_warps = _num_warps(block_h * block_r, max_warps=8)
+    plan_key = (head_size, rotary_dim, n_q_heads, n_k_heads, bool(is_neox))
+    num_warps, constexprs, head_blocks, q_blocks = plan = _rope_plan(*plan_key)
     if _DIRECT is not None:
-        _remember(_ROPE_PLANS, (head_size, rotary_dim, n_q_heads, n_k_heads, constexprs[2]),
-                  (num_warps, constexprs, block_h))
+        _remember(_ROPE_PLANS, plan_key, plan)
     _launch_rope(
-        (n_tokens, _cdiv(max(n_q_heads, n_k_heads), block_h)),
-        (positions.contiguous(), q2, k2, cos_sin_cache,
-         n_q_heads, n_k_heads, q2.stride(0), k2.stride(0), cos_sin_cache.stride(0), cos_sin_cache.shape[0]),
+        (n_tokens, head_blocks),
+        (positions.contiguous(), q2, k2, cos_sin_cache, n_q_heads, n_k_heads, q2.stride(0), k2.stride(0),
+         cos_sin_cache.stride(0), cos_sin_cache.shape[0], q_blocks),
         constexprs, num_warps,
     )
 

@@ -542,7 +542,7 @@ static int token_rows(const DLTensor *t, int64_t n_tokens, int64_t *width, int64
 }
 
 /* rope(kept, plans, positions, query, key, head_size, cos_sin_cache, is_neox); plans[(head_size, rotary_dim,
-   q heads, k heads, is_neox)] is (num_warps, constexprs, heads per program). */
+   q heads, k heads, is_neox)] is (num_warps, constexprs, head blocks, query blocks): triton_kernels._rope_plan. */
 static PyObject *rope(PyObject *self, PyObject *const *a, Py_ssize_t nargs) {
     if (nargs != 8 || !PyDict_Check(a[0]) || !PyDict_Check(a[1])) {
         PyErr_SetString(PyExc_TypeError, "rope(kept: dict, plans: dict, positions, query, key, head_size, "
@@ -571,20 +571,20 @@ static PyObject *rope(PyObject *self, PyObject *const *a, Py_ssize_t nargs) {
     if (n_tokens > 1 && (q_stride < q_width || k_stride < k_width)) Py_RETURN_FALSE;  /* overlapping rows */
     int64_t q_heads = q_width / head_size, k_heads = k_width / head_size;
     PyObject *plan = plan_for(a[1], Py_BuildValue("(LLLLO)", head_size, (long long)rotary_dim, (long long)q_heads,
-                                                  (long long)k_heads, a[7]), 3);
+                                                  (long long)k_heads, a[7]), 4);
     if (plan == NULL) return PyErr_Occurred() ? NULL : Py_NewRef(Py_False);  /* not planned yet */
-    long long block_h = PyLong_AsLongLong(PyTuple_GET_ITEM(plan, 2));
-    int64_t heads = q_heads > k_heads ? q_heads : k_heads;
-    PyObject *grid = block_h <= 0 ? NULL
-                     : Py_BuildValue("(LL)", (long long)n_tokens, (long long)((heads + block_h - 1) / block_h));
+    long long head_blocks = PyLong_AsLongLong(PyTuple_GET_ITEM(plan, 2));
+    long long q_blocks = PyLong_AsLongLong(PyTuple_GET_ITEM(plan, 3));
+    PyObject *grid = head_blocks <= 0 || q_blocks <= 0 ? NULL
+                     : Py_BuildValue("(LL)", (long long)n_tokens, head_blocks);
     if (grid == NULL) {
         Py_DECREF(plan);
         return PyErr_Occurred() ? NULL : Py_NewRef(Py_False);
     }
     const DLTensor *tensors[4] = {&pos, &q, &k, &cache};
-    int64_t ints[6] = {q_heads, k_heads, q_stride, k_stride, cache.strides[0], cache.shape[0]};
+    int64_t ints[7] = {q_heads, k_heads, q_stride, k_stride, cache.strides[0], cache.shape[0], q_blocks};
     PyObject *result = launch_tensors(a[0], device, PyTuple_GET_ITEM(plan, 0), PyTuple_GET_ITEM(plan, 1), grid,
-                                      tensors, 4, ints, 6, NULL);
+                                      tensors, 4, ints, 7, NULL);
     Py_DECREF(grid);
     Py_DECREF(plan);
     return result;
