@@ -17,10 +17,11 @@ set6 was made in stop 22 before any run of it; set7 in stop 24 before any run of
 launched from C; set8 after set7's run, when eager ties were given to the vendors over those kernels; set9 in
 stop 25 before any run of it, to judge the norms' launch from C through DLPack and eager ties by measured host time;
 set10 after set9's run, which showed the tie rule's factor too lax, and after the other kernels were launched from C;
-set11 in stop 26 before any run of it, after rope's launch plan was chosen on probes of set10's rope shapes. set11 is
-in no rule's, shape's or kernel change's sample yet:
+set11 in stop 26 before any run of it, after rope's launch plan was chosen on probes of set10's rope shapes; set12
+after set11's run, which placed rope's representative shapes at 4 / 1 heads and (with the tunes of that call) the
+eager tie rule's cut at 1.2. set12 is in no rule's, shape's or kernel change's sample yet:
 
-    python tools/heldout_bench.py --out DIR --shapes set11
+    python tools/heldout_bench.py --out DIR --shapes set12
 
 Writes DIR/heldout.md (the tables) and DIR/heldout.json (every median).
 """
@@ -172,8 +173,17 @@ SET10 = _held_out(TOKENS_10, rmsnorm=(1792, 10240), fused=(3072, 16384), silu=(6
 TOKENS_11 = (19, 37, 75, 270, 620, 1250, 2600, 4200, 8700, 14500)
 SET11 = _held_out(TOKENS_11, rmsnorm=(3840, 14848), fused=(2304, 18432), silu=(4096, 13696), gelu=(6144, 32768),
                   rope=((4, 1), (32, 2)), mm=((16384, 2048), (5120, 5120)))
+# set12: made in stop 26 after set11's run (rope's representative shapes at 4 / 1 heads and the eager tie rule's cut
+# at 1.2 were chosen on it and on call 26-2's two tunes), before any run of it. Token counts none of sets 1-11's;
+# widths none of the op's earlier sets': hidden 1152 (Gemma-3-1B) and 6656 (LLaMA-33B) for rmsnorm, 896 (Qwen2.5-0.5B)
+# and 10240 for fused_add_rmsnorm; intermediate 5504 (Llama-2-7B at tensor parallel 2) and 24576 for silu, 3072 and
+# 20480 for gelu; rope 6 / 1 heads (48 / 8 at tensor parallel 8) and 24 / 2 (Mistral-Large at 4); GEMMs of
+# Llama-3.2-3B o_proj (3072, 3072) and Qwen2.5-72B gate_up at tensor parallel 8 (7392, 8192).
+TOKENS_12 = (15, 33, 95, 310, 740, 1600, 3100, 5300, 9900, 12500)
+SET12 = _held_out(TOKENS_12, rmsnorm=(1152, 6656), fused=(896, 10240), silu=(5504, 24576), gelu=(3072, 20480),
+                  rope=((6, 1), (24, 2)), mm=((3072, 3072), (7392, 8192)))
 SETS = {"set1": SET1, "set2": SET2, "set3": SET3, "set4": SET4, "set5": SET5, "set6": SET6, "set7": SET7, "set8": SET8,
-        "set9": SET9, "set10": SET10, "set11": SET11}
+        "set9": SET9, "set10": SET10, "set11": SET11, "set12": SET12}
 
 
 def table_for(op: str, mode: str) -> BucketTable:
@@ -265,7 +275,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--mode", action="append", choices=("eager", "graph"), help="default: every mode here")
     parser.add_argument("--shapes", choices=sorted(SETS), default="set2",
                         help="held-out shape set (default set2; set1: the shapes of docs/BENCHMARKS.md section 2; "
-                             "set11: out of sample for every rule, representative shape and kernel change so far)")
+                             "set12: out of sample for every rule, representative shape and kernel change so far)")
     args = parser.parse_args(argv)
     held_out = SETS[args.shapes]
     platform = platforms.current_platform()
