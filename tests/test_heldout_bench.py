@@ -186,8 +186,13 @@ def test_steady_wins_counts_a_shape_only_where_another_backend_won_every_round(b
     rows = [{"shape": {"tokens": 1}, "rounds_us": {"triton": [10, 10, 10], "flashinfer": [9, 9.5, 9.9],
                                                    "sgl_kernel": [9.8, 9.0, 9.0]}},
             {"shape": {"tokens": 2}, "rounds_us": {"triton": [10, 10, 10], "flashinfer": [9, 9, 10.5]}},
-            {"shape": {"tokens": 3}, "rounds_us": {"triton": [10, 10, 10], "flashinfer": [5]}},  # stopped after one
-            {"shape": {"tokens": 4}, "rounds_us": {"triton": [10, 10, 10]}}]
-    # flashinfer's worst round 0.99x and sgl-kernel's 0.98x: the steadier lead is named
-    (row, backend, worst), = bench.steady_wins(rows, "triton")
-    assert (row["shape"]["tokens"], backend, worst) == (1, "sgl_kernel", pytest.approx(0.98))
+            {"shape": {"tokens": 3}, "rounds_us": {"triton": [10, 10, 10], "flashinfer": [13]}},  # stopped: behind
+            {"shape": {"tokens": 4}, "rounds_us": {"triton": [10, 10, 10]}},
+            # the fixed backend far behind, stopped after one round: still a steady win for the others
+            {"shape": {"tokens": 5}, "rounds_us": {"triton": [20.0], "flashinfer": [10, 10, 10]}},
+            {"shape": {"tokens": 6}, "rounds_us": {"triton": [10, 10, 10], "torch": [1, 1, 1]}},  # rejected
+            {"shape": {"tokens": 7}, "rounds_us": {"triton": [0.0, 10, 10], "flashinfer": [9, 9, 9]}}]  # no time
+    wins = bench.steady_wins(rows, "triton", rejected=("torch",))
+    # shape 1: flashinfer's worst round 0.99x and sgl-kernel's 0.98x: the steadier lead is named
+    assert [(r["shape"]["tokens"], b) for r, b, w in wins] == [(1, "sgl_kernel"), (5, "flashinfer")]
+    assert [w for r, b, w in wins] == [pytest.approx(0.98), pytest.approx(0.5)]

@@ -252,16 +252,25 @@ def per_round(rows: list[dict], other: str) -> list[float]:
     return [geomean([at(a, k) / at(b, k) for a, b in pairs]) for k in range(n)]
 
 
-def steady_wins(rows: list[dict], fixed: str) -> list[tuple[dict, str, float]]:
-    """The shapes where another backend beat `fixed` in every timed round (three at least): (row, that backend, its
-    largest time over fixed's in a round), the fastest such backend per shape. Per-shape winners that differ only
-    inside the rounds' spread are noise, not a place a dispatcher can be ahead."""
+def steady_wins(rows: list[dict], fixed: str, rejected=()) -> list[tuple[dict, str, float]]:
+    """The shapes where another backend, not rejected by the tune, beat `fixed` in every timed round (three at
+    least): (row, that backend, its largest time over fixed's in a round), naming per shape the backend whose lead
+    held best (the least such ratio). Per-shape winners that differ only inside the rounds' spread are noise, not a
+    place a dispatcher can be ahead. A backend the tuner stopped timing after a round (far behind) keeps its last
+    round's median, as in per_round."""
+    at = lambda t, k: t[min(k, len(t) - 1)]  # noqa: E731
     wins = []
     for row in rows:
-        base = row["rounds_us"].get(fixed, [])
-        steady = [(max(t / b for t, b in zip(times, base)), name) for name, times in row["rounds_us"].items()
-                  if name != fixed and len(times) == len(base) >= 3]
-        steady = [(worst, name) for worst, name in steady if worst < 1.0]
+        timed = {name: times for name, times in row["rounds_us"].items() if times and all(t > 0 for t in times)}
+        base = timed.get(fixed)
+        steady = []
+        for name, times in timed.items():
+            n = max(len(times), len(base or ()))
+            if name == fixed or name in rejected or base is None or n < 3:
+                continue
+            worst = max(at(times, k) / at(base, k) for k in range(n))
+            if worst < 1.0:
+                steady.append((worst, name))
         if steady:
             worst, name = min(steady)
             wins.append((row, name, worst))
@@ -317,7 +326,7 @@ def main(argv: list[str] | None = None) -> int:
             if rounds:
                 lines += [f"- dispatcher over {best_fixed}, geometric mean of each round: "
                           f"{', '.join(f'{r:.3f}' for r in rounds)}", ""]
-            steady = steady_wins(rows, best_fixed)
+            steady = steady_wins(rows, best_fixed, rejected)
             lines += [f"- shapes where another backend beat {best_fixed} in every round: {len(steady)}"
                       + "".join(f"; {r['shape']}: {b} at most {w:.3f}x, the dispatcher ran {r['dispatcher']}"
                                 for r, b, w in steady), ""]

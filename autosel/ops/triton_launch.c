@@ -574,7 +574,7 @@ static PyObject *rope(PyObject *self, PyObject *const *a, Py_ssize_t nargs) {
                                                   (long long)k_heads, a[7]), 4);
     if (plan == NULL) return PyErr_Occurred() ? NULL : Py_NewRef(Py_False);  /* not planned yet */
     long long head_blocks = PyLong_AsLongLong(PyTuple_GET_ITEM(plan, 2));
-    long long q_blocks = PyLong_AsLongLong(PyTuple_GET_ITEM(plan, 3));
+    long long q_blocks = head_blocks == -1 && PyErr_Occurred() ? -1 : PyLong_AsLongLong(PyTuple_GET_ITEM(plan, 3));
     PyObject *grid = head_blocks <= 0 || q_blocks <= 0 ? NULL
                      : Py_BuildValue("(LL)", (long long)n_tokens, head_blocks);
     if (grid == NULL) {
