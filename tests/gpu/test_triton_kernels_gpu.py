@@ -50,7 +50,7 @@ def test_act_and_mul(cases, gelu, shape, dtype):
 @pytest.mark.parametrize("is_neox", [True, False], ids=["neox", "gptj"])
 @pytest.mark.parametrize(
     "n_tokens, n_q_heads, n_kv_heads, head_size, rotary_dim",
-    # the key in one block of its own, two of them, with the query's (rotary 64: 16 heads a block), one head a block
+    # the key in one block of its own (32 / 8), in two (64 / 16), with the query's (40 / 8 at rotary 64, 8 / 1, 4 / 1)
     [(300, 32, 8, 128, 128), (33, 64, 16, 128, 128), (64, 40, 8, 128, 64), (7, 8, 1, 80, 80), (5, 4, 1, 128, 128)],
 )
 def test_rope(cases, n_tokens, n_q_heads, n_kv_heads, head_size, rotary_dim, is_neox, dtype):
