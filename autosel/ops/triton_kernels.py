@@ -359,7 +359,7 @@ def _rope_plan(head_size: int, rotary_dim: int, n_q_heads: int, n_k_heads: int, 
     128; one head where a head has more), 4 warps for them, the key's heads in blocks of their own once they fill
     one. Chosen on graph replays on the H200 (docs/H200.md, "Stop 26") over the plan before (1024 pairs a program, the
     key's heads with the query's first block, warps counted by pairs: 2 for 8 heads of 128): 0.81-1.01x its time up
-    to 170 tokens (15-19% less at 1 and 52 tokens of 32 / 8 and 8 / 1 heads), 0.95-1.05x from 900 tokens on. At 8
+    to 170 tokens (15-19% less at 1 and 52 tokens of 32 / 8 and 8 / 1 heads), 0.85-1.05x from 900 tokens on. At 8
     query heads and 1 key head, key blocks of their own ran 1.4x slower at 13500 tokens, so a key of fewer heads than
     a block rides with the query's."""
     block_r = next_power_of_2(rotary_dim // 2)
