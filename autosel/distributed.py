@@ -288,13 +288,18 @@ def op_agreement(op: str, mode: str, platform_key: str) -> tuple[str, tuple]:
     return f"op {op!r} ({mode} mode)", (op, mode, platform_key)
 
 
-def agree_on_fewer(op: str, usable: list[str], none_usable: str, *, mode: str, platform_key: str) -> None:
+def agree_on_fewer(op: str, usable: list[str], none_usable: str, *, mode: str, platform_key: str,
+                   forced: bool = False) -> None:
     """Make `op`'s agreement on a rank where fewer than two of its registered backends are usable (usable: their
     names, one or none), as the ranks that see several make it in tuning.decide, so that none of them is left
     waiting in the broadcast. Rank 0 sends its one backend, untuned, as the table every rank runs, or its
     none_usable error, which every rank raises (a ValueError). Another rank raises where it cannot run rank 0's
     table: a TuningError, or with no usable backend a ValueError, none_usable naming both ranks. mode, platform_key:
-    the selection's, which tuning.decide's words and key are made of."""
+    the selection's, which tuning.decide's words and key are made of.
+
+    forced: usable is the one backend AUTOSEL_BACKEND forces here. A rank whose forced backend is not what rank 0
+    runs for the op raises a TuningError saying so; a rank not forced runs rank 0's forced backend, as it runs any
+    table of rank 0's."""
     from autosel.dispatch import BucketTable
     from autosel.platforms import capturing_cuda_graph
 
@@ -307,6 +312,10 @@ def agree_on_fewer(op: str, usable: list[str], none_usable: str, *, mode: str, p
     table = agree(one, what=what, key=key, in_capture=capturing_cuda_graph())
     chosen = {table.default, *table.winners.values()}
     world = _world()
+    if forced and chosen != set(usable) and world is not None:
+        raise TuningError(f"{what}: AUTOSEL_BACKEND forces {usable[0]!r} on rank {world[0]} of {world[1]}, where "
+                          f"rank 0 runs {', '.join(map(repr, sorted(chosen)))}; set AUTOSEL_BACKEND alike on every "
+                          "rank")
     if not usable and world is not None:  # rank 0 could run some (with none it raised, above): this rank none
         raise ValueError(f"{none_usable} on rank {world[0]} of {world[1]}, where rank 0 chose "
                          f"{', '.join(map(repr, sorted(chosen)))}; every rank must see the same device and packages")

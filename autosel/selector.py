@@ -66,6 +66,10 @@ def _choose(op: str, backend: KernelBackend | str | None, mode: str | None
         match = next((s for s in specs if s.backend == forced), None)
         if match is not None:
             log.info("op %r: AUTOSEL_BACKEND forces %r", op, forced.value)
+            if in_process_group():  # the ranks not forced alike make the op's agreement: this one takes part too
+                platform = platforms.current_platform()
+                agree_on_fewer(op, [match.backend.value], "", mode=resolve_mode(mode, platform, settings),
+                               platform_key=platform.key, forced=True)
             return match
         if per_op:
             raise KeyError(f"No '{forced.value}' backend registered for op {op!r}")

@@ -377,6 +377,55 @@ def test_ranks_that_see_fewer_than_two_backends_still_agree_and_say_where_they_d
         "toy.none_on_0": results[0]["picks"]["toy.none_on_0"] + " (decided on rank 0 of 2)"}
 
 
+FORCED = textwrap.dedent("""
+    import datetime, json, os
+    import torch
+    import torch.distributed as dist
+    import toy_kernels
+    from autosel import selector
+    from autosel.spec import KernelBackend as B, KernelSpec
+
+    rank = int(os.environ["RANK"])
+    dist.init_process_group("gloo", init_method="file://" + os.environ["INIT_FILE"], rank=rank, world_size=2,
+                            timeout=datetime.timedelta(seconds=20))  # a rank left waiting fails in 20 s
+    toy_kernels.use_fresh_registry()
+    os.environ["AUTOSEL_TUNE"] = "off"
+    ops = ("toy.forced_on_1", "toy.forced_on_0", "toy.forced_alike", "toy.forced_apart")
+    for op in ops:
+        selector.registry.register(KernelSpec(op, B.TORCH, "toy_kernels:slow"))
+        selector.registry.register(KernelSpec(op, B.TRITON, "toy_kernels:fast"))
+        if rank == 0:
+            toy_kernels.plant(op, "torch", {})  # rank 0's stored decision where it is not forced
+    # AUTOSEL_BACKEND as each rank's launcher set it: differently on the two ranks for every op but one
+    forced = {0: "toy.forced_on_0=triton,toy.forced_alike=triton,toy.forced_apart=torch",
+              1: "toy.forced_on_1=triton,toy.forced_alike=triton,toy.forced_apart=triton"}[rank]
+    os.environ["AUTOSEL_BACKEND"] = forced
+    picks = {}
+    for op in ops:
+        try:
+            picks[op] = selector.select_kernel(op).backend.value
+        except Exception as exc:
+            picks[op] = f"{type(exc).__name__}: {exc}"
+""") + PICKS_AND_ALL_REDUCE
+
+
+def test_ranks_forced_differently_by_autosel_backend_raise_instead_of_hanging(tmp_path):
+    # A rank that AUTOSEL_BACKEND forced returned its backend without the broadcast the others made: here rank 1 ran
+    # triton where rank 0 ran torch, and took rank 0's broadcast for another op (with one such op alone, it hangs).
+    results, _ = run_ranks(FORCED, 2, tmp_path)
+    assert [r["all_reduce"] for r in results] == [2.0, 2.0]
+    apart = lambda op, here, rank, rank0: (  # noqa: E731
+        f"TuningError: op {op!r} (eager mode): AUTOSEL_BACKEND forces {here!r} on rank {rank} of 2, where rank 0 runs "
+        f"{rank0!r}; set AUTOSEL_BACKEND alike on every rank")
+    assert results[0]["picks"] == {"toy.forced_on_1": "torch", "toy.forced_on_0": "triton",
+                                   "toy.forced_alike": "triton", "toy.forced_apart": "torch"}
+    assert results[1]["picks"] == {
+        "toy.forced_on_1": apart("toy.forced_on_1", "triton", 1, "torch"),  # rank 0 runs its stored decision
+        "toy.forced_on_0": "triton",  # rank 0's table, as any: rank 1 is not forced
+        "toy.forced_alike": "triton",
+        "toy.forced_apart": apart("toy.forced_apart", "triton", 1, "torch")}
+
+
 DURING = textwrap.dedent("""
     import datetime, json, os, threading, time
     import torch
