@@ -289,33 +289,35 @@ def op_agreement(op: str, mode: str, platform_key: str) -> tuple[str, tuple]:
 
 
 def agree_on_fewer(op: str, usable: list[str], none_usable: str, *, mode: str, platform_key: str,
-                   forced: bool = False) -> None:
-    """Make `op`'s agreement on a rank where fewer than two of its registered backends are usable (usable: their
-    names, one or none), as the ranks that see several make it in tuning.decide, so that none of them is left
+                   forced: str | None = None) -> None:
+    """Make `op`'s agreement on a rank where fewer than two of its registered backends are usable, or where
+    AUTOSEL_BACKEND forces one (usable: their names, one or none), as the ranks that see several make it in tuning.decide, so that none of them is left
     waiting in the broadcast. Rank 0 sends its one backend, untuned, as the table every rank runs, or its
     none_usable error, which every rank raises (a ValueError). Another rank raises where it cannot run rank 0's
     table: a TuningError, or with no usable backend a ValueError, none_usable naming both ranks. mode, platform_key:
     the selection's, which tuning.decide's words and key are made of.
 
-    forced: usable is the one backend AUTOSEL_BACKEND forces here. A rank whose forced backend is not what rank 0
-    runs for the op raises a TuningError saying so; a rank not forced runs rank 0's forced backend, as it runs any
-    table of rank 0's."""
+    forced: the backend AUTOSEL_BACKEND forces here (selector._choose); usable is it, or empty where it is not
+    registered for the op, and none_usable then that KeyError's text (rank 0 sends it as a KeyError). A rank forced
+    to another backend than the agreed table runs raises a TuningError naming AUTOSEL_BACKEND; a rank not forced runs
+    rank 0's forced backend where it can, as it runs any table of rank 0's."""
     from autosel.dispatch import BucketTable
     from autosel.platforms import capturing_cuda_graph
 
     def one() -> BucketTable:
         if not usable:
-            raise ValueError(none_usable)
+            raise (KeyError if forced else ValueError)(none_usable)
         return BucketTable(op, mode, usable[0], {})
 
     what, key = op_agreement(op, mode, platform_key)  # as tuning.decide's, whose broadcast the other ranks make
     table = agree(one, what=what, key=key, in_capture=capturing_cuda_graph())
     chosen = {table.default, *table.winners.values()}
     world = _world()
-    if forced and chosen != set(usable) and world is not None:
-        raise TuningError(f"{what}: AUTOSEL_BACKEND forces {usable[0]!r} on rank {world[0]} of {world[1]}, where "
-                          f"rank 0 runs {', '.join(map(repr, sorted(chosen)))}; set AUTOSEL_BACKEND alike on every "
-                          "rank")
+    if forced is not None and chosen != {forced} and world is not None:
+        raise TuningError(f"{what}: AUTOSEL_BACKEND forces {forced!r} on rank {world[0]} of {world[1]}, but the "
+                          f"ranks' table for it runs {', '.join(map(repr, sorted(chosen)))} (rank 0's decision, made "
+                          "now or at the op's first selection); set AUTOSEL_BACKEND alike on every rank before "
+                          "selecting, and call clear_cache() on every rank after changing it")
     if not usable and world is not None:  # rank 0 could run some (with none it raised, above): this rank none
         raise ValueError(f"{none_usable} on rank {world[0]} of {world[1]}, where rank 0 chose "
                          f"{', '.join(map(repr, sorted(chosen)))}; every rank must see the same device and packages")
@@ -330,7 +332,7 @@ def check_eligible(chosen: set[str], eligible: set[str], *, what: str) -> None:
         rank = world[0] if world else 0
         raise TuningError(f"{what}: rank 0 chose {', '.join(map(repr, missing))}, which is not eligible on rank "
                           f"{rank} (eligible here: {sorted(eligible)}); every rank must see the same device and "
-                          "packages")
+                          "packages, and AUTOSEL_BACKEND alike")
 
 
 # --- AUTOSEL_CHECK_RANKS: what each rank would have run on its own ---------------------------------------------

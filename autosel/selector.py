@@ -64,15 +64,16 @@ def _choose(op: str, backend: KernelBackend | str | None, mode: str | None
     forced, per_op = settings.forced_backend_for(op)
     if forced is not None:
         match = next((s for s in specs if s.backend == forced), None)
+        missing = f"No '{forced.value}' backend registered for op {op!r}"
+        if in_process_group() and (match is not None or per_op):  # the ranks not forced alike make the op's
+            platform = platforms.current_platform()  # agreement: this one takes part too, or they wait for it
+            agree_on_fewer(op, [forced.value] if match is not None else [], missing,
+                           mode=resolve_mode(mode, platform, settings), platform_key=platform.key, forced=forced.value)
         if match is not None:
             log.info("op %r: AUTOSEL_BACKEND forces %r", op, forced.value)
-            if in_process_group():  # the ranks not forced alike make the op's agreement: this one takes part too
-                platform = platforms.current_platform()
-                agree_on_fewer(op, [match.backend.value], "", mode=resolve_mode(mode, platform, settings),
-                               platform_key=platform.key, forced=True)
             return match
         if per_op:
-            raise KeyError(f"No '{forced.value}' backend registered for op {op!r}")
+            raise KeyError(missing)
     platform = platforms.current_platform()
     eligible = [s for s in specs if s.is_available(platform)]
     if len(eligible) < 2:

@@ -369,7 +369,8 @@ def test_ranks_that_see_fewer_than_two_backends_still_agree_and_say_where_they_d
                                    "again": "torch"}
     assert results[1]["picks"] == {
         "toy.one_on_1": "TuningError: op 'toy.one_on_1' (eager mode): rank 0 chose 'triton', which is not eligible "
-                        "on rank 1 (eligible here: ['torch']); every rank must see the same device and packages",
+                        "on rank 1 (eligible here: ['torch']); every rank must see the same device and packages, "
+                        "and AUTOSEL_BACKEND alike",
         "toy.one_on_0": "torch",  # rank 0's one backend is every rank's, with no tuning anywhere
         "toy.none_on_1": "ValueError: op 'toy.none_on_1' has no backend usable on device 'cpu' (registered: "
                          "['torch', 'triton']) on rank 1 of 2, where rank 0 chose 'triton'; every rank must see the "
@@ -390,22 +391,32 @@ FORCED = textwrap.dedent("""
                             timeout=datetime.timedelta(seconds=20))  # a rank left waiting fails in 20 s
     toy_kernels.use_fresh_registry()
     os.environ["AUTOSEL_TUNE"] = "off"
-    ops = ("toy.forced_on_1", "toy.forced_on_0", "toy.forced_alike", "toy.forced_apart")
+    ops = ("toy.forced_on_1", "toy.forced_on_0", "toy.forced_alike", "toy.forced_apart", "toy.unregistered_on_1",
+           "toy.unregistered_on_0", "toy.forced_later")
     for op in ops:
         selector.registry.register(KernelSpec(op, B.TORCH, "toy_kernels:slow"))
         selector.registry.register(KernelSpec(op, B.TRITON, "toy_kernels:fast"))
         if rank == 0:
             toy_kernels.plant(op, "torch", {})  # rank 0's stored decision where it is not forced
-    # AUTOSEL_BACKEND as each rank's launcher set it: differently on the two ranks for every op but one
-    forced = {0: "toy.forced_on_0=triton,toy.forced_alike=triton,toy.forced_apart=torch",
-              1: "toy.forced_on_1=triton,toy.forced_alike=triton,toy.forced_apart=triton"}[rank]
-    os.environ["AUTOSEL_BACKEND"] = forced
     picks = {}
-    for op in ops:
+
+    def pick(op, name=None):
         try:
-            picks[op] = selector.select_kernel(op).backend.value
+            picks[name or op] = selector.select_kernel(op).backend.value
         except Exception as exc:
-            picks[op] = f"{type(exc).__name__}: {exc}"
+            picks[name or op] = f"{type(exc).__name__}: {exc}"
+
+    pick("toy.forced_later")  # agreed before AUTOSEL_BACKEND is set: torch
+    # AUTOSEL_BACKEND as each rank's launcher set it: differently on the two ranks for every op but two
+    forced = {0: "toy.forced_on_0=triton,toy.forced_alike=triton,toy.forced_apart=torch,"
+                 "toy.unregistered_on_0=flashinfer,toy.forced_later=triton",
+              1: "toy.forced_on_1=triton,toy.forced_alike=triton,toy.forced_apart=triton,"
+                 "toy.unregistered_on_1=flashinfer,toy.forced_later=triton"}[rank]
+    os.environ["AUTOSEL_BACKEND"] = forced
+    for op in ops:
+        pick(op)
+    selector.clear_cache()  # on every rank: the next selection of each op is agreed again, under AUTOSEL_BACKEND
+    pick("toy.forced_later", "later, after clear_cache")
 """) + PICKS_AND_ALL_REDUCE
 
 
@@ -414,16 +425,26 @@ def test_ranks_forced_differently_by_autosel_backend_raise_instead_of_hanging(tm
     # triton where rank 0 ran torch, and took rank 0's broadcast for another op (with one such op alone, it hangs).
     results, _ = run_ranks(FORCED, 2, tmp_path)
     assert [r["all_reduce"] for r in results] == [2.0, 2.0]
-    apart = lambda op, here, rank, rank0: (  # noqa: E731
-        f"TuningError: op {op!r} (eager mode): AUTOSEL_BACKEND forces {here!r} on rank {rank} of 2, where rank 0 runs "
-        f"{rank0!r}; set AUTOSEL_BACKEND alike on every rank")
-    assert results[0]["picks"] == {"toy.forced_on_1": "torch", "toy.forced_on_0": "triton",
-                                   "toy.forced_alike": "triton", "toy.forced_apart": "torch"}
+
+    def apart(op, here, rank, rank0):
+        return (f"TuningError: op {op!r} (eager mode): AUTOSEL_BACKEND forces {here!r} on rank {rank} of 2, but the "
+                f"ranks' table for it runs {rank0!r} (rank 0's decision, made now or at the op's first selection); "
+                "set AUTOSEL_BACKEND alike on every rank before selecting, and call clear_cache() on every rank after "
+                "changing it")
+    missing = "KeyError: \"No 'flashinfer' backend registered for op 'toy.unregistered_on_0'"
+    assert results[0]["picks"] == {
+        "toy.forced_on_1": "torch", "toy.forced_on_0": "triton", "toy.forced_alike": "triton",
+        "toy.forced_apart": "torch", "toy.unregistered_on_1": "torch", "toy.unregistered_on_0": missing + '"',
+        # changed after the op was agreed: the agreement stands until clear_cache(), as a single process would not
+        "toy.forced_later": apart("toy.forced_later", "triton", 0, "torch"), "later, after clear_cache": "triton"}
     assert results[1]["picks"] == {
         "toy.forced_on_1": apart("toy.forced_on_1", "triton", 1, "torch"),  # rank 0 runs its stored decision
         "toy.forced_on_0": "triton",  # rank 0's table, as any: rank 1 is not forced
         "toy.forced_alike": "triton",
-        "toy.forced_apart": apart("toy.forced_apart", "triton", 1, "torch")}
+        "toy.forced_apart": apart("toy.forced_apart", "triton", 1, "torch"),
+        "toy.unregistered_on_1": apart("toy.unregistered_on_1", "flashinfer", 1, "torch"),
+        "toy.unregistered_on_0": missing + ' (decided on rank 0 of 2)"',  # rank 0's KeyError, raised on every rank
+        "toy.forced_later": apart("toy.forced_later", "triton", 1, "torch"), "later, after clear_cache": "triton"}
 
 
 DURING = textwrap.dedent("""
