@@ -326,7 +326,8 @@ PICKS_AND_ALL_REDUCE = textwrap.dedent("""
 """)
 
 
-FEWER = textwrap.dedent("""
+# The start of a two-rank gloo script that selects toy ops with tuning off (a rank left waiting fails in 20 s).
+TWO_RANKS_UNTUNED = textwrap.dedent("""
     import datetime, json, os
     import torch
     import torch.distributed as dist
@@ -339,6 +340,10 @@ FEWER = textwrap.dedent("""
                             timeout=datetime.timedelta(seconds=20))  # a rank left waiting fails in 20 s
     toy_kernels.use_fresh_registry()
     os.environ["AUTOSEL_TUNE"] = "off"
+""")
+
+
+FEWER = TWO_RANKS_UNTUNED + textwrap.dedent("""
     # op: the ranks on which its torch and its triton backend are eligible; elsewhere each needs a package that
     # is not installed. Every rank registers both: the packages and devices the ranks see differ.
     seen = {"toy.one_on_1": ({0, 1}, {0}), "toy.one_on_0": ({0, 1}, {1}), "toy.none_on_1": ({0}, {0}),
@@ -378,19 +383,7 @@ def test_ranks_that_see_fewer_than_two_backends_still_agree_and_say_where_they_d
         "toy.none_on_0": results[0]["picks"]["toy.none_on_0"] + " (decided on rank 0 of 2)"}
 
 
-FORCED = textwrap.dedent("""
-    import datetime, json, os
-    import torch
-    import torch.distributed as dist
-    import toy_kernels
-    from autosel import selector
-    from autosel.spec import KernelBackend as B, KernelSpec
-
-    rank = int(os.environ["RANK"])
-    dist.init_process_group("gloo", init_method="file://" + os.environ["INIT_FILE"], rank=rank, world_size=2,
-                            timeout=datetime.timedelta(seconds=20))  # a rank left waiting fails in 20 s
-    toy_kernels.use_fresh_registry()
-    os.environ["AUTOSEL_TUNE"] = "off"
+FORCED = TWO_RANKS_UNTUNED + textwrap.dedent("""
     ops = ("toy.forced_on_1", "toy.forced_on_0", "toy.forced_alike", "toy.forced_apart", "toy.unregistered_on_1",
            "toy.unregistered_on_0", "toy.forced_later")
     for op in ops:
