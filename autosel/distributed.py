@@ -291,8 +291,8 @@ def op_agreement(op: str, mode: str, platform_key: str) -> tuple[str, tuple]:
 def agree_on_fewer(op: str, usable: list[str], none_usable: str, *, mode: str, platform_key: str,
                    forced: str | None = None) -> None:
     """Make `op`'s agreement on a rank where fewer than two of its registered backends are usable, or where
-    AUTOSEL_BACKEND forces one (usable: their names, one or none), as the ranks that see several make it in tuning.decide, so that none of them is left
-    waiting in the broadcast. Rank 0 sends its one backend, untuned, as the table every rank runs, or its
+    AUTOSEL_BACKEND forces one (usable: their names, one or none), as the ranks that see several make it in
+    tuning.decide, so that none of them is left waiting in the broadcast. Rank 0 sends its one backend, untuned, as the table every rank runs, or its
     none_usable error, which every rank raises (a ValueError). Another rank raises where it cannot run rank 0's
     table: a TuningError, or with no usable backend a ValueError, none_usable naming both ranks. mode, platform_key:
     the selection's, which tuning.decide's words and key are made of.
