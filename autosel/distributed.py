@@ -292,10 +292,10 @@ def agree_on_fewer(op: str, usable: list[str], none_usable: str, *, mode: str, p
                    forced: str | None = None) -> None:
     """Make `op`'s agreement on a rank where fewer than two of its registered backends are usable, or where
     AUTOSEL_BACKEND forces one (usable: their names, one or none), as the ranks that see several make it in
-    tuning.decide, so that none of them is left waiting in the broadcast. Rank 0 sends its one backend, untuned, as the table every rank runs, or its
-    none_usable error, which every rank raises (a ValueError). Another rank raises where it cannot run rank 0's
-    table: a TuningError, or with no usable backend a ValueError, none_usable naming both ranks. mode, platform_key:
-    the selection's, which tuning.decide's words and key are made of.
+    tuning.decide, so that none of them is left waiting in the broadcast. Rank 0 sends its one backend, untuned, as
+    the table every rank runs, or its none_usable error, which every rank raises (a ValueError). Another rank raises
+    where it cannot run rank 0's table: a TuningError, or with no usable backend a ValueError, none_usable naming
+    both ranks. mode, platform_key: the selection's, which tuning.decide's words and key are made of.
 
     forced: the backend AUTOSEL_BACKEND forces here (selector._choose); usable is it, or empty where it is not
     registered for the op, and none_usable then that KeyError's text (rank 0 sends it as a KeyError). A rank forced
