@@ -239,26 +239,28 @@ def summarize(rows: list[dict], table: BucketTable, rejected=()) -> dict[str, tu
     return {name: (geomean(v) if all(math.isfinite(x) for x in v) else math.inf, max(v)) for name, v in picks.items()}
 
 
+def _in_round(times: list[float], k: int) -> float:
+    """A backend's median in round k; a backend the tuner stopped timing at a shape (over 1.3x the fastest after
+    round 1) keeps its last round's median there."""
+    return times[min(k, len(times) - 1)]
+
+
 def per_round(rows: list[dict], other: str) -> list[float]:
     """Per timed round, the geometric mean over the shapes of the dispatcher's time over `other`'s, each from that
-    round's medians: how far apart the rounds put the two, so a lead smaller than that is not one. A backend the
-    tuner stopped timing at a shape (over 1.3x the fastest after round 1) keeps its last round's median there.
+    round's medians (_in_round): how far apart the rounds put the two, so a lead smaller than that is not one.
     Empty when either failed at some shape."""
     pairs = [(r["rounds_us"].get(r["dispatcher"]), r["rounds_us"].get(other)) for r in rows]
     if not all(a and b for a, b in pairs):
         return []
     n = max(len(t) for pair in pairs for t in pair)
-    at = lambda t, k: t[min(k, len(t) - 1)]  # noqa: E731
-    return [geomean([at(a, k) / at(b, k) for a, b in pairs]) for k in range(n)]
+    return [geomean([_in_round(a, k) / _in_round(b, k) for a, b in pairs]) for k in range(n)]
 
 
 def steady_wins(rows: list[dict], fixed: str, rejected=()) -> list[tuple[dict, str, float]]:
     """The shapes where another backend, not rejected by the tune, beat `fixed` in every timed round (three at
     least): (row, that backend, its largest time over fixed's in a round), naming per shape the backend whose lead
     held best (the least such ratio). Per-shape winners that differ only inside the rounds' spread are noise, not a
-    place a dispatcher can be ahead. A backend the tuner stopped timing after a round (far behind) keeps its last
-    round's median, as in per_round."""
-    at = lambda t, k: t[min(k, len(t) - 1)]  # noqa: E731
+    place a dispatcher can be ahead. Rounds as per_round reads them (_in_round)."""
     wins = []
     for row in rows:
         timed = {name: times for name, times in row["rounds_us"].items() if times and all(t > 0 for t in times)}
@@ -268,7 +270,7 @@ def steady_wins(rows: list[dict], fixed: str, rejected=()) -> list[tuple[dict, s
             n = max(len(times), len(base or ()))
             if name == fixed or name in rejected or base is None or n < 3:
                 continue
-            worst = max(at(times, k) / at(base, k) for k in range(n))
+            worst = max(_in_round(times, k) / _in_round(base, k) for k in range(n))
             if worst < 1.0:
                 steady.append((worst, name))
         if steady:
