@@ -246,7 +246,7 @@ def _act_and_mul_kernel(x_ptr, out_ptr, d, x_stride, out_stride, BLOCK: tl.const
 
 
 _launch_act_and_mul = FastLaunch(_act_and_mul_kernel)
-_ACT_PLANS: dict[tuple, tuple] = {}  # (d, gelu) -> (num_warps, constexprs, block)
+_ACT_PLANS: dict[tuple, tuple] = {}  # (d, gelu) -> (num_warps, constexprs, column blocks)
 
 
 def _act_and_mul(x: torch.Tensor, *, gelu: bool) -> torch.Tensor:
@@ -263,10 +263,10 @@ def _act_and_mul(x: torch.Tensor, *, gelu: bool) -> torch.Tensor:
         return out
     # Rows go on grid axis 0 (2^31 limit); column blocks on axis 1 give small batches enough programs.
     block = min(next_power_of_2(d), 1024)
-    num_warps, constexprs = _num_warps(block, max_warps=8), (block, gelu)  # BLOCK, GELU
+    num_warps, constexprs, col_blocks = _num_warps(block, max_warps=8), (block, gelu), _cdiv(d, block)  # BLOCK, GELU
     if _DIRECT is not None:
-        _remember(_ACT_PLANS, (d, gelu), (num_warps, constexprs, block))
-    _launch_act_and_mul((n_rows, _cdiv(d, block)), (x2, out, d, x2.stride(0), d), constexprs, num_warps)
+        _remember(_ACT_PLANS, (d, gelu), (num_warps, constexprs, col_blocks))
+    _launch_act_and_mul((n_rows, col_blocks), (x2, out, d, x2.stride(0), d), constexprs, num_warps)
     return out
 
 

@@ -450,6 +450,21 @@ static PyObject *plan_for(PyObject *plans, PyObject *key, Py_ssize_t size) {
     return Py_XNewRef(plan);
 }
 
+/* Launches a plan (num_warps, constexprs, blocks a row, ...) over the grid (rows, blocks a row), as launch_tensors
+   launches; takes over the caller's reference to plan. False, having launched nothing, where the blocks are not a
+   positive int (NULL, with the exception, where they are not an int). */
+static PyObject *launch_rows(PyObject *kept, int device, PyObject *plan, int64_t rows,
+                             const DLTensor *const *tensors, int n_tensors, const int64_t *ints, int n_ints) {
+    long long blocks = PyLong_AsLongLong(PyTuple_GET_ITEM(plan, 2));
+    PyObject *grid = blocks <= 0 ? NULL : Py_BuildValue("(LL)", (long long)rows, blocks);
+    PyObject *result = grid == NULL ? (PyErr_Occurred() ? NULL : Py_NewRef(Py_False))
+                       : launch_tensors(kept, device, PyTuple_GET_ITEM(plan, 0), PyTuple_GET_ITEM(plan, 1), grid,
+                                        tensors, n_tensors, ints, n_ints, NULL);
+    Py_XDECREF(grid);
+    Py_DECREF(plan);
+    return result;
+}
+
 /* norm(kept, plans, x, residual, weight, out, eps); plans[(rows, width, element size)] is
    (grid, num_warps, constexprs without the residual, constexprs with it). */
 static PyObject *norm(PyObject *self, PyObject *const *a, Py_ssize_t nargs) {
@@ -486,7 +501,7 @@ static PyObject *norm(PyObject *self, PyObject *const *a, Py_ssize_t nargs) {
     return result;
 }
 
-/* act_and_mul(kept, plans, x, out, gelu); plans[(d, gelu)] is (num_warps, constexprs, block). */
+/* act_and_mul(kept, plans, x, out, gelu); plans[(d, gelu)] is (num_warps, constexprs, column blocks). */
 static PyObject *act_and_mul(PyObject *self, PyObject *const *a, Py_ssize_t nargs) {
     if (nargs != 5 || !PyDict_Check(a[0]) || !PyDict_Check(a[1]) || !PyBool_Check(a[4])) {
         PyErr_SetString(PyExc_TypeError, "act_and_mul(kept: dict, plans: dict, x, out, gelu: bool)");
@@ -505,19 +520,9 @@ static PyObject *act_and_mul(PyObject *self, PyObject *const *a, Py_ssize_t narg
         Py_RETURN_FALSE;
     PyObject *plan = plan_for(a[1], Py_BuildValue("(LO)", (long long)d, a[4]), 3);
     if (plan == NULL) return PyErr_Occurred() ? NULL : Py_NewRef(Py_False);  /* not planned yet */
-    long long block = PyLong_AsLongLong(PyTuple_GET_ITEM(plan, 2));
-    PyObject *grid = block <= 0 ? NULL : Py_BuildValue("(LL)", (long long)n_rows, (long long)((d + block - 1) / block));
-    if (grid == NULL) {
-        Py_DECREF(plan);
-        return PyErr_Occurred() ? NULL : Py_NewRef(Py_False);
-    }
     const DLTensor *tensors[2] = {&x, &out};
     int64_t ints[3] = {d, x_stride, d};
-    PyObject *result = launch_tensors(a[0], device, PyTuple_GET_ITEM(plan, 0), PyTuple_GET_ITEM(plan, 1), grid,
-                                      tensors, 2, ints, 3, NULL);
-    Py_DECREF(grid);
-    Py_DECREF(plan);
-    return result;
+    return launch_rows(a[0], device, plan, n_rows, tensors, 2, ints, 3);
 }
 
 /* Whether t's dims from `first` on lie in one run of memory, row-major (a dim of size 1 whatever its stride), as
@@ -573,21 +578,14 @@ static PyObject *rope(PyObject *self, PyObject *const *a, Py_ssize_t nargs) {
     PyObject *plan = plan_for(a[1], Py_BuildValue("(LLLLO)", head_size, (long long)rotary_dim, (long long)q_heads,
                                                   (long long)k_heads, a[7]), 4);
     if (plan == NULL) return PyErr_Occurred() ? NULL : Py_NewRef(Py_False);  /* not planned yet */
-    long long head_blocks = PyLong_AsLongLong(PyTuple_GET_ITEM(plan, 2));
-    long long q_blocks = head_blocks == -1 && PyErr_Occurred() ? -1 : PyLong_AsLongLong(PyTuple_GET_ITEM(plan, 3));
-    PyObject *grid = head_blocks <= 0 || q_blocks <= 0 ? NULL
-                     : Py_BuildValue("(LL)", (long long)n_tokens, head_blocks);
-    if (grid == NULL) {
+    long long q_blocks = PyLong_AsLongLong(PyTuple_GET_ITEM(plan, 3));
+    if (q_blocks <= 0) {
         Py_DECREF(plan);
         return PyErr_Occurred() ? NULL : Py_NewRef(Py_False);
     }
     const DLTensor *tensors[4] = {&pos, &q, &k, &cache};
     int64_t ints[7] = {q_heads, k_heads, q_stride, k_stride, cache.strides[0], cache.shape[0], q_blocks};
-    PyObject *result = launch_tensors(a[0], device, PyTuple_GET_ITEM(plan, 0), PyTuple_GET_ITEM(plan, 1), grid,
-                                      tensors, 4, ints, 7, NULL);
-    Py_DECREF(grid);
-    Py_DECREF(plan);
-    return result;
+    return launch_rows(a[0], device, plan, n_tokens, tensors, 4, ints, 7);
 }
 
 static PyObject *reads_dlpack(PyObject *self, PyObject *unused) {
