@@ -249,11 +249,14 @@ def test_rope(n_q_heads, n_kv_heads, head_size, rotary_dim, is_neox, dtype):
     (2, 1, 2048, 2048, (3, 2)),  # 1024 pairs a head: one head a block, so the key's one head fills one
 ])
 def test_rope_plan_gives_the_key_blocks_of_its_own_once_it_fills_one(q_heads, k_heads, head_size, rotary_dim, blocks):
-    num_warps, constexprs, head_blocks, q_blocks = tk._rope_plan(head_size, rotary_dim, q_heads, k_heads, True)
-    block_h, block_r, split_k = constexprs[3], constexprs[4], constexprs[5]
-    assert (head_blocks, q_blocks) == blocks and split_k == (k_heads >= block_h)
+    num_warps, constexprs, head_blocks, q_blocks, block_t = tk._rope_plan(head_size, rotary_dim, q_heads, k_heads,
+                                                                         True)
+    block_t_, block_h, block_r, split_k = constexprs[3:]
+    assert (head_blocks, q_blocks) == blocks and split_k == (k_heads >= block_h) and block_t == block_t_
     assert block_h * block_r <= 512 or block_h == 1
-    assert num_warps == min(8, max(1, 2 * block_h * block_r // 256))
+    # a program's tokens fill 512 pairs where its heads fill fewer, never more
+    assert block_t == max(1, 512 // (block_h * block_r))
+    assert num_warps == min(8, max(1, 2 * block_t * block_h * block_r // 256))
     # every head of the query and the key is in exactly one block
     k_blocks = range(q_blocks, head_blocks) if split_k else range(q_blocks)
     assert q_blocks * block_h >= q_heads and len(k_blocks) * block_h >= k_heads

@@ -40,7 +40,7 @@ if [ "${BENCH:-stability}" = heldout ]; then
   tune() {
     [ -f "$OUT/tune.db" ] && { touch "$OUT/tuned"; return; }
     local began=$SECONDS
-    timeout "$(left)" python3 -m autosel tune --db "$OUT/tune.db" --budget-s "${BUDGET_S:-20}" --json \
+    timeout "$(left)" python3 -m autosel tune --db "$OUT/tune.db" --force --budget-s "${BUDGET_S:-20}" --json \
       > "$OUT/tune.json" 2> "$OUT/tune.log"
     echo "tune wall $((SECONDS - began)) s" >> "$OUT/tune.log"
     touch "$OUT/tuned"

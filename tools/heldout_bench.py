@@ -20,9 +20,10 @@ set10 after set9's run, which showed the tie rule's factor too lax, and after th
 set11 in stop 26 before any run of it, after rope's launch plan was chosen on probes of set10's rope shapes; set12
 after set11's run, which placed rope's representative shapes at 4 / 1 heads and (with the tunes of that call) the
 eager tie rule's cut at 1.2; set13 in stop 27 before any run of it, to judge stop 26's final code on a fresh tune of
-every op. set13 is in no rule's, shape's or kernel change's sample yet:
+every op; set14 after set13's run, which placed a gated-activation shape at a narrow row and judged rope's programs
+of several tokens. set14 is in no rule's, shape's or kernel change's sample yet:
 
-    python tools/heldout_bench.py --out DIR --shapes set13
+    python tools/heldout_bench.py --out DIR --shapes set14
 
 Writes DIR/heldout.md (the tables) and DIR/heldout.json (every median).
 """
@@ -192,8 +193,17 @@ SET12 = _held_out(TOKENS_12, rmsnorm=(1152, 6656), fused=(896, 10240), silu=(550
 TOKENS_13 = (18, 43, 115, 360, 790, 1750, 2950, 4400, 10800, 15500)
 SET13 = _held_out(TOKENS_13, rmsnorm=(3200, 14336), fused=(1280, 9216), silu=(1408, 18944), gelu=(7680, 26624),
                   rope=((2, 1), (80, 8)), mm=((2560, 9728), (4096, 14336)))
+# set14: made in stop 27 after set13's run, which placed a representative gated-activation shape at a narrow row
+# (4096 x 1536) and judged rope's programs of several tokens (chosen on a probe at set13's head counts); before any
+# run of it. Token counts none of sets 1-13's; widths none of the op's earlier sets': hidden 1664 and 12800 for
+# rmsnorm, 2176 and 11264 for fused_add_rmsnorm; intermediate 768 (Qwen3-30B-A3B's experts) and 11264 for silu, 1536
+# and 22528 for gelu; rope 3 / 1 and 16 / 4 heads; GEMMs of (1536, 4096) and Llama-2-7B gate (11008, 4096).
+TOKENS_14 = (22, 47, 125, 420, 860, 1550, 3350, 5600, 11200, 14800)
+SET14 = _held_out(TOKENS_14, rmsnorm=(1664, 12800), fused=(2176, 11264), silu=(768, 11264), gelu=(1536, 22528),
+                  rope=((3, 1), (16, 4)), mm=((1536, 4096), (11008, 4096)))
 SETS = {"set1": SET1, "set2": SET2, "set3": SET3, "set4": SET4, "set5": SET5, "set6": SET6, "set7": SET7, "set8": SET8,
-        "set9": SET9, "set10": SET10, "set11": SET11, "set12": SET12, "set13": SET13}
+        "set9": SET9, "set10": SET10, "set11": SET11, "set12": SET12, "set13": SET13,
+        "set14": SET14}
 
 
 def table_for(op: str, mode: str) -> BucketTable:
@@ -296,7 +306,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--mode", action="append", choices=("eager", "graph"), help="default: every mode here")
     parser.add_argument("--shapes", choices=sorted(SETS), default="set2",
                         help="held-out shape set (default set2; set1: the shapes of docs/BENCHMARKS.md section 2; "
-                             "set13: out of sample for every rule, representative shape and kernel change so far)")
+                             "set14: out of sample for every rule, representative shape and kernel change so far)")
     args = parser.parse_args(argv)
     held_out = SETS[args.shapes]
     platform = platforms.current_platform()

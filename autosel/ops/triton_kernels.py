@@ -300,12 +300,14 @@ def _token_rows(t: torch.Tensor, n_tokens: int, *, name: str) -> torch.Tensor:
 
 
 @triton.jit
-def _rope_rotate(base_ptr, cos, sin, heads, n_heads, r,
+def _rope_rotate(base_ptr, cos, sin, tokens, n_tokens, stride, heads, n_heads, r,
                  HEAD_SIZE: tl.constexpr, HALF: tl.constexpr, IS_NEOX: tl.constexpr, BLOCK_R: tl.constexpr):
-    head_ptr = base_ptr + heads[:, None] * HEAD_SIZE
+    # A [tokens, heads, pairs] tile; cos and sin are [tokens, 1, pairs].
+    head_ptr = base_ptr + tokens[:, None, None] * stride + heads[None, :, None] * HEAD_SIZE
+    rows = (tokens[:, None, None] < n_tokens) & (heads[None, :, None] < n_heads)
     if IS_NEOX:
-        mask = (heads[:, None] < n_heads) & (r[None, :] < HALF)
-        p1 = head_ptr + r[None, :]
+        mask = rows & (r[None, None, :] < HALF)
+        p1 = head_ptr + r[None, None, :]
         p2 = p1 + HALF
         x1 = tl.load(p1, mask=mask, other=0.0).to(tl.float32)
         x2 = tl.load(p2, mask=mask, other=0.0).to(tl.float32)
@@ -315,60 +317,73 @@ def _rope_rotate(base_ptr, cos, sin, heads, n_heads, r,
         # Pairs are interleaved: one contiguous load split in registers beats two stride-2 loads
         # (those ran ~6x slower on an H200).
         c = tl.arange(0, 2 * BLOCK_R)
-        mask = (heads[:, None] < n_heads) & (c[None, :] < 2 * HALF)
-        x = tl.load(head_ptr + c[None, :], mask=mask, other=0.0).to(tl.float32)
-        x1, x2 = tl.split(tl.reshape(x, (x.shape[0], BLOCK_R, 2)))
+        mask = rows & (c[None, None, :] < 2 * HALF)
+        x = tl.load(head_ptr + c[None, None, :], mask=mask, other=0.0).to(tl.float32)
+        x1, x2 = tl.split(tl.reshape(x, (x.shape[0], x.shape[1], BLOCK_R, 2)))
         y = tl.join(x1 * cos - x2 * sin, x2 * cos + x1 * sin)
-        y = tl.reshape(y, (x.shape[0], 2 * BLOCK_R))
-        tl.store(head_ptr + c[None, :], y.to(base_ptr.dtype.element_ty), mask=mask)
+        y = tl.reshape(y, (x.shape[0], x.shape[1], 2 * BLOCK_R))
+        tl.store(head_ptr + c[None, None, :], y.to(base_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
 def _rope_kernel(
     pos_ptr, q_ptr, k_ptr, cache_ptr,
-    n_q_heads, n_k_heads, q_stride, k_stride, cache_stride, n_positions, q_blocks,
+    n_tokens, n_q_heads, n_k_heads, q_stride, k_stride, cache_stride, n_positions, q_blocks,
     HEAD_SIZE: tl.constexpr, HALF: tl.constexpr, IS_NEOX: tl.constexpr,
-    BLOCK_H: tl.constexpr, BLOCK_R: tl.constexpr, SPLIT_K: tl.constexpr,
+    BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_R: tl.constexpr, SPLIT_K: tl.constexpr,
 ):
-    # Grid: (token, head block). The first q_blocks head blocks are the query's; with SPLIT_K the key's heads have
-    # blocks of their own after them, else each query block also rotates the key heads of its indices.
-    token = tl.program_id(0).to(tl.int64)
+    # Grid: (token block, head block). The first q_blocks head blocks are the query's; with SPLIT_K the key's heads
+    # have blocks of their own after them, else each query block also rotates the key heads of its indices.
+    tokens = tl.program_id(0).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
     block = tl.program_id(1)
     r = tl.arange(0, BLOCK_R)
-    # One cos/sin row serves every head of this token's head block. A position outside the cache is not read (the
-    # vendors' kernels read past the cache; the torch backend raises, which a kernel cannot without
-    # synchronizing): its token's query and key become NaN, so the mistake shows downstream.
-    pos = tl.load(pos_ptr + token).to(tl.int64)
+    # One cos/sin row serves every head of its token. A position outside the cache is not read (the vendors'
+    # kernels read past the cache; the torch backend raises, which a kernel cannot without synchronizing): its
+    # token's query and key become NaN, so the mistake shows downstream.
+    pos = tl.load(pos_ptr + tokens, mask=tokens < n_tokens, other=-1).to(tl.int64)
     # (r < HALF) & in range, written as one comparison: Triton's interpreter refuses a block mask and-ed with a scalar
-    in_cache = r < tl.where((pos >= 0) & (pos < n_positions), HALF, 0)
-    cache_row = cache_ptr + pos * cache_stride
-    cos = tl.load(cache_row + r, mask=in_cache, other=float("nan")).to(tl.float32)[None, :]
-    sin = tl.load(cache_row + HALF + r, mask=in_cache, other=float("nan")).to(tl.float32)[None, :]
+    in_cache = r[None, :] < tl.where((pos >= 0) & (pos < n_positions), HALF, 0)[:, None]
+    cache_rows = cache_ptr + pos[:, None] * cache_stride
+    cos = tl.load(cache_rows + r[None, :], mask=in_cache, other=float("nan")).to(tl.float32)[:, None, :]
+    sin = tl.load(cache_rows + HALF + r[None, :], mask=in_cache, other=float("nan")).to(tl.float32)[:, None, :]
     if block < q_blocks:
         heads = block * BLOCK_H + tl.arange(0, BLOCK_H)
-        _rope_rotate(q_ptr + token * q_stride, cos, sin, heads, n_q_heads, r, HEAD_SIZE, HALF, IS_NEOX, BLOCK_R)
+        _rope_rotate(q_ptr, cos, sin, tokens, n_tokens, q_stride, heads, n_q_heads, r, HEAD_SIZE, HALF, IS_NEOX,
+                     BLOCK_R)
         if not SPLIT_K:
-            _rope_rotate(k_ptr + token * k_stride, cos, sin, heads, n_k_heads, r, HEAD_SIZE, HALF, IS_NEOX, BLOCK_R)
+            _rope_rotate(k_ptr, cos, sin, tokens, n_tokens, k_stride, heads, n_k_heads, r, HEAD_SIZE, HALF, IS_NEOX,
+                         BLOCK_R)
     else:
         heads = (block - q_blocks) * BLOCK_H + tl.arange(0, BLOCK_H)
-        _rope_rotate(k_ptr + token * k_stride, cos, sin, heads, n_k_heads, r, HEAD_SIZE, HALF, IS_NEOX, BLOCK_R)
+        _rope_rotate(k_ptr, cos, sin, tokens, n_tokens, k_stride, heads, n_k_heads, r, HEAD_SIZE, HALF, IS_NEOX,
+                     BLOCK_R)
+
+
+# Rotated pairs a program: a head block holds up to this many, and where a token's heads hold fewer, a program takes
+# as many tokens as fill it.
+_ROPE_PAIRS = 512
 
 
 def _rope_plan(head_size: int, rotary_dim: int, n_q_heads: int, n_k_heads: int, is_neox: bool) -> tuple:
-    """(num_warps, constexprs, head blocks, query blocks) for rope: up to 512 rotated pairs a program (8 heads of
-    128; one head where a head has more), 4 warps for them, the key's heads in blocks of their own once they fill
-    one. Chosen on graph replays on the H200 (docs/H200.md, "Stop 26") over the plan before (1024 pairs a program, the
-    key's heads with the query's first block, warps counted by pairs: 2 for 8 heads of 128): 0.81-1.01x its time up
-    to 170 tokens (15-19% less at 1 and 52 tokens of 32 / 8 and 8 / 1 heads), 0.85-1.05x from 900 tokens on. At 8
-    query heads and 1 key head, key blocks of their own ran 1.4x slower at 13500 tokens, so a key of fewer heads than
-    a block rides with the query's."""
+    """(num_warps, constexprs, head blocks, query blocks, tokens a program) for rope: up to 512 rotated pairs a
+    program (8 heads of 128; one head where a head has more), 4 warps for them, the key's heads in blocks of their own
+    once they fill one, and where a token's heads hold fewer than 512 pairs, as many tokens a program as fill it.
+
+    Chosen on graph replays on the H200. Stop 26 (docs/H200.md) took 512 pairs over the plan before (1024 pairs, the
+    key's heads with the query's first block, 2 warps for 8 heads of 128): 0.81-1.01x its time up to 170 tokens,
+    0.85-1.05x from 900 tokens on. At 8 query heads and 1 key head, key blocks of their own ran 1.4x slower at 13500
+    tokens, so a key of fewer heads than a block rides with the query's. Stop 27 filled a program with tokens: at 2 / 1
+    heads 0.56x, 0.67x and 0.89x the time of one token a program at 15500, 4400 and 1750 tokens, at 4 / 1 heads 0.77x,
+    0.85x and 0.91x; 1.02-1.08x at 1-360 tokens of 2 / 1 heads, where a launch's latency is most of the time.
+    Programs of 1024 and 2048 pairs ran slower than 512 at most head and token counts."""
     block_r = next_power_of_2(rotary_dim // 2)
-    block_h = min(next_power_of_2(max(n_q_heads, n_k_heads)), max(1, 512 // block_r))
+    block_h = min(next_power_of_2(max(n_q_heads, n_k_heads)), max(1, _ROPE_PAIRS // block_r))
+    block_t = max(1, _ROPE_PAIRS // (block_h * block_r))
     split_k = n_k_heads >= block_h
     q_blocks = _cdiv(n_q_heads if split_k else max(n_q_heads, n_k_heads), block_h)
     head_blocks = q_blocks + _cdiv(n_k_heads, block_h) if split_k else q_blocks
-    constexprs = (head_size, rotary_dim // 2, bool(is_neox), block_h, block_r, split_k)
-    return _num_warps(2 * block_h * block_r, max_warps=8), constexprs, head_blocks, q_blocks
+    constexprs = (head_size, rotary_dim // 2, bool(is_neox), block_t, block_h, block_r, split_k)
+    return _num_warps(2 * block_t * block_h * block_r, max_warps=8), constexprs, head_blocks, q_blocks, block_t
 
 
 _launch_rope = FastLaunch(_rope_kernel)
@@ -411,12 +426,12 @@ def rope(
         raise _overlapping("query" if q2.stride(0) < q2.shape[1] else "key", q2 if q2.stride(0) < q2.shape[1] else k2)
     n_q_heads, n_k_heads = q2.shape[1] // head_size, k2.shape[1] // head_size
     plan_key = (head_size, rotary_dim, n_q_heads, n_k_heads, bool(is_neox))
-    num_warps, constexprs, head_blocks, q_blocks = plan = _rope_plan(*plan_key)
+    num_warps, constexprs, head_blocks, q_blocks, block_t = plan = _rope_plan(*plan_key)
     if _DIRECT is not None:
         _remember(_ROPE_PLANS, plan_key, plan)
     _launch_rope(
-        (n_tokens, head_blocks),
-        (positions.contiguous(), q2, k2, cos_sin_cache, n_q_heads, n_k_heads, q2.stride(0), k2.stride(0),
+        (_cdiv(n_tokens, block_t), head_blocks),
+        (positions.contiguous(), q2, k2, cos_sin_cache, n_tokens, n_q_heads, n_k_heads, q2.stride(0), k2.stride(0),
          cos_sin_cache.stride(0), cos_sin_cache.shape[0], q_blocks),
         constexprs, num_warps,
     )

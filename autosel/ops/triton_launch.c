@@ -547,7 +547,8 @@ static int token_rows(const DLTensor *t, int64_t n_tokens, int64_t *width, int64
 }
 
 /* rope(kept, plans, positions, query, key, head_size, cos_sin_cache, is_neox); plans[(head_size, rotary_dim,
-   q heads, k heads, is_neox)] is (num_warps, constexprs, head blocks, query blocks): triton_kernels._rope_plan. */
+   q heads, k heads, is_neox)] is (num_warps, constexprs, head blocks, query blocks, tokens a program):
+   triton_kernels._rope_plan. */
 static PyObject *rope(PyObject *self, PyObject *const *a, Py_ssize_t nargs) {
     if (nargs != 8 || !PyDict_Check(a[0]) || !PyDict_Check(a[1])) {
         PyErr_SetString(PyExc_TypeError, "rope(kept: dict, plans: dict, positions, query, key, head_size, "
@@ -576,16 +577,17 @@ static PyObject *rope(PyObject *self, PyObject *const *a, Py_ssize_t nargs) {
     if (n_tokens > 1 && (q_stride < q_width || k_stride < k_width)) Py_RETURN_FALSE;  /* overlapping rows */
     int64_t q_heads = q_width / head_size, k_heads = k_width / head_size;
     PyObject *plan = plan_for(a[1], Py_BuildValue("(LLLLO)", head_size, (long long)rotary_dim, (long long)q_heads,
-                                                  (long long)k_heads, a[7]), 4);
+                                                  (long long)k_heads, a[7]), 5);
     if (plan == NULL) return PyErr_Occurred() ? NULL : Py_NewRef(Py_False);  /* not planned yet */
     long long q_blocks = PyLong_AsLongLong(PyTuple_GET_ITEM(plan, 3));
-    if (q_blocks <= 0) {
+    long long block_t = q_blocks == -1 && PyErr_Occurred() ? -1 : PyLong_AsLongLong(PyTuple_GET_ITEM(plan, 4));
+    if (q_blocks <= 0 || block_t <= 0) {
         Py_DECREF(plan);
         return PyErr_Occurred() ? NULL : Py_NewRef(Py_False);
     }
     const DLTensor *tensors[4] = {&pos, &q, &k, &cache};
-    int64_t ints[7] = {q_heads, k_heads, q_stride, k_stride, cache.strides[0], cache.shape[0], q_blocks};
-    return launch_rows(a[0], device, plan, n_tokens, tensors, 4, ints, 7);
+    int64_t ints[8] = {n_tokens, q_heads, k_heads, q_stride, k_stride, cache.strides[0], cache.shape[0], q_blocks};
+    return launch_rows(a[0], device, plan, (n_tokens + block_t - 1) / block_t, tensors, 4, ints, 8);
 }
 
 static PyObject *reads_dlpack(PyObject *self, PyObject *unused) {
