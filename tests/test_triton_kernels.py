@@ -232,7 +232,8 @@ def test_act_and_mul(fn, ref, shape, dtype):
 @pytest.mark.parametrize("is_neox", [True, False], ids=["neox", "gptj"])
 @pytest.mark.parametrize(
     "n_q_heads, n_kv_heads, head_size, rotary_dim",
-    [(4, 2, 16, 16), (3, 1, 24, 8), (2, 2, 12, 12), (5, 3, 20, 12), (20, 12, 128, 128)],
+    # (2, 1, 128, 128): 4 tokens a program, so 5 tokens leave the second program 3 masked out
+    [(4, 2, 16, 16), (3, 1, 24, 8), (2, 2, 12, 12), (5, 3, 20, 12), (20, 12, 128, 128), (2, 1, 128, 128)],
 )
 def test_rope(n_q_heads, n_kv_heads, head_size, rotary_dim, is_neox, dtype):
     check_rope(n_tokens=5, n_q_heads=n_q_heads, n_kv_heads=n_kv_heads, head_size=head_size,
@@ -247,6 +248,7 @@ def test_rope(n_q_heads, n_kv_heads, head_size, rotary_dim, is_neox, dtype):
     (20, 12, 128, 128, (5, 3)),  # a key block of 4 heads masked out of 8
     (32, 2, 128, 64, (2, 2)),  # GLM-4: 64 rotated dims, 16 heads of 32 pairs a block
     (2, 1, 2048, 2048, (3, 2)),  # 1024 pairs a head: one head a block, so the key's one head fills one
+    (2, 1, 128, 128, (1, 1)),  # 2 heads of 64 pairs: 4 tokens a program
 ])
 def test_rope_plan_gives_the_key_blocks_of_its_own_once_it_fills_one(q_heads, k_heads, head_size, rotary_dim, blocks):
     num_warps, constexprs, head_blocks, q_blocks, block_t = tk._rope_plan(head_size, rotary_dim, q_heads, k_heads,
@@ -254,8 +256,8 @@ def test_rope_plan_gives_the_key_blocks_of_its_own_once_it_fills_one(q_heads, k_
     block_t_, block_h, block_r, split_k = constexprs[3:]
     assert (head_blocks, q_blocks) == blocks and split_k == (k_heads >= block_h) and block_t == block_t_
     assert block_h * block_r <= 512 or block_h == 1
-    # a program's tokens fill 512 pairs where its heads fill fewer, never more
-    assert block_t == max(1, 512 // (block_h * block_r))
+    # where a token's heads hold fewer than 512 pairs, a program takes tokens until it holds exactly 512
+    assert block_t * block_h * block_r == 512 if block_h * block_r < 512 else block_t == 1
     assert num_warps == min(8, max(1, 2 * block_t * block_h * block_r // 256))
     # every head of the query and the key is in exactly one block
     k_blocks = range(q_blocks, head_blocks) if split_k else range(q_blocks)
