@@ -15,9 +15,9 @@
        The byte size of each parameter of a loaded kernel (cuFuncGetParamInfo), to check an entry against.
    reads_dlpack() -> bool
        Whether tensors are read through torch's DLPack C exchange API (torch.Tensor.__dlpack_c_exchange_api__, a
-       capsule; torch 2.11 and 2.13 have it): a tensor's address, dtype, device, shape and strides in one C call, where the attributes
-       cost a Python call each. Without it tensors are read through their attributes, and norm(), act_and_mul() and
-       rope() launch nothing (they return False).
+       capsule; torch 2.11 and 2.13 have it): a tensor's address, dtype, device, shape and strides in one C call,
+       where the attributes cost a Python call each. Without it tensors are read through their attributes, and
+       norm(), act_and_mul() and rope() launch nothing (they return False).
    norm(kept, plans, x, residual, weight, out, eps) -> bool
    act_and_mul(kept, plans, x, out, gelu) -> bool
    rope(kept, plans, positions, query, key, head_size, cos_sin_cache, is_neox) -> bool
