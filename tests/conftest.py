@@ -2,7 +2,35 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
+
+
+def pytest_configure(config):
+    """Without CUDA, triton is first imported with TRITON_INTERPRET=1 set (then the variable is put back).
+
+    Triton decorates its own library's functions (tl.sum, tl.sigmoid, tl.zeros, ...) once, when it is imported, for
+    the interpreter or not; tests/test_triton_kernels.py runs autosel's kernels under the interpreter, and had any
+    test module imported triton before it, those kernels could not call them ("Cannot call @triton.jit'd outside of
+    the scope of a kernel"): the suite passed only in the order that collected test_triton_kernels first."""
+    try:
+        import torch
+    except ImportError:
+        return
+    if torch.cuda.is_available():
+        return
+    saved = os.environ.get("TRITON_INTERPRET")
+    os.environ["TRITON_INTERPRET"] = "1"
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        pass
+    finally:
+        if saved is None:
+            del os.environ["TRITON_INTERPRET"]
+        else:
+            os.environ["TRITON_INTERPRET"] = saved
 
 
 @pytest.fixture(autouse=True)
