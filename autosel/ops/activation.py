@@ -11,7 +11,7 @@ from autosel.spec import OpDefinition
 # 36864), where the nearest tuned buckets all chose flashinfer; chosen on held-out sets 2 and 3, judged on set 4
 # (docs/BENCHMARKS.md section 2c). (4096, 1536) and (4096, 768), narrow rows as MoE experts have (Qwen3-235B-A22B's
 # 1536, Qwen3-30B-A3B's 768): in graph mode triton took 1.20-1.33x flashinfer's time at 1750 and 4400 tokens of
-# intermediate 1408 and no tuned bucket was within a factor of two (set13), yet at 768 triton was 1.23-1.39x the
+# intermediate 1408 and no tuned bucket was within a factor of two (set13), yet at 768 triton was 1.22-1.38x the
 # faster (set14), so a bucket won at 1536 alone sent 768's rows to flashinfer (docs/BENCHMARKS.md 2l).
 SHAPES = ShapesByDevice(
     gpu=tuple({"tokens": t, "intermediate": i} for t, i in [
