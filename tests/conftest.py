@@ -24,6 +24,7 @@ def pytest_configure(config):
     os.environ["TRITON_INTERPRET"] = "1"
     try:
         import triton  # noqa: F401
+        import triton.experimental.gluon  # noqa: F401  (imported lazily by launches, it asserts the same mode)
     except ImportError:
         pass
     finally:
