@@ -294,10 +294,12 @@ def steady_wins(rows: list[dict], fixed: str, rejected=()) -> list[tuple[dict, s
     for row in rows:
         timed = {name: times for name, times in row["rounds_us"].items() if times and all(t > 0 for t in times)}
         base = timed.get(fixed)
+        if base is None:
+            continue
         steady = []
         for name, times in timed.items():
-            n = max(len(times), len(base or ()))
-            if name == fixed or name in rejected or base is None or n < 3:
+            n = max(len(times), len(base))
+            if name == fixed or name in rejected or n < 3:
                 continue
             worst = max(_in_round(times, k) / _in_round(base, k) for k in range(n))
             if worst < 1.0:

@@ -79,7 +79,8 @@ class FastLaunch:
         self.direct = direct_module() if self.enabled else None
         self.enabled = self.direct is not None
         # Whether the C module reads tensors through torch's DLPack C exchange API, so that it can also take a
-        # kernel's tensors themselves (triton_launch.c's norm, act_and_mul, rope) rather than arguments prepared in Python.
+        # kernel's tensors themselves (triton_launch.c's norm, act_and_mul, rope) rather than arguments prepared in
+        # Python.
         self.reads_dlpack = self.enabled and self.direct.reads_dlpack()
 
     def __call__(self, grid: tuple, args: tuple, constexprs: tuple, num_warps: int) -> None:
