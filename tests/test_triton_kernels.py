@@ -228,6 +228,25 @@ def test_act_and_mul(fn, ref, shape, dtype):
     check_act_and_mul(fn, ref, shape, dtype, DEVICE)
 
 
+@pytest.mark.parametrize("fn, ref", [(tk.silu_and_mul, ref_silu_and_mul), (tk.gelu_and_mul, ref_gelu_and_mul)],
+                         ids=["silu", "gelu"])
+def test_act_and_mul_in_tiles_of_16_rows(fn, ref):
+    # 515 rows of d = 136: 33 row blocks (the last holds 3 rows) by 2 column blocks (the second holds 8 columns)
+    assert tk._act_plan(515, 136, False)[2:] == (2, 16)
+    check_act_and_mul(fn, ref, (515, 272), torch.float16, DEVICE)
+
+
+@pytest.mark.parametrize("n_rows, d, block_m, block_n", [
+    (1, 1280, 1, 1024), (511, 1280, 1, 1024), (512, 1280, 16, 128), (15200, 2048, 16, 128),
+    (15200, 2049, 1, 1024), (4400, 14336, 1, 1024), (4400, 96, 16, 128), (3, 96, 1, 128),
+])
+def test_act_plan_tiles_narrow_rows_of_large_batches(n_rows, d, block_m, block_n):
+    num_warps, constexprs, col_blocks, rows_a_program = tk._act_plan(n_rows, d, True)
+    assert constexprs == (block_m, block_n, True) and rows_a_program == block_m  # BLOCK_M, BLOCK_N, GELU
+    assert col_blocks * block_n >= d > (col_blocks - 1) * block_n
+    assert num_warps == min(8, max(1, block_m * block_n // 256))  # 8 elements a thread: 16-byte loads of 16 bits
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("is_neox", [True, False], ids=["neox", "gptj"])
 @pytest.mark.parametrize(

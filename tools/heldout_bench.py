@@ -21,10 +21,11 @@ set11 in stop 26 before any run of it, after rope's launch plan was chosen on pr
 after set11's run, which placed rope's representative shapes at 4 / 1 heads and (with the tunes of that call) the
 eager tie rule's cut at 1.2; set13 in stop 27 before any run of it, to judge stop 26's final code on a fresh tune of
 every op; set14 after set13's run, which placed a gated-activation shape at a narrow row and judged rope's programs
-of several tokens; set15 after set14's run, which added a second narrow gated row. set15 is in no rule's, shape's or
+of several tokens; set15 after set14's run, which added a second narrow gated row; set16 in stop 28 before any run
+of it, after the gated kernel's tiles were chosen on a probe of other shapes. set16 is in no rule's, shape's or
 kernel change's sample yet:
 
-    python tools/heldout_bench.py --out DIR --shapes set15
+    python tools/heldout_bench.py --out DIR --shapes set16
 
 Writes DIR/heldout.md (the tables) and DIR/heldout.json (every median).
 """
@@ -210,9 +211,18 @@ SET14 = _held_out(TOKENS_14, rmsnorm=(1664, 12800), fused=(2176, 11264), silu=(7
 TOKENS_15 = (25, 53, 140, 470, 980, 1850, 3800, 6200, 11800, 15200)
 SET15 = _held_out(TOKENS_15, rmsnorm=(1408, 2432), fused=(1664, 4352), silu=(1024, 2048), gelu=(1280, 896),
                   rope=((1, 1), (12, 4)), mm=((2048, 1408), (1408, 2048)))
+# set16: made in stop 28 after the gated kernel's tiles of 16 rows x 128 columns were chosen on call 28-1's probe
+# (intermediate 768, 1280, 1408, 1536, 3072 and 14336 at 1, 64, 360, 1750, 4400 and 15200 tokens), before any run of
+# it. Token counts none of sets 1-15's, three of them between 360 and 1750, where the tiles begin (512 rows);
+# widths none of the op's earlier sets': intermediate 1792 (Llama-3-8B at tensor parallel 8) and 3584 (Llama-3-70B
+# at 8) for silu, 1152 and 2368 (Qwen2.5-7B at 8, just past the tiles' 2048) for gelu; hidden 768 and 5760 for
+# rmsnorm, 2688 and 7680 for fused_add_rmsnorm; rope 5 / 1 and 8 / 2 heads; GEMMs of (1024, 4096) and (2816, 5120).
+TOKENS_16 = (8, 27, 160, 530, 720, 1020, 2050, 4700, 8300, 13900)
+SET16 = _held_out(TOKENS_16, rmsnorm=(768, 5760), fused=(2688, 7680), silu=(1792, 3584), gelu=(1152, 2368),
+                  rope=((5, 1), (8, 2)), mm=((1024, 4096), (2816, 5120)))
 SETS = {"set1": SET1, "set2": SET2, "set3": SET3, "set4": SET4, "set5": SET5, "set6": SET6, "set7": SET7, "set8": SET8,
         "set9": SET9, "set10": SET10, "set11": SET11, "set12": SET12, "set13": SET13,
-        "set14": SET14, "set15": SET15}
+        "set14": SET14, "set15": SET15, "set16": SET16}
 
 
 def table_for(op: str, mode: str) -> BucketTable:
@@ -317,7 +327,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--mode", action="append", choices=("eager", "graph"), help="default: every mode here")
     parser.add_argument("--shapes", choices=sorted(SETS), default="set2",
                         help="held-out shape set (default set2; set1: the shapes of docs/BENCHMARKS.md section 2; "
-                             "set15: out of sample for every rule, representative shape and kernel change so far)")
+                             "set16: out of sample for every rule, representative shape and kernel change so far)")
     args = parser.parse_args(argv)
     held_out = SETS[args.shapes]
     platform = platforms.current_platform()

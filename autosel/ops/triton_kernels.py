@@ -232,21 +232,46 @@ def fused_add_rmsnorm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Ten
 
 
 @triton.jit
-def _act_and_mul_kernel(x_ptr, out_ptr, d, x_stride, out_stride, BLOCK: tl.constexpr, GELU: tl.constexpr):
-    row = tl.program_id(0).to(tl.int64)
-    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-    mask = cols < d
-    a = tl.load(x_ptr + row * x_stride + cols, mask=mask, other=0.0).to(tl.float32)
-    b = tl.load(x_ptr + row * x_stride + d + cols, mask=mask, other=0.0).to(tl.float32)
+def _act_and_mul_kernel(x_ptr, out_ptr, n_rows, d, x_stride, out_stride,
+                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GELU: tl.constexpr):
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask = (rows < n_rows)[:, None] & (cols < d)[None, :]
+    x_rows = x_ptr + rows.to(tl.int64)[:, None] * x_stride + cols[None, :]
+    a = tl.load(x_rows, mask=mask, other=0.0).to(tl.float32)
+    b = tl.load(x_rows + d, mask=mask, other=0.0).to(tl.float32)
     if GELU:
         act = 0.5 * a * (1.0 + tl.math.erf(a * 0.7071067811865476))
     else:
         act = a * tl.sigmoid(a)
-    tl.store(out_ptr + row * out_stride + cols, (act * b).to(out_ptr.dtype.element_ty), mask=mask)
+    out_rows = out_ptr + rows.to(tl.int64)[:, None] * out_stride + cols[None, :]
+    tl.store(out_rows, (act * b).to(out_ptr.dtype.element_ty), mask=mask)
+
+
+# Rows of at most _ACT_NARROW columns, in batches of at least _ACT_TILE_ROWS rows, go in tiles of 16 rows x 128
+# columns; all others a row (and up to 1024 columns) a program.
+_ACT_NARROW = 2048
+_ACT_TILE_ROWS = 512
+
+
+@functools.lru_cache(maxsize=4096)
+def _act_plan(n_rows: int, d: int, gelu: bool) -> tuple:
+    """(num_warps, constexprs, column blocks, rows a program) for act_and_mul over [n_rows, 2 * d].
+
+    Chosen on graph replays on the H200 (docs/H200.md, "Stop 28"): at d of 768-1536 and 1750-15200 rows, tiles of
+    16 x 128 ran 0.69-0.87x the time of a row a program in blocks of up to 1024 columns, which left most of a second
+    block masked off (1280 columns: 2048 loaded lanes). Up to 360 rows they ran 0.88-1.12x, and at 3072 and 14336
+    columns 0.98-1.08x, so those keep a row a program."""
+    if d <= _ACT_NARROW and n_rows >= _ACT_TILE_ROWS:
+        block_m, block_n = 16, 128
+    else:
+        block_m, block_n = 1, min(next_power_of_2(d), 1024)
+    # BLOCK_M, BLOCK_N, GELU
+    return _num_warps(block_m * block_n, max_warps=8), (block_m, block_n, gelu), _cdiv(d, block_n), block_m
 
 
 _launch_act_and_mul = FastLaunch(_act_and_mul_kernel)
-_ACT_PLANS: dict[tuple, tuple] = {}  # (d, gelu) -> (num_warps, constexprs, column blocks)
+_ACT_PLANS: dict[tuple, tuple] = {}  # (n_rows, d, gelu) -> (num_warps, constexprs, column blocks, rows a program)
 
 
 def _act_and_mul(x: torch.Tensor, *, gelu: bool) -> torch.Tensor:
@@ -261,12 +286,11 @@ def _act_and_mul(x: torch.Tensor, *, gelu: bool) -> torch.Tensor:
     n_rows = x2.shape[0]
     if n_rows == 0 or d == 0:
         return out
-    # Rows go on grid axis 0 (2^31 limit); column blocks on axis 1 give small batches enough programs.
-    block = min(next_power_of_2(d), 1024)
-    num_warps, constexprs, col_blocks = _num_warps(block, max_warps=8), (block, gelu), _cdiv(d, block)  # BLOCK, GELU
+    # Row blocks go on grid axis 0 (2^31 limit); column blocks on axis 1 give small batches enough programs.
+    num_warps, constexprs, col_blocks, block_m = plan = _act_plan(n_rows, d, gelu)
     if _DIRECT is not None:
-        _remember(_ACT_PLANS, (d, gelu), (num_warps, constexprs, col_blocks))
-    _launch_act_and_mul((n_rows, col_blocks), (x2, out, d, x2.stride(0), d), constexprs, num_warps)
+        _remember(_ACT_PLANS, (n_rows, d, gelu), plan)
+    _launch_act_and_mul((_cdiv(n_rows, block_m), col_blocks), (x2, out, n_rows, d, x2.stride(0), d), constexprs, num_warps)
     return out
 
 

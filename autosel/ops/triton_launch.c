@@ -501,7 +501,8 @@ static PyObject *norm(PyObject *self, PyObject *const *a, Py_ssize_t nargs) {
     return result;
 }
 
-/* act_and_mul(kept, plans, x, out, gelu); plans[(d, gelu)] is (num_warps, constexprs, column blocks). */
+/* act_and_mul(kept, plans, x, out, gelu); plans[(rows, d, gelu)] is (num_warps, constexprs, column blocks, rows a
+   program): triton_kernels._act_plan. */
 static PyObject *act_and_mul(PyObject *self, PyObject *const *a, Py_ssize_t nargs) {
     if (nargs != 5 || !PyDict_Check(a[0]) || !PyDict_Check(a[1]) || !PyBool_Check(a[4])) {
         PyErr_SetString(PyExc_TypeError, "act_and_mul(kept: dict, plans: dict, x, out, gelu: bool)");
@@ -518,11 +519,16 @@ static PyObject *act_and_mul(PyObject *self, PyObject *const *a, Py_ssize_t narg
     if (!as_rows(&x, width, &n_rows, &x_stride) || n_rows == 0 || !as_rows(&out, d, &out_rows, &out_stride)
         || out_stride != d)
         Py_RETURN_FALSE;
-    PyObject *plan = plan_for(a[1], Py_BuildValue("(LO)", (long long)d, a[4]), 3);
+    PyObject *plan = plan_for(a[1], Py_BuildValue("(LLO)", (long long)n_rows, (long long)d, a[4]), 4);
     if (plan == NULL) return PyErr_Occurred() ? NULL : Py_NewRef(Py_False);  /* not planned yet */
+    long long block_m = PyLong_AsLongLong(PyTuple_GET_ITEM(plan, 3));
+    if (block_m <= 0) {
+        Py_DECREF(plan);
+        return PyErr_Occurred() ? NULL : Py_NewRef(Py_False);
+    }
     const DLTensor *tensors[2] = {&x, &out};
-    int64_t ints[3] = {d, x_stride, d};
-    return launch_rows(a[0], device, plan, n_rows, tensors, 2, ints, 3);
+    int64_t ints[4] = {n_rows, d, x_stride, d};
+    return launch_rows(a[0], device, plan, (n_rows + block_m - 1) / block_m, tensors, 2, ints, 4);
 }
 
 /* Whether t's dims from `first` on lie in one run of memory, row-major (a dim of size 1 whatever its stride), as

@@ -38,7 +38,7 @@ def test_fused_add_rmsnorm(cases, shape, dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("shape", [(1, 2 * 14336), (300, 2 * 11008)])
+@pytest.mark.parametrize("shape", [(1, 2 * 14336), (300, 2 * 11008), (1750, 2 * 1408), (4099, 2 * 768)])
 @pytest.mark.parametrize("gelu", [False, True], ids=["silu", "gelu"])
 def test_act_and_mul(cases, gelu, shape, dtype):
     fn, ref = ((cases.tk.gelu_and_mul, cases.ref_gelu_and_mul) if gelu
