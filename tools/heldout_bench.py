@@ -23,7 +23,8 @@ eager tie rule's cut at 1.2; set13 in stop 27 before any run of it, to judge sto
 every op; set14 after set13's run, which placed a gated-activation shape at a narrow row and judged rope's programs
 of several tokens; set15 after set14's run, which added a second narrow gated row; set16 in stop 28 before any run
 of it, after the gated kernel's tiles were chosen on a probe of other shapes. set16 is in no rule's, shape's or
-kernel change's sample yet:
+kernel change's sample yet (but call 28-4's probe timed its gated widths 1792, 2368 and 3584 at 300-1020 tokens, so a
+gated-kernel rule chosen on that probe needs a set of its own):
 
     python tools/heldout_bench.py --out DIR --shapes set16
 

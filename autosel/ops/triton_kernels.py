@@ -291,7 +291,8 @@ def _act_and_mul(x: torch.Tensor, *, gelu: bool) -> torch.Tensor:
     num_warps, constexprs, col_blocks, block_m = plan = _act_plan(n_rows, d, gelu)
     if _DIRECT is not None:
         _remember(_ACT_PLANS, (n_rows, d, gelu), plan)
-    _launch_act_and_mul((_cdiv(n_rows, block_m), col_blocks), (x2, out, n_rows, d, x2.stride(0), d), constexprs, num_warps)
+    _launch_act_and_mul((_cdiv(n_rows, block_m), col_blocks), (x2, out, n_rows, d, x2.stride(0), d), constexprs,
+                        num_warps)
     return out
 
 
