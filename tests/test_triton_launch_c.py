@@ -415,3 +415,15 @@ def two_pass_plans(monkeypatch):
 def test_rows_reduced_in_chunks_launch_from_c_with_the_two_pass_plan(paths, two_pass_plans, op, make):
     _check(paths, op, make(), C)
     assert [plan[2][2] for plan in tk._NORM_PLANS.values()] == [False]  # (grid, warps, (.., .., ONE_PASS, ..), ..)
+
+
+def test_a_plan_of_more_rows_a_program_than_int64_holds_still_launches_a_row_block(paths):
+    # (rows + block - 1) / block overflowed int64 at such a block: 0 row blocks, True returned, nothing launched, and
+    # the op handed back an unwritten output.
+    x = _t(515, 272)
+    python = paths.python(SILU, x)
+    ((key, plan),) = tk._ACT_PLANS.items()
+    tk._ACT_PLANS[key] = (*plan[:3], 2**63 - 1)
+    c = paths.c(SILU, x)
+    assert c.error is None and c.python_launch is None
+    assert c.c_launch is not None and c.c_launch.grid == (1, *python.python_launch.grid[1:])

@@ -450,13 +450,18 @@ static PyObject *plan_for(PyObject *plans, PyObject *key, Py_ssize_t size) {
     return Py_XNewRef(plan);
 }
 
-/* Launches a plan (num_warps, constexprs, blocks a row, ...) over the grid (rows, blocks a row), as launch_tensors
-   launches; takes over the caller's reference to plan. False, having launched nothing, where the blocks are not a
-   positive int (NULL, with the exception, where they are not an int). */
-static PyObject *launch_rows(PyObject *kept, int device, PyObject *plan, int64_t rows,
+/* a / b rounded up, for a >= 0 and b > 0, without overflow whatever b (a plan's block is read from Python). */
+static int64_t ceil_div(int64_t a, long long b) {
+    return a / b + (a % b != 0);
+}
+
+/* Launches a plan (num_warps, constexprs, blocks a row, ...) over the grid (row blocks, blocks a row), as
+   launch_tensors launches; takes over the caller's reference to plan. False, having launched nothing, where the blocks
+   are not a positive int (NULL, with the exception, where they are not an int). */
+static PyObject *launch_rows(PyObject *kept, int device, PyObject *plan, int64_t row_blocks,
                              const DLTensor *const *tensors, int n_tensors, const int64_t *ints, int n_ints) {
     long long blocks = PyLong_AsLongLong(PyTuple_GET_ITEM(plan, 2));
-    PyObject *grid = blocks <= 0 ? NULL : Py_BuildValue("(LL)", (long long)rows, blocks);
+    PyObject *grid = blocks <= 0 ? NULL : Py_BuildValue("(LL)", (long long)row_blocks, blocks);
     PyObject *result = grid == NULL ? (PyErr_Occurred() ? NULL : Py_NewRef(Py_False))
                        : launch_tensors(kept, device, PyTuple_GET_ITEM(plan, 0), PyTuple_GET_ITEM(plan, 1), grid,
                                         tensors, n_tensors, ints, n_ints, NULL);
@@ -528,7 +533,7 @@ static PyObject *act_and_mul(PyObject *self, PyObject *const *a, Py_ssize_t narg
     }
     const DLTensor *tensors[2] = {&x, &out};
     int64_t ints[4] = {n_rows, d, x_stride, d};
-    return launch_rows(a[0], device, plan, (n_rows + block_m - 1) / block_m, tensors, 2, ints, 4);
+    return launch_rows(a[0], device, plan, ceil_div(n_rows, block_m), tensors, 2, ints, 4);
 }
 
 /* Whether t's dims from `first` on lie in one run of memory, row-major (a dim of size 1 whatever its stride), as
@@ -593,7 +598,7 @@ static PyObject *rope(PyObject *self, PyObject *const *a, Py_ssize_t nargs) {
     }
     const DLTensor *tensors[4] = {&pos, &q, &k, &cache};
     int64_t ints[8] = {n_tokens, q_heads, k_heads, q_stride, k_stride, cache.strides[0], cache.shape[0], q_blocks};
-    return launch_rows(a[0], device, plan, (n_tokens + block_t - 1) / block_t, tensors, 4, ints, 8);
+    return launch_rows(a[0], device, plan, ceil_div(n_tokens, block_t), tensors, 4, ints, 8);
 }
 
 static PyObject *reads_dlpack(PyObject *self, PyObject *unused) {
