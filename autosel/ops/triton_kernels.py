@@ -258,12 +258,12 @@ _ACT_TILE_ROWS = 512
 def _act_plan(n_rows: int, d: int, gelu: bool) -> tuple:
     """(num_warps, constexprs, column blocks, rows a program) for act_and_mul over [n_rows, 2 * d].
 
-    Chosen on call 28-1's graph replays on the H200 (docs/H200.md, "Stop 28"): at intermediate 768-1536, tiles of 16 x 128 ran
-    0.69-0.95x the time of a row a program (blocks of up to 1024 columns, the second partly masked off: 2048 lanes
-    for 1280 columns) at 1750 and 4400 rows, 0.70-1.03x at 15200. Up to 360 rows they ran 0.88-1.12x, and at 3072
-    and 14336 columns 0.98-1.13x, so those keep a row a program. That probe timed no batch between 360 and 1750 rows;
-    _ACT_TILE_ROWS lies between them, and _ACT_NARROW between 1536 and 3072 columns (call 28-4 timed 300-1020
-    rows since: figures for the next rule, in the same section)."""
+    Chosen on call 28-1's graph replays on the H200 (docs/H200.md, "Stop 28"): at intermediate 768-1536, tiles of
+    16 x 128 ran 0.69-0.95x the time of a row a program (blocks of up to 1024 columns, the second partly masked off:
+    2048 lanes for 1280 columns) at 1750 and 4400 rows, 0.70-1.03x at 15200. Up to 360 rows they ran 0.88-1.12x, and
+    at 3072 and 14336 columns 0.98-1.13x, so those keep a row a program. That probe timed no batch between 360 and
+    1750 rows; _ACT_TILE_ROWS lies between them, and _ACT_NARROW between 1536 and 3072 columns (call 28-4 timed
+    300-1020 rows since: figures for the next rule, in the same section)."""
     if d <= _ACT_NARROW and n_rows >= _ACT_TILE_ROWS:
         block_m, block_n = 16, 128
     else:
