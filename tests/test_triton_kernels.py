@@ -230,17 +230,19 @@ def test_act_and_mul(fn, ref, shape, dtype):
 
 @pytest.mark.parametrize("fn, ref", [(tk.silu_and_mul, ref_silu_and_mul), (tk.gelu_and_mul, ref_gelu_and_mul)],
                          ids=["silu", "gelu"])
-def test_act_and_mul_in_tiles_of_16_rows(fn, ref):
-    # 515 rows of d = 136: 33 row blocks (the last holds 3 rows) by 2 column blocks (the second holds 8 columns)
-    assert tk._act_plan(515, 136, False)[2:] == (2, 16)
+def test_act_and_mul_in_tiles_of_8_rows(fn, ref):
+    # 515 rows of d = 136: 65 row blocks (the last holds 3 rows) by 2 column blocks (the second holds 8 columns)
+    assert tk._act_plan(515, 136, False)[2:] == (2, 8)
     check_act_and_mul(fn, ref, (515, 272), torch.float16, DEVICE)
 
 
 @pytest.mark.parametrize("n_rows, d, block_m, block_n", [
-    (1, 1280, 1, 1024), (511, 1280, 1, 1024), (512, 1280, 16, 128), (15200, 2048, 16, 128),
-    (15200, 2049, 1, 1024), (4400, 14336, 1, 1024), (4400, 96, 16, 128), (3, 96, 1, 128),
+    (1, 1280, 1, 1024), (199, 1280, 1, 1024), (200, 1280, 8, 128),  # 1280: a row a program idles 768 lanes
+    (511, 2048, 1, 1024), (512, 2048, 8, 128), (15200, 2048, 8, 128),  # a row a program idles none
+    (200, 2049, 8, 128), (200, 4608, 8, 128), (200, 4609, 1, 1024), (15200, 4609, 1, 1024),
+    (4400, 3072, 1, 1024), (4400, 14336, 1, 1024), (4400, 96, 8, 128), (3, 96, 1, 128),
 ])
-def test_act_plan_tiles_narrow_rows_of_large_batches(n_rows, d, block_m, block_n):
+def test_act_plan_tiles_rows_a_program_would_leave_lanes_idle(n_rows, d, block_m, block_n):
     num_warps, constexprs, col_blocks, rows_a_program = tk._act_plan(n_rows, d, True)
     assert constexprs == (block_m, block_n, True) and rows_a_program == block_m  # BLOCK_M, BLOCK_N, GELU
     assert col_blocks * block_n >= d > (col_blocks - 1) * block_n
@@ -264,7 +266,10 @@ def test_rope(n_q_heads, n_kv_heads, head_size, rotary_dim, is_neox, dtype):
     (64, 16, 128, 128, (10, 8)),
     (32, 8, 128, 128, (5, 4)),
     (8, 1, 128, 128, (1, 1)),  # a one-head key rides with the query's block (blocks of their own ran 1.4x slower)
-    (20, 12, 128, 128, (5, 3)),  # a key block of 4 heads masked out of 8
+    (16, 12, 128, 128, (4, 2)),  # a key block of 4 heads masked out of 8
+    (20, 12, 128, 128, (32, 20)),  # 20 heads, not a power of two: one head a block, 8 tokens a program
+    (5, 1, 128, 128, (6, 5)),
+    (6, 6, 256, 256, (12, 6)),  # one head of 128 pairs a block: 4 tokens a program
     (32, 2, 128, 64, (2, 2)),  # GLM-4: 64 rotated dims, 16 heads of 32 pairs a block
     (2, 1, 2048, 2048, (3, 2)),  # 1024 pairs a head: one head a block, so the key's one head fills one
     (2, 1, 128, 128, (1, 1)),  # 2 heads of 64 pairs: 4 tokens a program

@@ -22,11 +22,12 @@ after set11's run, which placed rope's representative shapes at 4 / 1 heads and 
 eager tie rule's cut at 1.2; set13 in stop 27 before any run of it, to judge stop 26's final code on a fresh tune of
 every op; set14 after set13's run, which placed a gated-activation shape at a narrow row and judged rope's programs
 of several tokens; set15 after set14's run, which added a second narrow gated row; set16 in stop 28 before any run
-of it, after the gated kernel's tiles were chosen on a probe of other shapes. set16 is in no rule's, shape's or
-kernel change's sample yet (but call 28-4's probe timed its gated widths 1792, 2368 and 3584 at 300-1020 tokens, so a
-gated-kernel rule chosen on that probe needs a set of its own):
+of it, after the gated kernel's tiles were chosen on a probe of other shapes; set17 in stop 29 before any run of
+it, after call 29-1's probe chose the gated kernel's tiles of 8 rows, its silu and rope's one head a block (set16's
+gated widths and its rope at 5 / 1 heads were in that probe's sample or call 28-4's). set17 is in no rule's,
+shape's or kernel change's sample yet:
 
-    python tools/heldout_bench.py --out DIR --shapes set16
+    python tools/heldout_bench.py --out DIR --shapes set17
 
 Writes DIR/heldout.md (the tables) and DIR/heldout.json (every median).
 """
@@ -221,9 +222,20 @@ SET15 = _held_out(TOKENS_15, rmsnorm=(1408, 2432), fused=(1664, 4352), silu=(102
 TOKENS_16 = (8, 27, 160, 530, 720, 1020, 2050, 4700, 8300, 13900)
 SET16 = _held_out(TOKENS_16, rmsnorm=(768, 5760), fused=(2688, 7680), silu=(1792, 3584), gelu=(1152, 2368),
                   rope=((5, 1), (8, 2)), mm=((1024, 4096), (2816, 5120)))
+# set17: made in stop 29 after call 29-1's probe chose the gated kernel's tiles of 8 x 128 wherever a row a program
+# idles lanes (200-2500 rows of intermediate 1280, 1792, 2560, 3584 and 4608), its silu of one division, and rope's
+# one head a block at head counts that are not a power of two (3, 5, 6, 7, 10, 12 and 20 query heads at 1-14000
+# tokens); before any run of it. Token counts none of sets 1-16's or of that probe's, five of them in 200-1200, where
+# the tiles begin; widths none of the op's earlier sets' or the probe's: intermediate 1728 and 3456 (Qwen2.5-14B and
+# -32B at tensor parallel 8) for silu, 2432 and 3696 (Qwen2.5-72B at 8) for gelu; rope 10 / 10 heads (Llama-2-13B
+# at 4) and 20 / 5 (Phi-3-medium at 2); hidden 2816 and 9216 for rmsnorm, 1792 and 5760 for fused_add_rmsnorm; GEMMs
+# of (5120, 1728) and (3456, 5120).
+TOKENS_17 = (28, 41, 230, 340, 580, 810, 1180, 2300, 6600, 12200)
+SET17 = _held_out(TOKENS_17, rmsnorm=(2816, 9216), fused=(1792, 5760), silu=(1728, 3456), gelu=(2432, 3696),
+                  rope=((10, 10), (20, 5)), mm=((5120, 1728), (3456, 5120)))
 SETS = {"set1": SET1, "set2": SET2, "set3": SET3, "set4": SET4, "set5": SET5, "set6": SET6, "set7": SET7, "set8": SET8,
         "set9": SET9, "set10": SET10, "set11": SET11, "set12": SET12, "set13": SET13,
-        "set14": SET14, "set15": SET15, "set16": SET16}
+        "set14": SET14, "set15": SET15, "set16": SET16, "set17": SET17}
 
 
 def table_for(op: str, mode: str) -> BucketTable:
@@ -328,7 +340,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--mode", action="append", choices=("eager", "graph"), help="default: every mode here")
     parser.add_argument("--shapes", choices=sorted(SETS), default="set2",
                         help="held-out shape set (default set2; set1: the shapes of docs/BENCHMARKS.md section 2; "
-                             "set16: out of sample for every rule, representative shape and kernel change so far)")
+                             "set17: out of sample for every rule, representative shape and kernel change so far)")
     args = parser.parse_args(argv)
     held_out = SETS[args.shapes]
     platform = platforms.current_platform()

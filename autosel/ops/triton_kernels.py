@@ -243,31 +243,38 @@ def _act_and_mul_kernel(x_ptr, out_ptr, n_rows, d, x_stride, out_stride,
     if GELU:
         act = 0.5 * a * (1.0 + tl.math.erf(a * 0.7071067811865476))
     else:
-        act = a * tl.sigmoid(a)
+        act = a / (1.0 + tl.exp(-a))  # one division: a * tl.sigmoid(a), 1 / (1 + exp(-a)) times a, ran 2-4% slower
     out_rows = out_ptr + rows.to(tl.int64)[:, None] * out_stride + cols[None, :]
     tl.store(out_rows, (act * b).to(out_ptr.dtype.element_ty), mask=mask)
 
 
-# Rows of at most _ACT_NARROW columns, in batches of at least _ACT_TILE_ROWS rows, go in tiles of 16 rows x 128
-# columns; all others a row (and up to 1024 columns) a program.
+# Batches of at least _ACT_TILE_ROWS rows of at most _ACT_WIDEST columns go in tiles of 8 rows x 128 columns where a
+# row a program (up to 1024 columns) would leave lanes idle, and from _ACT_ALL_NARROW_ROWS rows at every width up to
+# _ACT_NARROW; all others a row a program.
+_ACT_TILE_ROWS = 200
+_ACT_WIDEST = 4608
+_ACT_ALL_NARROW_ROWS = 512
 _ACT_NARROW = 2048
-_ACT_TILE_ROWS = 512
 
 
 @functools.lru_cache(maxsize=4096)
 def _act_plan(n_rows: int, d: int, gelu: bool) -> tuple:
     """(num_warps, constexprs, column blocks, rows a program) for act_and_mul over [n_rows, 2 * d].
 
-    Chosen on call 28-1's graph replays on the H200 (docs/H200.md, "Stop 28"): at intermediate 768-1536, tiles of
-    16 x 128 ran 0.69-0.95x the time of a row a program (blocks of up to 1024 columns, the second partly masked off:
-    2048 lanes for 1280 columns) at 1750 and 4400 rows, 0.70-1.03x at 15200. Up to 360 rows they ran 0.88-1.12x, and
-    at 3072 and 14336 columns 0.98-1.13x, so those keep a row a program. That probe timed no batch between 360 and
-    1750 rows; _ACT_TILE_ROWS lies between them, and _ACT_NARROW between 1536 and 3072 columns (call 28-4 timed
-    300-1020 rows since: figures for the next rule, in the same section)."""
-    if d <= _ACT_NARROW and n_rows >= _ACT_TILE_ROWS:
-        block_m, block_n = 16, 128
+    A row a program takes blocks of up to 1024 columns, so a row of 1280 columns takes two programs, the second
+    three-quarters masked off. Tiles of rows x 128 columns leave no lane idle. Call 28-1's graph replays on the H200
+    (docs/H200.md, "Stop 28") put tiles of 16 x 128 at 0.69-0.95x the time of a row a program at intermediate
+    768-1536 and 1750-4400 rows; at 3072 and 14336 columns, which a row a program fills, 0.98-1.13x. Call 29-1's
+    (section "Stop 29", 200-2500 rows of 1280-4608 columns) put tiles of 8 x 128 (4 warps) at 0.86-1.00x a row a
+    program wherever that idles lanes (2560, 3584, 4608 columns) and at 0.93-1.00x tiles of 16 x 128 where those ran.
+    Below 200 rows no probe timed them (16 x 128 ran 1.01-1.12x at 64 rows), past 4608 columns neither."""
+    row_block = min(next_power_of_2(d), 1024)
+    idle = d % row_block != 0
+    if d <= _ACT_WIDEST and n_rows >= _ACT_TILE_ROWS and (
+            idle or (d <= _ACT_NARROW and n_rows >= _ACT_ALL_NARROW_ROWS)):
+        block_m, block_n = 8, 128
     else:
-        block_m, block_n = 1, min(next_power_of_2(d), 1024)
+        block_m, block_n = 1, row_block
     # BLOCK_M, BLOCK_N, GELU
     return _num_warps(block_m * block_n, max_warps=8), (block_m, block_n, gelu), _cdiv(d, block_n), block_m
 
@@ -393,7 +400,7 @@ _ROPE_PAIRS = 512
 
 def _rope_plan(head_size: int, rotary_dim: int, n_q_heads: int, n_k_heads: int, is_neox: bool) -> tuple:
     """(num_warps, constexprs, head blocks, query blocks, tokens a program) for rope: up to 512 rotated pairs a
-    program (8 heads of 128; one head where a head has more), 4 warps for them, the key's heads in blocks of their own
+    program (8 heads of 128; one head where a head has more or the head count is not a power of two), 4 warps for them, the key's heads in blocks of their own
     once they fill one, and where a token's heads hold fewer than 512 pairs, as many tokens a program as fill it.
 
     Chosen on graph replays on the H200. Stop 26 (docs/H200.md) took 512 pairs over the plan before (1024 pairs, the
@@ -402,9 +409,14 @@ def _rope_plan(head_size: int, rotary_dim: int, n_q_heads: int, n_k_heads: int, 
     tokens, so a key of fewer heads than a block rides with the query's. Stop 27 filled a program with tokens: at 2 / 1
     heads 0.56x, 0.67x and 0.89x the time of one token a program at 15500, 4400 and 1750 tokens, at 4 / 1 heads 0.77x,
     0.85x and 0.91x; 1.02-1.08x at 1-360 tokens of 2 / 1 heads, where a launch's latency is most of the time.
-    Programs of 1024 and 2048 pairs ran slower than 512 at most head and token counts."""
+    Programs of 1024 and 2048 pairs ran slower than 512 at most head and token counts. Stop 29 (call 29-1) gave a
+    head count that is not a power of two one head a block (and 8 tokens of 128-wide heads): at 3, 5, 6, 7, 10, 12
+    and 20 query heads it ran 0.74-0.94x the time of blocks of 8 heads up to 64 tokens, 0.79-1.07x from 500 tokens
+    on (5 / 1 heads at 14000 tokens: 0.79x, where flashinfer ran 0.82x)."""
     block_r = next_power_of_2(rotary_dim // 2)
-    block_h = min(next_power_of_2(max(n_q_heads, n_k_heads)), max(1, _ROPE_PAIRS // block_r))
+    heads = max(n_q_heads, n_k_heads, 1)
+    # A head count that is not a power of two leaves a block of heads part idle (5 heads in 8): one head a block.
+    block_h = min(heads if heads & (heads - 1) == 0 else 1, max(1, _ROPE_PAIRS // block_r))
     block_t = max(1, _ROPE_PAIRS // (block_h * block_r))
     split_k = n_k_heads >= block_h
     q_blocks = _cdiv(n_q_heads if split_k else max(n_q_heads, n_k_heads), block_h)
