@@ -253,7 +253,7 @@ def test_act_plan_tiles_rows_a_program_would_leave_lanes_idle(n_rows, d, block_m
 @pytest.mark.parametrize("is_neox", [True, False], ids=["neox", "gptj"])
 @pytest.mark.parametrize(
     "n_q_heads, n_kv_heads, head_size, rotary_dim",
-    # (2, 1, 128, 128): 4 tokens a program, so 5 tokens leave the second program 3 masked out
+    # (2, 1, 128, 128): 8 tokens a program, so 5 tokens leave the program 3 masked out
     [(4, 2, 16, 16), (3, 1, 24, 8), (2, 2, 12, 12), (5, 3, 20, 12), (20, 12, 128, 128), (2, 1, 128, 128)],
 )
 def test_rope(n_q_heads, n_kv_heads, head_size, rotary_dim, is_neox, dtype):
@@ -272,7 +272,8 @@ def test_rope(n_q_heads, n_kv_heads, head_size, rotary_dim, is_neox, dtype):
     (6, 6, 256, 256, (12, 6)),  # one head of 128 pairs a block: 4 tokens a program
     (32, 2, 128, 64, (2, 2)),  # GLM-4: 64 rotated dims, 16 heads of 32 pairs a block
     (2, 1, 2048, 2048, (3, 2)),  # 1024 pairs a head: one head a block, so the key's one head fills one
-    (2, 1, 128, 128, (1, 1)),  # 2 heads of 64 pairs: 4 tokens a program
+    (2, 1, 128, 128, (3, 2)),  # up to 4 heads: one head of 64 pairs a block, 8 tokens a program
+    (4, 4, 128, 128, (8, 4)),
 ])
 def test_rope_plan_gives_the_key_blocks_of_its_own_once_it_fills_one(q_heads, k_heads, head_size, rotary_dim, blocks):
     num_warps, constexprs, head_blocks, q_blocks, block_t = tk._rope_plan(head_size, rotary_dim, q_heads, k_heads,

@@ -24,10 +24,11 @@ every op; set14 after set13's run, which placed a gated-activation shape at a na
 of several tokens; set15 after set14's run, which added a second narrow gated row; set16 in stop 28 before any run
 of it, after the gated kernel's tiles were chosen on a probe of other shapes; set17 in stop 29 before any run of
 it, after call 29-1's probe chose the gated kernel's tiles of 8 rows, its silu and rope's one head a block (set16's
-gated widths and its rope at 5 / 1 heads were in that probe's sample or call 28-4's). set17 is in no rule's,
-shape's or kernel change's sample yet:
+gated widths and its rope at 5 / 1 heads were in that probe's sample or call 28-4's); set18 after set17's run and
+call 29-2's probe, which gave rope at up to 4 heads one head a block too. set18 is in no rule's, shape's or kernel
+change's sample yet:
 
-    python tools/heldout_bench.py --out DIR --shapes set17
+    python tools/heldout_bench.py --out DIR --shapes set18
 
 Writes DIR/heldout.md (the tables) and DIR/heldout.json (every median).
 """
@@ -233,9 +234,18 @@ SET16 = _held_out(TOKENS_16, rmsnorm=(768, 5760), fused=(2688, 7680), silu=(1792
 TOKENS_17 = (28, 41, 230, 340, 580, 810, 1180, 2300, 6600, 12200)
 SET17 = _held_out(TOKENS_17, rmsnorm=(2816, 9216), fused=(1792, 5760), silu=(1728, 3456), gelu=(2432, 3696),
                   rope=((10, 10), (20, 5)), mm=((5120, 1728), (3456, 5120)))
+# set18: made in stop 29 after set17's run and call 29-2's probe at 2-64 heads, which gave rope at up to 4 heads one
+# head a block as well; before any run of it. Token counts none of sets 1-17's or of calls 29-1's and 29-2's probes;
+# widths none of the op's earlier sets' or the probes': rope 2 / 2 heads (Llama-2-7B at tensor parallel 16) and 4 / 2
+# (Gemma-3-4B at 2); intermediate 1536 and 2688 for silu, 1728 and 3456 for gelu; hidden 2688 and 11264 for
+# rmsnorm, 2432 and 13824 for fused_add_rmsnorm; GEMMs of (4096, 1536) and (2304, 9216).
+TOKENS_18 = (31, 38, 260, 370, 640, 940, 1060, 2100, 7300, 14200)
+SET18 = _held_out(TOKENS_18, rmsnorm=(2688, 11264), fused=(2432, 13824), silu=(1536, 2688), gelu=(1728, 3456),
+                  rope=((2, 2), (4, 2)), mm=((4096, 1536), (2304, 9216)))
 SETS = {"set1": SET1, "set2": SET2, "set3": SET3, "set4": SET4, "set5": SET5, "set6": SET6, "set7": SET7, "set8": SET8,
         "set9": SET9, "set10": SET10, "set11": SET11, "set12": SET12, "set13": SET13,
-        "set14": SET14, "set15": SET15, "set16": SET16, "set17": SET17}
+        "set14": SET14, "set15": SET15, "set16": SET16, "set17": SET17,
+        "set18": SET18}
 
 
 def table_for(op: str, mode: str) -> BucketTable:
@@ -340,7 +350,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--mode", action="append", choices=("eager", "graph"), help="default: every mode here")
     parser.add_argument("--shapes", choices=sorted(SETS), default="set2",
                         help="held-out shape set (default set2; set1: the shapes of docs/BENCHMARKS.md section 2; "
-                             "set17: out of sample for every rule, representative shape and kernel change so far)")
+                             "set18: out of sample for every rule, representative shape and kernel change so far)")
     args = parser.parse_args(argv)
     held_out = SETS[args.shapes]
     platform = platforms.current_platform()

@@ -400,8 +400,9 @@ _ROPE_PAIRS = 512
 
 def _rope_plan(head_size: int, rotary_dim: int, n_q_heads: int, n_k_heads: int, is_neox: bool) -> tuple:
     """(num_warps, constexprs, head blocks, query blocks, tokens a program) for rope: up to 512 rotated pairs a
-    program (8 heads of 128; one head where a head has more or the head count is not a power of two), 4 warps for them, the key's heads in blocks of their own
-    once they fill one, and where a token's heads hold fewer than 512 pairs, as many tokens a program as fill it.
+    program (8 heads of 128; one head where a head has more, at up to 4 heads, and where the head count is not a
+    power of two), 4 warps for them, the key's heads in blocks of their own once they fill one, and where a token's
+    heads hold fewer than 512 pairs, as many tokens a program as fill it.
 
     Chosen on graph replays on the H200. Stop 26 (docs/H200.md) took 512 pairs over the plan before (1024 pairs, the
     key's heads with the query's first block, 2 warps for 8 heads of 128): 0.81-1.01x its time up to 170 tokens,
@@ -409,14 +410,19 @@ def _rope_plan(head_size: int, rotary_dim: int, n_q_heads: int, n_k_heads: int, 
     tokens, so a key of fewer heads than a block rides with the query's. Stop 27 filled a program with tokens: at 2 / 1
     heads 0.56x, 0.67x and 0.89x the time of one token a program at 15500, 4400 and 1750 tokens, at 4 / 1 heads 0.77x,
     0.85x and 0.91x; 1.02-1.08x at 1-360 tokens of 2 / 1 heads, where a launch's latency is most of the time.
-    Programs of 1024 and 2048 pairs ran slower than 512 at most head and token counts. Stop 29 (call 29-1) gave a
-    head count that is not a power of two one head a block (and 8 tokens of 128-wide heads): at 3, 5, 6, 7, 10, 12
-    and 20 query heads it ran 0.74-0.94x the time of blocks of 8 heads up to 64 tokens, 0.79-1.07x from 500 tokens
-    on (5 / 1 heads at 14000 tokens: 0.79x, where flashinfer ran 0.82x)."""
+    Programs of 1024 and 2048 pairs ran slower than 512 at most head and token counts. Stop 29 gave one head a block
+    (and 8 tokens of 128-wide heads) to a head count that is not a power of two (call 29-1: at 3, 5, 6, 7, 10, 12 and
+    20 query heads 0.74-0.94x the time of blocks of 8 heads up to 64 tokens, 0.79-1.07x from 500 tokens on; 5 / 1
+    heads at 14000 tokens 0.79x, where flashinfer ran 0.82x) and to 2 and 4 heads (call 29-2: 0.73-0.82x the plan
+    before up to 500 tokens, where flashinfer ran 0.82-0.92x, and 0.92-0.98x from 2000 on). At 8 heads and more it
+    ran 0.86-0.98x up to 64 tokens but 1.01-1.12x from 2000 (8 / 1, 8 / 2, 16 / 2, 32 / 8, 64 / 8), so those keep
+    their blocks of 8."""
     block_r = next_power_of_2(rotary_dim // 2)
     heads = max(n_q_heads, n_k_heads, 1)
-    # A head count that is not a power of two leaves a block of heads part idle (5 heads in 8): one head a block.
-    block_h = min(heads if heads & (heads - 1) == 0 else 1, max(1, _ROPE_PAIRS // block_r))
+    # A head count that is not a power of two leaves a block of heads part idle (5 heads in 8), and up to 4 heads a
+    # program of one head and 8 tokens ran faster than one of all the heads: one head a block.
+    one_head = heads & (heads - 1) != 0 or heads <= 4
+    block_h = min(1 if one_head else heads, max(1, _ROPE_PAIRS // block_r))
     block_t = max(1, _ROPE_PAIRS // (block_h * block_r))
     split_k = n_k_heads >= block_h
     q_blocks = _cdiv(n_q_heads if split_k else max(n_q_heads, n_k_heads), block_h)
