@@ -243,7 +243,7 @@ def _act_and_mul_kernel(x_ptr, out_ptr, n_rows, d, x_stride, out_stride,
     if GELU:
         act = 0.5 * a * (1.0 + tl.math.erf(a * 0.7071067811865476))
     else:
-        act = a / (1.0 + tl.exp(-a))  # one division: a * tl.sigmoid(a), 1 / (1 + exp(-a)) times a, ran 2-4% slower
+        act = a / (1.0 + tl.exp(-a))  # one division: a * tl.sigmoid(a) ran 0-4% slower (call 29-1)
     out_rows = out_ptr + rows.to(tl.int64)[:, None] * out_stride + cols[None, :]
     tl.store(out_rows, (act * b).to(out_ptr.dtype.element_ty), mask=mask)
 
@@ -265,8 +265,9 @@ def _act_plan(n_rows: int, d: int, gelu: bool) -> tuple:
     three-quarters masked off. Tiles of rows x 128 columns leave no lane idle. Call 28-1's graph replays on the H200
     (docs/H200.md, "Stop 28") put tiles of 16 x 128 at 0.69-0.95x the time of a row a program at intermediate
     768-1536 and 1750-4400 rows; at 3072 and 14336 columns, which a row a program fills, 0.98-1.13x. Call 29-1's
-    (section "Stop 29", 200-2500 rows of 1280-4608 columns) put tiles of 8 x 128 (4 warps) at 0.86-1.00x a row a
-    program wherever that idles lanes (2560, 3584, 4608 columns) and at 0.93-1.00x tiles of 16 x 128 where those ran.
+    (section "Stop 29", 200-2500 rows of 1280-4608 columns) put tiles of 8 x 128 (4 warps) at 0.87-0.99x a row a
+    program wherever that idles lanes (2560, 3584 and 4608 columns; 1280 and 1792 below 512 rows: 0.87-1.00x) and
+    at 0.93-1.01x tiles of 16 x 128 where those ran.
     Below 200 rows no probe timed them (16 x 128 ran 1.01-1.12x at 64 rows), past 4608 columns neither."""
     row_block = min(next_power_of_2(d), 1024)
     idle = d % row_block != 0
@@ -412,10 +413,10 @@ def _rope_plan(head_size: int, rotary_dim: int, n_q_heads: int, n_k_heads: int, 
     0.85x and 0.91x; 1.02-1.08x at 1-360 tokens of 2 / 1 heads, where a launch's latency is most of the time.
     Programs of 1024 and 2048 pairs ran slower than 512 at most head and token counts. Stop 29 gave one head a block
     (and 8 tokens of 128-wide heads) to a head count that is not a power of two (call 29-1: at 3, 5, 6, 7, 10, 12 and
-    20 query heads 0.74-0.94x the time of blocks of 8 heads up to 64 tokens, 0.79-1.07x from 500 tokens on; 5 / 1
+    20 query heads 0.74-0.97x the time of blocks of 8 heads up to 64 tokens, 0.79-1.07x from 500 tokens on; 5 / 1
     heads at 14000 tokens 0.79x, where flashinfer ran 0.82x) and to 2 and 4 heads (call 29-2: 0.73-0.82x the plan
     before up to 500 tokens, where flashinfer ran 0.82-0.92x, and 0.92-0.98x from 2000 on). At 8 heads and more it
-    ran 0.86-0.98x up to 64 tokens but 1.01-1.12x from 2000 (8 / 1, 8 / 2, 16 / 2, 32 / 8, 64 / 8), so those keep
+    ran 0.86-1.05x up to 64 tokens and 0.98-1.12x from 2000 (8 / 1, 8 / 2, 16 / 2, 32 / 8, 64 / 8), so those keep
     their blocks of 8."""
     block_r = next_power_of_2(rotary_dim // 2)
     heads = max(n_q_heads, n_k_heads, 1)
