@@ -192,3 +192,15 @@ def test_hf_check_says_in_one_line_why_a_backend_cannot_run(monkeypatch, tmp_pat
         assert exit_.value.code == 2 and said in capsys.readouterr().err
     else:  # raise SystemExit(message): exit status 1
         assert exit_.value.code.startswith(said)
+
+
+@pytest.mark.parametrize("name, q_heads, intermediate", [("llama-3-70b-tp8", 64 // 8, 28672 // 8),
+                                                          ("qwen2.5-32b-tp8", 40 // 8, 27648 // 8)])
+def test_a_tensor_parallel_rank_model_has_its_share_of_heads_and_intermediate(hf_bench, name, q_heads, intermediate):
+    # hf_bench's model step on one rank's share: without head_dim given, transformers would make Qwen2's heads
+    # hidden / heads = 1024 wide, and the rope and attention shapes would be no rank's.
+    from hf_models import build
+
+    layer = build(name, 1, "meta", torch.bfloat16).model.layers[0]
+    assert layer.self_attn.q_proj.out_features == q_heads * 128 and layer.self_attn.k_proj.out_features == 128
+    assert layer.mlp.gate_proj.out_features == intermediate and layer.self_attn.o_proj.in_features == q_heads * 128

@@ -1,5 +1,6 @@
 """The model configurations tools/hf_check.py and tools/hf_bench.py build with random weights: the published ones
-at real dimensions, and a tiny Llama for running the tools' logic on a CPU in seconds."""
+at real dimensions, one tensor-parallel rank's share of two, and a tiny Llama for running the tools' logic on a CPU
+in seconds."""
 
 from __future__ import annotations
 
@@ -20,6 +21,18 @@ MODELS = {
         vocab_size=151936, hidden_size=5120, intermediate_size=25600, num_attention_heads=64, num_key_value_heads=8,
         head_dim=128, max_position_embeddings=40960, rms_norm_eps=1e-6, tie_word_embeddings=False,
         rope_parameters={"rope_type": "default", "rope_theta": 1000000.0})),
+    # One tensor-parallel rank's share of a published model (its heads and intermediate size over the ranks, the hidden
+    # size whole, no all-reduce): the narrow gated rows and few heads a serving engine's rank runs, where autosel's
+    # kernels were tuned in stops 27-29. Llama-3-70B at 8 ranks: 8 / 1 heads, intermediate 3584; Qwen2.5-32B at 8:
+    # 5 / 1 heads, intermediate 3456.
+    "llama-3-70b-tp8": ("LlamaConfig", "LlamaForCausalLM", dict(
+        vocab_size=128256, hidden_size=8192, intermediate_size=28672 // 8, num_attention_heads=64 // 8,
+        num_key_value_heads=8 // 8, head_dim=128, max_position_embeddings=8192, rms_norm_eps=1e-5,
+        rope_parameters={"rope_type": "default", "rope_theta": 500000.0})),
+    "qwen2.5-32b-tp8": ("Qwen2Config", "Qwen2ForCausalLM", dict(
+        vocab_size=152064, hidden_size=5120, intermediate_size=27648 // 8, num_attention_heads=40 // 8,
+        num_key_value_heads=8 // 8, head_dim=128, max_position_embeddings=32768, rms_norm_eps=1e-6,
+        tie_word_embeddings=False, rope_parameters={"rope_type": "default", "rope_theta": 1000000.0})),
     # Not a published model: Llama's structure at dimensions a CPU runs in milliseconds (the tools' --tiny).
     "tiny-llama": ("LlamaConfig", "LlamaForCausalLM", dict(
         vocab_size=256, hidden_size=128, intermediate_size=256, num_attention_heads=4, num_key_value_heads=2,
