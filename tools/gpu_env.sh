@@ -15,8 +15,9 @@ mkdir -p "$OUT"
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || return 1
 # transformers and its dependencies (tools/hf_check.py, tools/hf_bench.py), when carried in .hfw: downloaded here by
 #   pip download --only-binary=:all: --python-version 3.12 --platform manylinux2014_x86_64 --platform any \
-#       -d .hfw transformers==5.24.0     (then remove numpy, filelock, fsspec, typing_extensions, click, hf_xet:
-#       the image has them or transformers does not need them, and the carry limit is 64 MiB)
+#       -d .hfw transformers==5.24.0     (then remove numpy, filelock, fsspec, typing_extensions, click, hf_xet,
+#       pygments, rich, markdown_it_py, mdurl: the image has them or hf_bench does not need them, and the carry limit
+#       is 64 MiB with the working tree and .gpu; call 29-5 ran hf_bench so)
 if [ -d .hfw ]; then python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .hfw/*.whl || return 1; fi
 export PYTHONPATH=/tmp/site
 if [ -f .gpu/activate.sh ]; then . .gpu/activate.sh || return 1; fi
