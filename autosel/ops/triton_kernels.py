@@ -243,18 +243,16 @@ def _act_and_mul_kernel(x_ptr, out_ptr, n_rows, d, x_stride, out_stride,
     if GELU:
         act = 0.5 * a * (1.0 + tl.math.erf(a * 0.7071067811865476))
     else:
-        act = a / (1.0 + tl.exp(-a))  # one division: a * tl.sigmoid(a) ran 0-4% slower (call 29-1)
+        act = a / (1.0 + tl.exp(-a))  # one division: a * tl.sigmoid(a) ran up to 4% slower (call 29-1)
     out_rows = out_ptr + rows.to(tl.int64)[:, None] * out_stride + cols[None, :]
     tl.store(out_rows, (act * b).to(out_ptr.dtype.element_ty), mask=mask)
 
 
-# Batches of at least _ACT_TILE_ROWS rows of at most _ACT_WIDEST columns go in tiles of 8 rows x 128 columns where a
-# row a program (up to 1024 columns) would leave lanes idle, and from _ACT_ALL_NARROW_ROWS rows at every width up to
-# _ACT_NARROW; all others a row a program.
-_ACT_TILE_ROWS = 200
-_ACT_WIDEST = 4608
-_ACT_ALL_NARROW_ROWS = 512
-_ACT_NARROW = 2048
+# Tiles of 8 rows x 128 columns (a) where a row a program would leave part of its last block of 1024 columns idle,
+# from _ACT_IDLE_MIN_ROWS rows at _ACT_IDLE_MIN_COLS to _ACT_IDLE_MAX_COLS columns, and (b) at up to
+# _ACT_ANY_MAX_COLS columns from _ACT_ANY_MIN_ROWS rows (stop 28's tiles); a row a program otherwise.
+_ACT_IDLE_MIN_ROWS, _ACT_IDLE_MIN_COLS, _ACT_IDLE_MAX_COLS = 200, 1025, 4608
+_ACT_ANY_MIN_ROWS, _ACT_ANY_MAX_COLS = 512, 2048
 
 
 @functools.lru_cache(maxsize=4096)
@@ -262,17 +260,16 @@ def _act_plan(n_rows: int, d: int, gelu: bool) -> tuple:
     """(num_warps, constexprs, column blocks, rows a program) for act_and_mul over [n_rows, 2 * d].
 
     A row a program takes blocks of up to 1024 columns, so a row of 1280 columns takes two programs, the second
-    three-quarters masked off. Tiles of rows x 128 columns leave no lane idle. Call 28-1's graph replays on the H200
-    (docs/H200.md, "Stop 28") put tiles of 16 x 128 at 0.69-0.95x the time of a row a program at intermediate
-    768-1536 and 1750-4400 rows; at 3072 and 14336 columns, which a row a program fills, 0.98-1.13x. Call 29-1's
-    (section "Stop 29", 200-2500 rows of 1280-4608 columns) put tiles of 8 x 128 (4 warps) at 0.87-0.99x a row a
-    program wherever that idles lanes (2560, 3584 and 4608 columns; 1280 and 1792 below 512 rows: 0.87-1.00x) and
-    at 0.93-1.01x tiles of 16 x 128 where those ran.
-    Below 200 rows no probe timed them (16 x 128 ran 1.01-1.12x at 64 rows), past 4608 columns neither."""
+    three-quarters masked off. Tiles of rows x 128 columns idle no lane where 128 divides the width. Call 28-1's graph
+    replays on the H200 (docs/H200.md, "Stop 28") put tiles of 16 x 128 at 0.69-0.95x the time of a row a program at
+    intermediate 768-1536 and 1750-4400 rows; at 3072 and 14336 columns, which a row a program fills, 0.98-1.13x; at
+    64 rows 1.02-1.12x and at 360 rows of 768 1.04-1.10x. Call 29-1's (section "Stop 29", 200-2500 rows of 1280-4608
+    columns) put tiles of 8 x 128 (4 warps) at 0.87-0.99x a row a program wherever that idles lanes (2560, 3584 and
+    4608 columns; 1280 and 1792 below 512 rows: 0.87-1.00x) and at 0.93-1.01x tiles of 16 x 128 where those ran. No
+    probe timed tiles of 8 x 128 below 200 rows, below 1280 columns or past 4608 columns: those keep stop 28's rule."""
     row_block = min(next_power_of_2(d), 1024)
-    idle = d % row_block != 0
-    if d <= _ACT_WIDEST and n_rows >= _ACT_TILE_ROWS and (
-            idle or (d <= _ACT_NARROW and n_rows >= _ACT_ALL_NARROW_ROWS)):
+    idle = _ACT_IDLE_MIN_COLS <= d <= _ACT_IDLE_MAX_COLS and d % row_block != 0 and n_rows >= _ACT_IDLE_MIN_ROWS
+    if idle or (d <= _ACT_ANY_MAX_COLS and n_rows >= _ACT_ANY_MIN_ROWS):
         block_m, block_n = 8, 128
     else:
         block_m, block_n = 1, row_block
@@ -401,8 +398,8 @@ _ROPE_PAIRS = 512
 
 def _rope_plan(head_size: int, rotary_dim: int, n_q_heads: int, n_k_heads: int, is_neox: bool) -> tuple:
     """(num_warps, constexprs, head blocks, query blocks, tokens a program) for rope: up to 512 rotated pairs a
-    program (8 heads of 128; one head where a head has more, at up to 4 heads, and where the head count is not a
-    power of two), 4 warps for them, the key's heads in blocks of their own once they fill one, and where a token's
+    program (8 heads of 128; one head where a head has more, at up to 4 heads, and where blocks of heads would leave
+    some idle), 4 warps for them, the key's heads in blocks of their own once they fill one, and where a token's
     heads hold fewer than 512 pairs, as many tokens a program as fill it.
 
     Chosen on graph replays on the H200. Stop 26 (docs/H200.md) took 512 pairs over the plan before (1024 pairs, the
@@ -412,18 +409,18 @@ def _rope_plan(head_size: int, rotary_dim: int, n_q_heads: int, n_k_heads: int, 
     heads 0.56x, 0.67x and 0.89x the time of one token a program at 15500, 4400 and 1750 tokens, at 4 / 1 heads 0.77x,
     0.85x and 0.91x; 1.02-1.08x at 1-360 tokens of 2 / 1 heads, where a launch's latency is most of the time.
     Programs of 1024 and 2048 pairs ran slower than 512 at most head and token counts. Stop 29 gave one head a block
-    (and 8 tokens of 128-wide heads) to a head count that is not a power of two (call 29-1: at 3, 5, 6, 7, 10, 12 and
-    20 query heads 0.74-0.97x the time of blocks of 8 heads up to 64 tokens, 0.79-1.07x from 500 tokens on; 5 / 1
-    heads at 14000 tokens 0.79x, where flashinfer ran 0.82x) and to 2 and 4 heads (call 29-2: 0.73-0.82x the plan
-    before up to 500 tokens, where flashinfer ran 0.82-0.92x, and 0.92-0.98x from 2000 on). At 8 heads and more it
-    ran 0.86-1.05x up to 64 tokens and 0.98-1.12x from 2000 (8 / 1, 8 / 2, 16 / 2, 32 / 8, 64 / 8), so those keep
-    their blocks of 8."""
+    (and 8 tokens of 128-wide heads) to head counts that leave a block part idle (call 29-1: at 3, 5, 6, 7, 10, 12 and
+    20 query heads 0.74-0.97x the time of the plan before up to 64 tokens, 0.79-1.07x from 500 tokens on; 5 / 1 heads
+    at 14000 tokens 0.79x, where flashinfer ran 0.82x) and to 2 and 4 heads (call 29-2: 0.73-0.82x the plan before up
+    to 500 tokens, where flashinfer ran 0.82-0.92x, and 0.92-0.98x from 2000 on). At 8 heads and more that blocks
+    fill, it ran 0.86-1.05x up to 64 tokens and 0.98-1.12x from 2000 (8 / 1, 8 / 2, 16 / 2, 32 / 8, 64 / 8), so those
+    keep their blocks; 24, 40 and 48 heads, which no probe timed, fill blocks of 8 and keep them too."""
     block_r = next_power_of_2(rotary_dim // 2)
     heads = max(n_q_heads, n_k_heads, 1)
-    # A head count that is not a power of two leaves a block of heads part idle (5 heads in 8), and up to 4 heads a
-    # program of one head and 8 tokens ran faster than one of all the heads: one head a block.
-    one_head = heads & (heads - 1) != 0 or heads <= 4
-    block_h = min(1 if one_head else heads, max(1, _ROPE_PAIRS // block_r))
+    full = min(next_power_of_2(heads), max(1, _ROPE_PAIRS // block_r))  # the block of heads the plan gave before
+    # One head a block where those blocks would leave heads idle (5 heads in a block of 8; 40 heads fill 5 blocks),
+    # and at up to 4 heads, where a program of one head and 8 tokens ran faster than one of all the heads.
+    block_h = 1 if heads % full != 0 or heads <= 4 else full
     block_t = max(1, _ROPE_PAIRS // (block_h * block_r))
     split_k = n_k_heads >= block_h
     q_blocks = _cdiv(n_q_heads if split_k else max(n_q_heads, n_k_heads), block_h)
