@@ -24,9 +24,10 @@ every op; set14 after set13's run, which placed a gated-activation shape at a na
 of several tokens; set15 after set14's run, which added a second narrow gated row; set16 in stop 28 before any run
 of it, after the gated kernel's tiles were chosen on a probe of other shapes; set17 in stop 29 before any run of
 it, after call 29-1's probe chose the gated kernel's tiles of 8 rows, its silu and rope's one head a block (set16's
-gated widths and its rope at 5 / 1 heads were in that probe's sample or call 28-4's); set18 after set17's run and
-call 29-2's probe, which gave rope at up to 4 heads one head a block too. set18 is in no rule's, shape's or kernel
-change's sample yet:
+gated widths 1792, 2368 and 3584 and its rope at 5 / 1 heads were in that probe's sample or call 28-4's); set18 after
+set17's run and call 29-2's probe, which gave rope at up to 4 heads one head a block too. set18 is in no rule's
+sample yet, but its silu width 1536 is a representative shape's (4096 x 1536) and its gelu widths are set17's silu
+widths (one kernel serves both):
 
     python tools/heldout_bench.py --out DIR --shapes set18
 
@@ -228,24 +229,24 @@ SET16 = _held_out(TOKENS_16, rmsnorm=(768, 5760), fused=(2688, 7680), silu=(1792
 # one head a block at head counts that are not a power of two (3, 5, 6, 7, 10, 12 and 20 query heads at 1-14000
 # tokens); before any run of it. Token counts none of sets 1-16's or of that probe's, five of them in 200-1200, where
 # the tiles begin; widths none of the op's earlier sets' or the probe's: intermediate 1728 and 3456 (Qwen2.5-14B and
-# -32B at tensor parallel 8) for silu, 2432 and 3696 (Qwen2.5-72B at 8) for gelu; rope 10 / 10 heads (Llama-2-13B
-# at 4) and 20 / 5 (Phi-3-medium at 2); hidden 2816 and 9216 for rmsnorm, 1792 and 5760 for fused_add_rmsnorm; GEMMs
-# of (5120, 1728) and (3456, 5120).
+# -32B at tensor parallel 8) for silu, 2432 (Qwen3-4B at 4) and 3696 (Qwen2.5-72B at 8) for gelu; rope 10 / 10 heads
+# (Llama-2-13B at 4) and 20 / 5 (Phi-3-medium at 2); hidden 2816 and 9216 for rmsnorm, 1792 and 5760 for
+# fused_add_rmsnorm; GEMMs of (5120, 1728) and (3456, 5120).
 TOKENS_17 = (28, 41, 230, 340, 580, 810, 1180, 2300, 6600, 12200)
 SET17 = _held_out(TOKENS_17, rmsnorm=(2816, 9216), fused=(1792, 5760), silu=(1728, 3456), gelu=(2432, 3696),
                   rope=((10, 10), (20, 5)), mm=((5120, 1728), (3456, 5120)))
 # set18: made in stop 29 after set17's run and call 29-2's probe at 2-64 heads, which gave rope at up to 4 heads one
 # head a block as well; before any run of it. Token counts none of sets 1-17's or of calls 29-1's and 29-2's probes;
-# widths none of the op's earlier sets' or the probes': rope 2 / 2 heads (Llama-2-7B at tensor parallel 16) and 4 / 2
-# (Gemma-3-4B at 2); intermediate 1536 and 2688 for silu, 1728 and 3456 for gelu; hidden 2688 and 11264 for
-# rmsnorm, 2432 and 13824 for fused_add_rmsnorm; GEMMs of (4096, 1536) and (2304, 9216).
+# widths none of the op's earlier sets' or the probes': rope 2 / 2 heads (Llama-2-7B at tensor parallel 16) and 4 / 2;
+# intermediate 1536 (a representative shape's width, 4096 x 1536) and 2688 for silu, 1728 and 3456 (set17's silu
+# widths) for gelu; hidden 2688 and 11264 for rmsnorm, 2432 and 13824 for fused_add_rmsnorm; GEMMs of (4096, 1536)
+# and (2304, 9216).
 TOKENS_18 = (31, 38, 260, 370, 640, 940, 1060, 2100, 7300, 14200)
 SET18 = _held_out(TOKENS_18, rmsnorm=(2688, 11264), fused=(2432, 13824), silu=(1536, 2688), gelu=(1728, 3456),
                   rope=((2, 2), (4, 2)), mm=((4096, 1536), (2304, 9216)))
 SETS = {"set1": SET1, "set2": SET2, "set3": SET3, "set4": SET4, "set5": SET5, "set6": SET6, "set7": SET7, "set8": SET8,
         "set9": SET9, "set10": SET10, "set11": SET11, "set12": SET12, "set13": SET13,
-        "set14": SET14, "set15": SET15, "set16": SET16, "set17": SET17,
-        "set18": SET18}
+        "set14": SET14, "set15": SET15, "set16": SET16, "set17": SET17, "set18": SET18}
 
 
 def table_for(op: str, mode: str) -> BucketTable:
