@@ -238,7 +238,7 @@ def test_act_and_mul_in_tiles_of_8_rows(fn, ref):
 
 @pytest.mark.parametrize("n_rows, d, block_m, block_n", [
     (1, 1280, 1, 1024), (199, 1280, 1, 1024), (200, 1280, 8, 128),  # 1280: a row a program idles 768 lanes
-    (300, 768, 1, 1024), (512, 768, 8, 128),  # below 1280 columns, tiles from 512 rows only (stop 28's rule)
+    (300, 768, 1, 1024), (512, 768, 8, 128),  # up to 1024 columns, tiles from 512 rows only (stop 28's rule)
     (511, 2048, 1, 1024), (512, 2048, 8, 128), (15200, 2048, 8, 128),  # a row a program idles none
     (200, 2049, 8, 128), (200, 4608, 8, 128), (200, 4609, 1, 1024), (15200, 4609, 1, 1024),
     (4400, 3072, 1, 1024), (4400, 14336, 1, 1024), (4400, 96, 8, 128), (3, 96, 1, 128),
@@ -268,7 +268,7 @@ def test_rope(n_q_heads, n_kv_heads, head_size, rotary_dim, is_neox, dtype):
     (32, 8, 128, 128, (5, 4)),
     (8, 1, 128, 128, (1, 1)),  # a one-head key rides with the query's block (blocks of their own ran 1.4x slower)
     (16, 12, 128, 128, (4, 2)),  # a key block of 4 heads masked out of 8
-    (20, 12, 128, 128, (32, 20)),  # 20 heads, not a power of two: one head a block, 8 tokens a program
+    (20, 12, 128, 128, (32, 20)),  # 20 heads leave a block of 8 part idle: one head a block, 8 tokens a program
     (5, 1, 128, 128, (6, 5)),
     (40, 8, 128, 128, (6, 5)),  # 40 heads fill 5 blocks of 8: they keep them
     (24, 8, 128, 128, (4, 3)),
