@@ -238,7 +238,7 @@ def test_act_and_mul_in_tiles_of_8_rows(fn, ref):
 
 @pytest.mark.parametrize("n_rows, d, block_m, block_n", [
     (1, 1280, 1, 1024), (199, 1280, 1, 1024), (200, 1280, 8, 128),  # 1280: a row a program idles 768 lanes
-    (300, 768, 1, 1024), (512, 768, 8, 128),  # up to 1024 columns, tiles from 512 rows only (stop 28's rule)
+    (300, 768, 1, 1024), (512, 768, 8, 128), (300, 1152, 1, 1024),  # below 1280 columns, from 512 rows only
     (511, 2048, 1, 1024), (512, 2048, 8, 128), (15200, 2048, 8, 128),  # a row a program idles none
     (200, 2049, 8, 128), (200, 4608, 8, 128), (200, 4609, 1, 1024), (15200, 4609, 1, 1024),
     (4400, 3072, 1, 1024), (4400, 14336, 1, 1024), (4400, 96, 8, 128), (3, 96, 1, 128),

@@ -251,7 +251,7 @@ def _act_and_mul_kernel(x_ptr, out_ptr, n_rows, d, x_stride, out_stride,
 # Tiles of 8 rows x 128 columns (a) where a row a program would leave part of its last block of 1024 columns idle,
 # from _ACT_IDLE_MIN_ROWS rows at _ACT_IDLE_MIN_COLS to _ACT_IDLE_MAX_COLS columns, and (b) at up to
 # _ACT_ANY_MAX_COLS columns from _ACT_ANY_MIN_ROWS rows (stop 28's tiles); a row a program otherwise.
-_ACT_IDLE_MIN_ROWS, _ACT_IDLE_MIN_COLS, _ACT_IDLE_MAX_COLS = 200, 1025, 4608
+_ACT_IDLE_MIN_ROWS, _ACT_IDLE_MIN_COLS, _ACT_IDLE_MAX_COLS = 200, 1280, 4608
 _ACT_ANY_MIN_ROWS, _ACT_ANY_MAX_COLS = 512, 2048
 
 
