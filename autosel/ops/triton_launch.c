@@ -455,13 +455,15 @@ static int64_t ceil_div(int64_t a, long long b) {
     return a / b + (a % b != 0);
 }
 
-/* Launches a plan (num_warps, constexprs, blocks a row, ...) over the grid (row blocks, blocks a row), as
-   launch_tensors launches; takes over the caller's reference to plan. False, having launched nothing, where the blocks
-   are not a positive int (NULL, with the exception, where they are not an int). */
-static PyObject *launch_rows(PyObject *kept, int device, PyObject *plan, int64_t row_blocks,
+/* Launches a plan (num_warps, constexprs, blocks a row, ..., rows a program) over `rows` rows: the grid (rows over
+   rows a program, rounded up; blocks a row), as launch_tensors launches; takes over the caller's reference to plan.
+   False, having launched nothing, where the blocks or the rows a program are not a positive int (NULL, with the
+   exception, where they are not an int). */
+static PyObject *launch_rows(PyObject *kept, int device, PyObject *plan, int64_t rows,
                              const DLTensor *const *tensors, int n_tensors, const int64_t *ints, int n_ints) {
     long long blocks = PyLong_AsLongLong(PyTuple_GET_ITEM(plan, 2));
-    PyObject *grid = blocks <= 0 ? NULL : Py_BuildValue("(LL)", (long long)row_blocks, blocks);
+    long long per = blocks <= 0 ? 0 : PyLong_AsLongLong(PyTuple_GET_ITEM(plan, PyTuple_GET_SIZE(plan) - 1));
+    PyObject *grid = per <= 0 ? NULL : Py_BuildValue("(LL)", (long long)ceil_div(rows, per), blocks);
     PyObject *result = grid == NULL ? (PyErr_Occurred() ? NULL : Py_NewRef(Py_False))
                        : launch_tensors(kept, device, PyTuple_GET_ITEM(plan, 0), PyTuple_GET_ITEM(plan, 1), grid,
                                         tensors, n_tensors, ints, n_ints, NULL);
@@ -526,14 +528,9 @@ static PyObject *act_and_mul(PyObject *self, PyObject *const *a, Py_ssize_t narg
         Py_RETURN_FALSE;
     PyObject *plan = plan_for(a[1], Py_BuildValue("(LLO)", (long long)n_rows, (long long)d, a[4]), 4);
     if (plan == NULL) return PyErr_Occurred() ? NULL : Py_NewRef(Py_False);  /* not planned yet */
-    long long block_m = PyLong_AsLongLong(PyTuple_GET_ITEM(plan, 3));
-    if (block_m <= 0) {
-        Py_DECREF(plan);
-        return PyErr_Occurred() ? NULL : Py_NewRef(Py_False);
-    }
     const DLTensor *tensors[2] = {&x, &out};
     int64_t ints[4] = {n_rows, d, x_stride, d};
-    return launch_rows(a[0], device, plan, ceil_div(n_rows, block_m), tensors, 2, ints, 4);
+    return launch_rows(a[0], device, plan, n_rows, tensors, 2, ints, 4);
 }
 
 /* Whether t's dims from `first` on lie in one run of memory, row-major (a dim of size 1 whatever its stride), as
@@ -591,14 +588,13 @@ static PyObject *rope(PyObject *self, PyObject *const *a, Py_ssize_t nargs) {
                                                   (long long)k_heads, a[7]), 5);
     if (plan == NULL) return PyErr_Occurred() ? NULL : Py_NewRef(Py_False);  /* not planned yet */
     long long q_blocks = PyLong_AsLongLong(PyTuple_GET_ITEM(plan, 3));
-    long long block_t = q_blocks == -1 && PyErr_Occurred() ? -1 : PyLong_AsLongLong(PyTuple_GET_ITEM(plan, 4));
-    if (q_blocks <= 0 || block_t <= 0) {
+    if (q_blocks <= 0) {
         Py_DECREF(plan);
         return PyErr_Occurred() ? NULL : Py_NewRef(Py_False);
     }
     const DLTensor *tensors[4] = {&pos, &q, &k, &cache};
     int64_t ints[8] = {n_tokens, q_heads, k_heads, q_stride, k_stride, cache.strides[0], cache.shape[0], q_blocks};
-    return launch_rows(a[0], device, plan, ceil_div(n_tokens, block_t), tensors, 4, ints, 8);
+    return launch_rows(a[0], device, plan, n_tokens, tensors, 4, ints, 8);
 }
 
 static PyObject *reads_dlpack(PyObject *self, PyObject *unused) {
