@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import math
 import os
 import sys
 
@@ -230,24 +231,27 @@ def test_act_and_mul(fn, ref, shape, dtype):
 
 @pytest.mark.parametrize("fn, ref", [(tk.silu_and_mul, ref_silu_and_mul), (tk.gelu_and_mul, ref_gelu_and_mul)],
                          ids=["silu", "gelu"])
-def test_act_and_mul_in_tiles_of_8_rows(fn, ref):
-    # 515 rows of d = 136: 65 row blocks (the last holds 3 rows) by 2 column blocks (the second holds 8 columns)
-    assert tk._act_plan(515, 136, False)[2:] == (2, 8)
-    check_act_and_mul(fn, ref, (515, 272), torch.float16, DEVICE)
+@pytest.mark.parametrize("shape", [(515, 272), (3, 2, 2 * 1000)], ids=["d136", "d1000-3d"])
+def test_act_and_mul_programs_take_elements_across_rows(fn, ref, shape):
+    # 515 x 136 = 70040 output elements: 69 programs of 1024, most of them spanning a row boundary, the last holding
+    # 408; d = 1000 is no multiple of 16, so a 16-byte vector would straddle rows if the kernel assumed one
+    n_rows, d = math.prod(shape[:-1]), shape[-1] // 2
+    num_warps, (width, block, gelu, wide), grid_y, per = tk._act_plan(n_rows, d, fn is tk.gelu_and_mul)
+    assert (width, block, wide, grid_y, per) == (d, 1024, False, 1, 1024)
+    check_act_and_mul(fn, ref, shape, torch.float16, DEVICE)
 
 
-@pytest.mark.parametrize("n_rows, d, block_m, block_n", [
-    (1, 1280, 1, 1024), (199, 1280, 1, 1024), (200, 1280, 8, 128),  # 1280: a row a program idles 768 lanes
-    (300, 768, 1, 1024), (512, 768, 8, 128), (300, 1152, 1, 1024),  # below 1280 columns, from 512 rows only
-    (511, 2048, 1, 1024), (512, 2048, 8, 128), (15200, 2048, 8, 128),  # a row a program idles none
-    (200, 2049, 8, 128), (200, 4608, 8, 128), (200, 4609, 1, 1024), (15200, 4609, 1, 1024),
-    (4400, 3072, 1, 1024), (4400, 14336, 1, 1024), (4400, 96, 8, 128), (3, 96, 1, 128),
+@pytest.mark.parametrize("n_rows, d, gelu, block, wide", [
+    (1, 1728, False, 1024, False), (12200, 1728, False, 1024, False),
+    (2300, 2608, True, 1024, False), (2300, 2609, True, 2048, False),  # gelu: 2048 from 6M output elements
+    (12200, 14336, True, 2048, False), (12200, 14336, False, 1024, False),
+    (2**31 // 4096 - 1, 4096, False, 1024, False), (2**31 // 4096, 4096, False, 1024, True),  # int64 offsets
+    (2**31 // 4096, 4096, True, 2048, True),
 ])
-def test_act_plan_tiles_rows_a_program_would_leave_lanes_idle(n_rows, d, block_m, block_n):
-    num_warps, constexprs, col_blocks, rows_a_program = tk._act_plan(n_rows, d, True)
-    assert constexprs == (block_m, block_n, True) and rows_a_program == block_m  # BLOCK_M, BLOCK_N, GELU
-    assert col_blocks * block_n >= d > (col_blocks - 1) * block_n
-    assert num_warps == min(8, max(1, block_m * block_n // 256))  # 8 elements a thread: 16-byte loads of 16 bits
+def test_act_plan(n_rows, d, gelu, block, wide):
+    num_warps, constexprs, grid_y, per = tk._act_plan(n_rows, d, gelu)
+    assert constexprs == (d, block, gelu, wide) and (grid_y, per) == (1, block)  # D, BLOCK, GELU, WIDE
+    assert num_warps == 4
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

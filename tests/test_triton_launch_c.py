@@ -328,8 +328,8 @@ CASES = [
 
     _case("silu-2d", SILU, lambda: (_t(4, 128),)),
     _case("gelu-2d", GELU, lambda: (_t(4, 128),)),
-    _case("silu-tiles-of-8-rows", SILU, lambda: (_t(515, 272),)),  # 65 row blocks, the last of 3 rows; 2 col blocks
-    _case("gelu-tiles-of-8-rows-3d", GELU, lambda: (_t(2, 300, 128),)),
+    _case("silu-programs-across-rows", SILU, lambda: (_t(515, 272),)),  # 70040 elements: 69 programs, the last of 408
+    _case("gelu-programs-across-rows-3d", GELU, lambda: (_t(2, 300, 128),)),
     _case("silu-3d", SILU, lambda: (_t(2, 3, 128),)),
     _case("silu-1d", SILU, lambda: (_t(128),)),
     _case("silu-size-1-dims", SILU, lambda: (_t(5, 1, 192)[..., :128],)),

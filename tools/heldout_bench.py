@@ -25,11 +25,12 @@ of several tokens; set15 after set14's run, which added a second narrow gated ro
 of it, after the gated kernel's tiles were chosen on a probe of other shapes; set17 in stop 29 before any run of
 it, after call 29-1's probe chose the gated kernel's tiles of 8 rows, its silu and rope's one head a block (set16's
 gated widths 1792, 2368 and 3584 and its rope at 5 / 1 heads were in that probe's sample or call 28-4's); set18 after
-set17's run and call 29-2's probe, which gave rope at up to 4 heads one head a block too. set18 is in no rule's
-sample yet, but its silu width 1536 is a representative shape's (4096 x 1536) and its gelu widths are set17's silu
-widths (one kernel serves both):
+set17's run and call 29-2's probe, which gave rope at up to 4 heads one head a block too (its silu width 1536 is a
+representative shape's, 4096 x 1536, and its gelu widths are set17's silu widths: one kernel serves both); set19 in
+stop 30 before any run of it, after call 30-1's probe chose the gated kernel's flat programs (set17's silu widths
+1728 and 3456 were in that probe):
 
-    python tools/heldout_bench.py --out DIR --shapes set18
+    python tools/heldout_bench.py --out DIR --shapes set19
 
 Writes DIR/heldout.md (the tables) and DIR/heldout.json (every median).
 """
@@ -244,9 +245,19 @@ SET17 = _held_out(TOKENS_17, rmsnorm=(2816, 9216), fused=(1792, 5760), silu=(172
 TOKENS_18 = (31, 38, 260, 370, 640, 940, 1060, 2100, 7300, 14200)
 SET18 = _held_out(TOKENS_18, rmsnorm=(2688, 11264), fused=(2432, 13824), silu=(1536, 2688), gelu=(1728, 3456),
                   rope=((2, 2), (4, 2)), mm=((4096, 1536), (2304, 9216)))
+# set19: made in stop 30 after call 30-1's probe chose the gated kernel's flat programs of 1024 output elements (2048
+# for gelu from 6M elements; intermediate 1344, 1728, 2880, 3456, 4096 and 14336 at 64, 1180, 2300 and 12200 tokens),
+# before any run of it. Token counts none of sets 1-18's or of that probe's; widths none of the op's earlier sets' or
+# the probe's: intermediate 1368 (DeepSeek-V2-Lite at tensor parallel 8) and 7168 for silu, 1920 (Gemma-3-12B at 8)
+# and 4608 (Gemma-2-27B at 8) for gelu, both sides of the 6M threshold; rope 7 / 1 heads (Qwen2-7B at 4) and 48 / 4
+# (blocks of heads, at a count no probe timed); hidden 1600 and 7680 for rmsnorm, 1920 and 6912 for
+# fused_add_rmsnorm; GEMMs of (3840, 2560) and (1600, 6400).
+TOKENS_19 = (16, 44, 190, 290, 510, 1030, 1950, 3600, 8100, 13300)
+SET19 = _held_out(TOKENS_19, rmsnorm=(1600, 7680), fused=(1920, 6912), silu=(1368, 7168), gelu=(1920, 4608),
+                  rope=((7, 1), (48, 4)), mm=((3840, 2560), (1600, 6400)))
 SETS = {"set1": SET1, "set2": SET2, "set3": SET3, "set4": SET4, "set5": SET5, "set6": SET6, "set7": SET7, "set8": SET8,
         "set9": SET9, "set10": SET10, "set11": SET11, "set12": SET12, "set13": SET13,
-        "set14": SET14, "set15": SET15, "set16": SET16, "set17": SET17, "set18": SET18}
+        "set14": SET14, "set15": SET15, "set16": SET16, "set17": SET17, "set18": SET18, "set19": SET19}
 
 
 def table_for(op: str, mode: str) -> BucketTable:

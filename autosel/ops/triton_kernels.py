@@ -232,53 +232,48 @@ def fused_add_rmsnorm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Ten
 
 
 @triton.jit
-def _act_and_mul_kernel(x_ptr, out_ptr, n_rows, d, x_stride, out_stride,
-                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GELU: tl.constexpr):
-    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    mask = (rows < n_rows)[:, None] & (cols < d)[None, :]
-    x_rows = x_ptr + rows.to(tl.int64)[:, None] * x_stride + cols[None, :]
-    a = tl.load(x_rows, mask=mask, other=0.0).to(tl.float32)
-    b = tl.load(x_rows + d, mask=mask, other=0.0).to(tl.float32)
+def _act_and_mul_kernel(x_ptr, out_ptr, n_out, x_stride, D: tl.constexpr, BLOCK: tl.constexpr, GELU: tl.constexpr,
+                        WIDE: tl.constexpr):
+    # The output's rows x D elements as one flat range, BLOCK of them a program whatever rows they fall in: no lane
+    # idles where 128 does not divide D. D is a constant, so the row is a multiply and a shift, and 16-byte loads hold.
+    if WIDE:  # offsets past int32
+        offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    else:
+        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n_out
+    rows = offs // D
+    gate = x_ptr + rows.to(tl.int64) * x_stride + (offs - rows * D)
+    a = tl.load(gate, mask=mask, other=0.0).to(tl.float32)
+    b = tl.load(gate + D, mask=mask, other=0.0).to(tl.float32)
     if GELU:
         act = 0.5 * a * (1.0 + tl.math.erf(a * 0.7071067811865476))
     else:
         act = a / (1.0 + tl.exp(-a))  # one division: a * tl.sigmoid(a) ran up to 4% slower (call 29-1)
-    out_rows = out_ptr + rows.to(tl.int64)[:, None] * out_stride + cols[None, :]
-    tl.store(out_rows, (act * b).to(out_ptr.dtype.element_ty), mask=mask)
+    tl.store(out_ptr + offs, (act * b).to(out_ptr.dtype.element_ty), mask=mask)
 
 
-# Tiles of 8 rows x 128 columns (a) where a row a program would leave part of its last block of 1024 columns idle,
-# from _ACT_IDLE_MIN_ROWS rows at _ACT_IDLE_MIN_COLS to _ACT_IDLE_MAX_COLS columns, and (b) at up to
-# _ACT_ANY_MAX_COLS columns from _ACT_ANY_MIN_ROWS rows (stop 28's tiles); a row a program otherwise.
-_ACT_IDLE_MIN_ROWS, _ACT_IDLE_MIN_COLS, _ACT_IDLE_MAX_COLS = 200, 1280, 4608
-_ACT_ANY_MIN_ROWS, _ACT_ANY_MAX_COLS = 512, 2048
+# gelu's programs take 2048 elements from this many output elements, 1024 below it (call 30-1's probe).
+_GELU_BLOCK_2048_FROM = 6_000_000
 
 
 @functools.lru_cache(maxsize=4096)
 def _act_plan(n_rows: int, d: int, gelu: bool) -> tuple:
-    """(num_warps, constexprs, column blocks, rows a program) for act_and_mul over [n_rows, 2 * d].
+    """(num_warps, constexprs, 1, elements a program) for act_and_mul over [n_rows, 2 * d]: the kernel's grid is the
+    output's n_rows * d elements over elements a program, rounded up (the 1 is the launch's second grid axis).
 
-    A row a program takes blocks of up to 1024 columns, so a row of 1280 columns takes two programs, the second
-    three-quarters masked off. Tiles of rows x 128 columns idle no lane where 128 divides the width. Call 28-1's graph
-    replays on the H200 (docs/H200.md, "Stop 28") put tiles of 16 x 128 at 0.69-0.95x the time of a row a program at
-    intermediate 768-1536 and 1750-4400 rows; at 3072 and 14336 columns, which a row a program fills, 0.98-1.13x; at
-    64 rows 1.02-1.12x and at 360 rows of 768 1.04-1.10x. Call 29-1's (section "Stop 29", 200-2500 rows of 1280-4608
-    columns) put tiles of 8 x 128 (4 warps) at 0.87-0.99x a row a program wherever that idles lanes (2560, 3584 and
-    4608 columns; 1280 and 1792 below 512 rows: 0.87-1.00x) and at 0.93-1.01x tiles of 16 x 128 where those ran. No
-    probe timed tiles of 8 x 128 below 200 rows, below 1280 columns or past 4608 columns: those keep stop 28's rule."""
-    row_block = min(next_power_of_2(d), 1024)
-    idle = _ACT_IDLE_MIN_COLS <= d <= _ACT_IDLE_MAX_COLS and d % row_block != 0 and n_rows >= _ACT_IDLE_MIN_ROWS
-    if idle or (d <= _ACT_ANY_MAX_COLS and n_rows >= _ACT_ANY_MIN_ROWS):
-        block_m, block_n = 8, 128
-    else:
-        block_m, block_n = 1, row_block
-    # BLOCK_M, BLOCK_N, GELU
-    return _num_warps(block_m * block_n, max_warps=8), (block_m, block_n, gelu), _cdiv(d, block_n), block_m
+    Call 30-1's graph replays on the H200 (docs/H200.md, "Stop 30"; 64-12200 rows of 1344-14336 columns) put programs
+    of 1024 elements (4 warps: 8 a thread, 16-byte loads of 16 bits) at 0.92-1.01x (geometric mean 0.97) the time of stop
+    29's plan of a row or tiles of 8 x 128 a program; level with flashinfer at 1728 columns, where flashinfer had
+    led by 6-8%. gelu from 7.9M elements ran 2-5% faster again in programs of 2048 (4 warps); from 4.0-4.8M level or
+    5% slower, hence the threshold between. Past int32 the offsets are int64 (WIDE)."""
+    n_out = n_rows * d
+    block = 2048 if gelu and n_out >= _GELU_BLOCK_2048_FROM else 1024
+    # D, BLOCK, GELU, WIDE (the last program's offsets reach n_out + block - 2)
+    return 4, (d, block, gelu, n_out + block > 2**31), 1, block
 
 
 _launch_act_and_mul = FastLaunch(_act_and_mul_kernel)
-_ACT_PLANS: dict[tuple, tuple] = {}  # (n_rows, d, gelu) -> (num_warps, constexprs, column blocks, rows a program)
+_ACT_PLANS: dict[tuple, tuple] = {}  # (n_rows, d, gelu) -> (num_warps, constexprs, 1, elements a program)
 
 
 def _act_and_mul(x: torch.Tensor, *, gelu: bool) -> torch.Tensor:
@@ -293,12 +288,11 @@ def _act_and_mul(x: torch.Tensor, *, gelu: bool) -> torch.Tensor:
     n_rows = x2.shape[0]
     if n_rows == 0 or d == 0:
         return out
-    # Row blocks go on grid axis 0 (2^31 limit); column blocks on axis 1 give small batches enough programs.
-    num_warps, constexprs, col_blocks, block_m = plan = _act_plan(n_rows, d, gelu)
+    num_warps, constexprs, _, block = plan = _act_plan(n_rows, d, gelu)
     if _DIRECT is not None:
         _remember(_ACT_PLANS, (n_rows, d, gelu), plan)
-    _launch_act_and_mul((_cdiv(n_rows, block_m), col_blocks), (x2, out, n_rows, d, x2.stride(0), d), constexprs,
-                        num_warps)
+    # out is contiguous: its element i is row i // d, column i % d
+    _launch_act_and_mul((_cdiv(n_rows * d, block), 1), (x2, out, n_rows * d, x2.stride(0)), constexprs, num_warps)
     return out
 
 

@@ -455,8 +455,9 @@ static int64_t ceil_div(int64_t a, long long b) {
     return a / b + (a % b != 0);
 }
 
-/* Launches a plan (num_warps, constexprs, blocks a row, ..., rows a program) over `rows` rows: the grid (rows over
-   rows a program, rounded up; blocks a row), as launch_tensors launches; takes over the caller's reference to plan.
+/* Launches a plan (num_warps, constexprs, blocks a row, ..., rows a program) over `rows` rows (act_and_mul: elements,
+   and elements a program): the grid (rows over rows a program, rounded up; blocks a row), as launch_tensors
+   launches; takes over the caller's reference to plan.
    False, having launched nothing, where the blocks or the rows a program are not a positive int (NULL, with the
    exception, where they are not an int). */
 static PyObject *launch_rows(PyObject *kept, int device, PyObject *plan, int64_t rows,
@@ -508,8 +509,8 @@ static PyObject *norm(PyObject *self, PyObject *const *a, Py_ssize_t nargs) {
     return result;
 }
 
-/* act_and_mul(kept, plans, x, out, gelu); plans[(rows, d, gelu)] is (num_warps, constexprs, column blocks, rows a
-   program): triton_kernels._act_plan. */
+/* act_and_mul(kept, plans, x, out, gelu); plans[(rows, d, gelu)] is (num_warps, constexprs, 1, elements a program):
+   triton_kernels._act_plan, over the output's rows x d elements as one range. */
 static PyObject *act_and_mul(PyObject *self, PyObject *const *a, Py_ssize_t nargs) {
     if (nargs != 5 || !PyDict_Check(a[0]) || !PyDict_Check(a[1]) || !PyBool_Check(a[4])) {
         PyErr_SetString(PyExc_TypeError, "act_and_mul(kept: dict, plans: dict, x, out, gelu: bool)");
@@ -529,8 +530,8 @@ static PyObject *act_and_mul(PyObject *self, PyObject *const *a, Py_ssize_t narg
     PyObject *plan = plan_for(a[1], Py_BuildValue("(LLO)", (long long)n_rows, (long long)d, a[4]), 4);
     if (plan == NULL) return PyErr_Occurred() ? NULL : Py_NewRef(Py_False);  /* not planned yet */
     const DLTensor *tensors[2] = {&x, &out};
-    int64_t ints[4] = {n_rows, d, x_stride, d};
-    return launch_rows(a[0], device, plan, n_rows, tensors, 2, ints, 4);
+    int64_t ints[2] = {n_rows * d, x_stride};
+    return launch_rows(a[0], device, plan, n_rows * d, tensors, 2, ints, 2);
 }
 
 /* Whether t's dims from `first` on lie in one run of memory, row-major (a dim of size 1 whatever its stride), as

@@ -46,6 +46,22 @@ def test_act_and_mul(cases, gelu, shape, dtype):
     cases.check_act_and_mul(fn, ref, shape, dtype, "cuda")
 
 
+@pytest.mark.parametrize("gelu", [False, True], ids=["silu", "gelu"])
+def test_act_and_mul_past_int32_offsets(cases, gelu):
+    # 2^31 + 3 * 4096 output elements: int32 offsets would wrap in the last rows (12 GiB of bf16 in and out). Only
+    # the first and last rows are checked against the reference, which would not fit beside them.
+    tk = cases.tk
+    n_rows, d = 2**31 // 4096 + 3, 4096
+    assert tk._act_plan(n_rows, d, gelu)[1][3] is True  # WIDE
+    x = torch.randn(n_rows, 2 * d, device="cuda", dtype=torch.bfloat16)
+    out = (tk.gelu_and_mul if gelu else tk.silu_and_mul)(x)
+    ref = cases.ref_gelu_and_mul if gelu else cases.ref_silu_and_mul
+    for rows in (slice(0, 4), slice(n_rows - 8, n_rows)):
+        cases.assert_close(out[rows], ref(x[rows]), torch.bfloat16)
+    del x, out
+    torch.cuda.empty_cache()
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("is_neox", [True, False], ids=["neox", "gptj"])
 @pytest.mark.parametrize(
