@@ -204,6 +204,16 @@ def test_rmsnorm_two_pass_path(two_pass, fused, dtype):
     check((3, 50), dtype, DEVICE)
 
 
+@pytest.mark.parametrize("n_rows, n_cols, element_size, num_warps", [
+    (2047, 5120, 2, 16), (2048, 5120, 2, 8), (16384, 8192, 2, 8),  # a 16-bit row in a block of 8192: 8 from 2048 rows
+    (2048, 4096, 2, 8), (2048, 9000, 2, 16), (2048, 5120, 4, 16),  # other blocks, and fp32, as before
+])
+def test_rmsnorm_plan_warps(n_rows, n_cols, element_size, num_warps):
+    grid, warps, plain, fused = tk._rmsnorm_plan(n_rows, n_cols, element_size)
+    assert warps == num_warps and plain[:3] == fused[:3] and plain[2] is True  # one pass, one row a program
+    assert grid == (n_rows,) and plain[0] == 1
+
+
 @pytest.mark.parametrize("one_pass", [True, False], ids=["one_pass", "two_pass"])
 def test_fused_add_rmsnorm_normalizes_the_fp32_sum_where_the_stored_one_overflows(request, one_pass):
     # 40000 + 40000 is past fp16's 65504: the stored residual is inf, as everywhere; the norm of the fp32 sum is

@@ -26,6 +26,7 @@ _CHUNK_COLS = 4096
 # Short rows are packed several to a program until a tile holds about this many elements, so that
 # per-head norms ([T * heads, 128]) do not launch one tiny program per row.
 _TARGET_TILE = 2048
+_ROW_8192_8_WARPS_FROM = 2048  # rows from which a row in a block of 8192 takes 8 warps (_rmsnorm_plan)
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -153,9 +154,16 @@ def _rmsnorm_plan(n_rows: int, n_cols: int, element_size: int) -> tuple:
     # it ran 1.1-1.4x behind 8 warps on the H200 from 600 tokens up at hidden 2304 to 4096, and at most 5% ahead
     # at 1-64 tokens; at hidden 5376 and 8192 both rules give 16 (docs/H200.md, "The Triton rmsnorm's warps").
     per_thread = 16 if one_pass and block_m == 1 else 8
+    num_warps = _num_warps(block_m * block_n, per_thread=per_thread)
+    # A 16-bit row in a block of 8192 (hidden 4097-8192) from _ROW_8192_8_WARPS_FROM rows: 8 warps (32 elements a
+    # thread), not 16. Call 30-4 (docs/H200.md, "Stop 30"; bf16) put 8 warps at 0.91-0.92x the time of 16 for fused
+    # add + rmsnorm at hidden 5120 and 2048-16384 rows (level with flashinfer there, which had led by 6-8%),
+    # 0.97-0.99x for the plain norm and at 6144; call 15-2 had 16 warps ahead at 1-600 rows. fp32 was not timed.
+    if one_pass and block_m == 1 and block_n == 8192 and element_size == 2 and n_rows >= _ROW_8192_8_WARPS_FROM:
+        num_warps = 8
     # BLOCK_M, BLOCK_N, ONE_PASS, ADD_RESIDUAL
-    return ((_cdiv(n_rows, block_m),), _num_warps(block_m * block_n, per_thread=per_thread),
-            (block_m, block_n, one_pass, False), (block_m, block_n, one_pass, True))
+    return ((_cdiv(n_rows, block_m),), num_warps, (block_m, block_n, one_pass, False),
+            (block_m, block_n, one_pass, True))
 
 
 def _launch_rmsnorm(x2, res2, weight, out, out_stride: int, eps: float) -> None:
