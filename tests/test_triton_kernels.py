@@ -206,6 +206,7 @@ def test_rmsnorm_two_pass_path(two_pass, fused, dtype):
 
 @pytest.mark.parametrize("n_rows, n_cols, element_size, num_warps", [
     (2047, 5120, 2, 16), (2048, 5120, 2, 8), (16384, 8192, 2, 8),  # a 16-bit row in a block of 8192: 8 from 2048 rows
+    (2048, 4097, 2, 8), (2048, 8192, 2, 8),  # the block's first and last widths
     (2048, 4096, 2, 8), (2048, 9000, 2, 16), (2048, 5120, 4, 16),  # other blocks, and fp32, as before
 ])
 def test_rmsnorm_plan_warps(n_rows, n_cols, element_size, num_warps):
@@ -244,7 +245,7 @@ def test_act_and_mul(fn, ref, shape, dtype):
 @pytest.mark.parametrize("shape", [(515, 272), (3, 2, 2 * 1000)], ids=["d136", "d1000-3d"])
 def test_act_and_mul_programs_take_elements_across_rows(fn, ref, shape):
     # 515 x 136 = 70040 output elements: 69 programs of 1024, most of them spanning a row boundary, the last holding
-    # 408; d = 1000 is no multiple of 16, so a 16-byte vector would straddle rows if the kernel assumed one
+    # 408; d = 1000 puts row boundaries mid-program at offsets no power of two above 8 divides
     n_rows, d = math.prod(shape[:-1]), shape[-1] // 2
     num_warps, (width, block, gelu, wide), grid_y, per = tk._act_plan(n_rows, d, fn is tk.gelu_and_mul)
     assert (width, block, wide, grid_y, per) == (d, 1024, False, 1, 1024)
@@ -256,7 +257,7 @@ def test_act_and_mul_programs_take_elements_across_rows(fn, ref, shape):
     (2300, 2608, True, 1024, False), (2300, 2609, True, 2048, False),  # gelu: 2048 from 6M output elements
     (12200, 14336, True, 2048, False), (12200, 14336, False, 1024, False),
     (2**31 // 4096 - 1, 4096, False, 1024, False), (2**31 // 4096, 4096, False, 1024, True),  # int64 offsets
-    (2**31 // 4096, 4096, True, 2048, True),
+    (2**31 // 4096, 4096, True, 2048, True), (2**21 - 1, 1024, False, 1024, False),  # n_out + block == 2^31: int32
 ])
 def test_act_plan(n_rows, d, gelu, block, wide):
     num_warps, constexprs, grid_y, per = tk._act_plan(n_rows, d, gelu)

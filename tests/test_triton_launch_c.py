@@ -330,6 +330,9 @@ CASES = [
     _case("gelu-2d", GELU, lambda: (_t(4, 128),)),
     _case("silu-programs-across-rows", SILU, lambda: (_t(515, 272),)),  # 70040 elements: 69 programs, the last of 408
     _case("gelu-programs-across-rows-3d", GELU, lambda: (_t(2, 300, 128),)),
+    # 2^31 + 12288 output elements: the count passes as int64 and the plan takes int64 offsets (WIDE); x is one row
+    # expanded, so nothing but the output (never written by the stand-in driver) is allocated
+    _case("silu-past-int32", SILU, lambda: (_t(1, 8192).expand(2**31 // 4096 + 3, 8192),)),
     _case("silu-3d", SILU, lambda: (_t(2, 3, 128),)),
     _case("silu-1d", SILU, lambda: (_t(128),)),
     _case("silu-size-1-dims", SILU, lambda: (_t(5, 1, 192)[..., :128],)),
@@ -417,9 +420,9 @@ def test_rows_reduced_in_chunks_launch_from_c_with_the_two_pass_plan(paths, two_
     assert [plan[2][2] for plan in tk._NORM_PLANS.values()] == [False]  # (grid, warps, (.., .., ONE_PASS, ..), ..)
 
 
-def test_a_plan_of_more_rows_a_program_than_int64_holds_still_launches_a_row_block(paths):
-    # (rows + block - 1) / block overflowed int64 at such a block: 0 row blocks, True returned, nothing launched, and
-    # the op handed back an unwritten output.
+def test_a_plan_of_more_per_program_than_int64_holds_still_launches_a_block(paths):
+    # (count + per - 1) / per overflowed int64 at such a plan (act_and_mul's count is elements, a program's too): 0
+    # blocks, True returned, nothing launched, and the op handed back an unwritten output.
     x = _t(515, 272)
     python = paths.python(SILU, x)
     ((key, plan),) = tk._ACT_PLANS.items()

@@ -26,7 +26,6 @@ _CHUNK_COLS = 4096
 # Short rows are packed several to a program until a tile holds about this many elements, so that
 # per-head norms ([T * heads, 128]) do not launch one tiny program per row.
 _TARGET_TILE = 2048
-_ROW_8192_8_WARPS_FROM = 2048  # rows from which a row in a block of 8192 takes 8 warps (_rmsnorm_plan)
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -140,6 +139,9 @@ def _remember(plans: dict, key: tuple, plan: tuple) -> None:
     plans[key] = plan
 
 
+_ROW_8192_8_WARPS_FROM = 2048  # rows from which a 16-bit row in a block of 8192 takes 8 warps
+
+
 @functools.lru_cache(maxsize=4096)
 def _rmsnorm_plan(n_rows: int, n_cols: int, element_size: int) -> tuple:
     """(grid, num_warps, constexprs without, constexprs with the residual add) for a [n_rows, n_cols] norm: kept
@@ -152,7 +154,8 @@ def _rmsnorm_plan(n_rows: int, n_cols: int, element_size: int) -> tuple:
     block_m = min(max(1, _TARGET_TILE // block_n), next_power_of_2(n_rows))
     # A program holding one whole row gets 16 elements per thread, not 8: at 8 (16 warps for a block of 4096)
     # it ran 1.1-1.4x behind 8 warps on the H200 from 600 tokens up at hidden 2304 to 4096, and at most 5% ahead
-    # at 1-64 tokens; at hidden 5376 and 8192 both rules give 16 (docs/H200.md, "The Triton rmsnorm's warps").
+    # at 1-64 tokens; at hidden 5376 and 8192 both rules give 16 (docs/H200.md, "The Triton rmsnorm's warps"),
+    # below _ROW_8192_8_WARPS_FROM rows.
     per_thread = 16 if one_pass and block_m == 1 else 8
     num_warps = _num_warps(block_m * block_n, per_thread=per_thread)
     # A 16-bit row in a block of 8192 (hidden 4097-8192) from _ROW_8192_8_WARPS_FROM rows: 8 warps (32 elements a
@@ -243,7 +246,8 @@ def fused_add_rmsnorm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Ten
 def _act_and_mul_kernel(x_ptr, out_ptr, n_out, x_stride, D: tl.constexpr, BLOCK: tl.constexpr, GELU: tl.constexpr,
                         WIDE: tl.constexpr):
     # The output's rows x D elements as one flat range, BLOCK of them a program whatever rows they fall in: no lane
-    # idles where 128 does not divide D. D is a constant, so the row is a multiply and a shift, and 16-byte loads hold.
+    # idles where 128 does not divide D. D is a constant, so the row is a multiply and a shift, and where D is a
+    # multiple of 8 (and x and its row stride are 16-byte aligned) the 16-bit loads and stores stay 16-byte vectors.
     if WIDE:  # offsets past int32
         offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     else:
@@ -267,7 +271,8 @@ _GELU_BLOCK_2048_FROM = 6_000_000
 @functools.lru_cache(maxsize=4096)
 def _act_plan(n_rows: int, d: int, gelu: bool) -> tuple:
     """(num_warps, constexprs, 1, elements a program) for act_and_mul over [n_rows, 2 * d]: the kernel's grid is the
-    output's n_rows * d elements over elements a program, rounded up (the 1 is the launch's second grid axis).
+    output's n_rows * d elements over elements a program, rounded up, by 1. The layout is the C launch's (launch_rows:
+    num_warps, constexprs, blocks on the second grid axis, count a program), which reads no constexpr.
 
     Call 30-1's graph replays on the H200 (docs/H200.md, "Stop 30"; 64-12200 rows of 1344-14336 columns) put programs
     of 1024 elements (4 warps: 8 a thread, 16-byte loads of 16 bits) at 0.92-1.01x (geometric mean 0.97) the time of stop

@@ -98,7 +98,7 @@ def _every_kernel_call(tk, tokens):
 @pytest.mark.parametrize("tokens", [1, 16, 37, 600])
 def test_every_kernel_launches_from_c_after_its_first_call(tokens, monkeypatch):
     """1 token: Triton makes n_rows a constant, so the launcher must leave it out; 16: divisible; 37: neither; 600:
-    act_and_mul's tiles of 16 rows."""
+    rmsnorm's and rope's plans past a few hundred rows."""
     tk = _kernels()
     for launcher, name, call, reference in _every_kernel_call(tk, tokens):
         call()  # the first call of this specialization: compiled or loaded through Triton, then kept
