@@ -161,7 +161,7 @@ def _rmsnorm_plan(n_rows: int, n_cols: int, element_size: int) -> tuple:
     # A 16-bit row in a block of 8192 (hidden 4097-8192) from _ROW_8192_8_WARPS_FROM rows: 8 warps (32 elements a
     # thread), not 16. Call 30-4 (docs/H200.md, "Stop 30"; bf16) put 8 warps at 0.91-0.92x the time of 16 for fused
     # add + rmsnorm at hidden 5120 and 2048-16384 rows (level with flashinfer there, which had led by 6-8%),
-    # 0.97-0.99x for the plain norm and at 6144; call 15-2 had 16 warps ahead at 1-600 rows. fp32 was not timed.
+    # 0.97-0.99x for the plain norm and at 6144; call 15-2 had 16 warps ahead at 1-600 rows. 601-2047 rows and fp32 were not timed.
     if one_pass and block_m == 1 and block_n == 8192 and element_size == 2 and n_rows >= _ROW_8192_8_WARPS_FROM:
         num_warps = 8
     # BLOCK_M, BLOCK_N, ONE_PASS, ADD_RESIDUAL
