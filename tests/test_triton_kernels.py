@@ -307,6 +307,12 @@ def test_rope_plan_gives_the_key_blocks_of_its_own_once_it_fills_one(q_heads, k_
     assert q_blocks * block_h >= q_heads and len(k_blocks) * block_h >= k_heads
 
 
+def test_rope_plan_is_worked_out_once_per_shape():
+    # It was worked out again on every call that took the Python path (the C path off: a torch without the DLPack C
+    # exchange API, or a profiler's launch hook), as the norm and gated plans were not.
+    assert tk._rope_plan(128, 128, 5, 1, True) is tk._rope_plan(128, 128, 5, 1, True)
+
+
 def test_rope_reads_a_cos_sin_cache_whose_rows_are_not_contiguous():
     # Only the row stride reached the kernel, which stepped through a row one element at a time: a cache laid out
     # column-major gave wrong results (max error 5.5), silently.

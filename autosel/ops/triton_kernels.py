@@ -403,6 +403,7 @@ def _rope_kernel(
 _ROPE_PAIRS = 512
 
 
+@functools.lru_cache(maxsize=4096)
 def _rope_plan(head_size: int, rotary_dim: int, n_q_heads: int, n_k_heads: int, is_neox: bool) -> tuple:
     """(num_warps, constexprs, head blocks, query blocks, tokens a program) for rope: up to 512 rotated pairs a
     program (8 heads of 128; one head where a head has more, at up to 4 heads, and where blocks of heads would leave
