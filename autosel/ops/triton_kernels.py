@@ -588,7 +588,8 @@ def mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     if k == 0:
         return out.zero_()
     c2 = out.view(m, n)
-    # torch keeps fp32 matmuls in full precision by default; tf32 would fail the fp32 tolerance.
+    # torch keeps fp32 matmuls in full precision by default; tf32 would fail the fp32 tolerance. (input_precision
+    # applies to fp32 operands only: 16-bit ones multiply as they are whatever it says.)
     precision = "ieee" if a.dtype == torch.float32 else "tf32"
     # The interpreter stores bf16 as uint16 and its tl.dot multiplies those raw bits as integers.
     dot_in_fp32 = _INTERPRET and a.dtype == torch.bfloat16
