@@ -161,7 +161,8 @@ def _rmsnorm_plan(n_rows: int, n_cols: int, element_size: int) -> tuple:
     # A 16-bit row in a block of 8192 (hidden 4097-8192) from _ROW_8192_8_WARPS_FROM rows: 8 warps (32 elements a
     # thread), not 16. Call 30-4 (docs/H200.md, "Stop 30"; bf16) put 8 warps at 0.91-0.92x the time of 16 for fused
     # add + rmsnorm at hidden 5120 and 2048-16384 rows (level with flashinfer there, which had led by 6-8%),
-    # 0.97-0.99x for the plain norm and at 6144; call 15-2 had 16 warps ahead at 1-600 rows. 601-2047 rows and fp32 were not timed.
+    # 0.97-0.99x for the plain norm and at 6144; call 15-2 had 16 warps ahead at 1-600 rows. 601-2047 rows and fp32
+    # were not timed.
     if one_pass and block_m == 1 and block_n == 8192 and element_size == 2 and n_rows >= _ROW_8192_8_WARPS_FROM:
         num_warps = 8
     # BLOCK_M, BLOCK_N, ONE_PASS, ADD_RESIDUAL
@@ -275,8 +276,8 @@ def _act_plan(n_rows: int, d: int, gelu: bool) -> tuple:
     num_warps, constexprs, blocks on the second grid axis, count a program), which reads no constexpr.
 
     Call 30-1's graph replays on the H200 (docs/H200.md, "Stop 30"; 64-12200 rows of 1344-14336 columns) put programs
-    of 1024 elements (4 warps: 8 a thread, 16-byte loads of 16 bits) at 0.92-1.01x (geometric mean 0.97) the time of stop
-    29's plan of a row or tiles of 8 x 128 a program; level with flashinfer at 1728 columns, where flashinfer had
+    of 1024 elements (4 warps: 8 a thread, 16-byte loads of 16 bits) at 0.92-1.01x (geometric mean 0.97) the time of
+    stop 29's plan of a row or tiles of 8 x 128 a program; level with flashinfer at 1728 columns, where flashinfer had
     led by 6-8%. gelu from 7.9M elements ran 2-5% faster again in programs of 2048 (4 warps); from 4.0-4.8M level or
     5% slower, hence the threshold between. Past int32 the offsets are int64 (WIDE)."""
     n_out = n_rows * d

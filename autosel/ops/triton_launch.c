@@ -455,16 +455,15 @@ static int64_t ceil_div(int64_t a, long long b) {
     return a / b + (a % b != 0);
 }
 
-/* Launches a plan (num_warps, constexprs, blocks a row, ..., rows a program) over `rows` rows (act_and_mul: elements,
-   and elements a program): the grid (rows over rows a program, rounded up; blocks a row), as launch_tensors
-   launches; takes over the caller's reference to plan.
-   False, having launched nothing, where the blocks or the rows a program are not a positive int (NULL, with the
-   exception, where they are not an int). */
-static PyObject *launch_rows(PyObject *kept, int device, PyObject *plan, int64_t rows,
+/* Launches a plan (num_warps, constexprs, blocks a unit, ..., units a program) over `count` units (rope's tokens,
+   act_and_mul's output elements): the grid (count over units a program, rounded up; blocks a unit), as
+   launch_tensors launches; takes over the caller's reference to plan. False, having launched nothing, where the
+   blocks or the units a program are not a positive int (NULL, with the exception, where they are not an int). */
+static PyObject *launch_rows(PyObject *kept, int device, PyObject *plan, int64_t count,
                              const DLTensor *const *tensors, int n_tensors, const int64_t *ints, int n_ints) {
     long long blocks = PyLong_AsLongLong(PyTuple_GET_ITEM(plan, 2));
     long long per = blocks <= 0 ? 0 : PyLong_AsLongLong(PyTuple_GET_ITEM(plan, PyTuple_GET_SIZE(plan) - 1));
-    PyObject *grid = per <= 0 ? NULL : Py_BuildValue("(LL)", (long long)ceil_div(rows, per), blocks);
+    PyObject *grid = per <= 0 ? NULL : Py_BuildValue("(LL)", (long long)ceil_div(count, per), blocks);
     PyObject *result = grid == NULL ? (PyErr_Occurred() ? NULL : Py_NewRef(Py_False))
                        : launch_tensors(kept, device, PyTuple_GET_ITEM(plan, 0), PyTuple_GET_ITEM(plan, 1), grid,
                                         tensors, n_tensors, ints, n_ints, NULL);
