@@ -199,20 +199,22 @@ def two_pass(monkeypatch):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("fused", [False, True])
 def test_rmsnorm_two_pass_path(two_pass, fused, dtype):
-    assert tk._rmsnorm_plan(3, 50, torch.tensor([], dtype=dtype).element_size())[3][2] is False  # ONE_PASS off
+    assert tk._rmsnorm_plan(3, 50, torch.tensor([], dtype=dtype).element_size())[4][2] is False  # ONE_PASS off
     check = check_fused_add_rmsnorm if fused else check_rmsnorm
     check((3, 50), dtype, DEVICE)
 
 
-@pytest.mark.parametrize("n_rows, n_cols, element_size, num_warps", [
-    (2047, 5120, 2, 16), (2048, 5120, 2, 8), (16384, 8192, 2, 8),  # a 16-bit row in a block of 8192: 8 from 2048 rows
-    (2048, 4097, 2, 8), (2048, 8192, 2, 8),  # the block's first and last widths
-    (2048, 4096, 2, 8), (2048, 9000, 2, 16), (2048, 5120, 4, 16),  # other blocks, and fp32, as before
+@pytest.mark.parametrize("n_rows, n_cols, element_size, plain_warps, fused_warps", [
+    # a 16-bit row in a block of 8192: 8 warps from 2048 rows, fused add + rmsnorm from 300
+    (299, 5120, 2, 16, 16), (300, 5120, 2, 16, 8), (2047, 5120, 2, 16, 8), (2048, 5120, 2, 8, 8),
+    (16384, 8192, 2, 8, 8), (2048, 4097, 2, 8, 8), (300, 8192, 2, 16, 8),  # the block's first and last widths
+    (2048, 4096, 2, 8, 8), (2048, 9000, 2, 16, 16), (2048, 5120, 4, 16, 16),  # other blocks, and fp32, as before
 ])
-def test_rmsnorm_plan_warps(n_rows, n_cols, element_size, num_warps):
-    grid, warps, plain, fused = tk._rmsnorm_plan(n_rows, n_cols, element_size)
-    assert warps == num_warps and plain[:3] == fused[:3] and plain[2] is True  # one pass, one row a program
-    assert grid == (n_rows,) and plain[0] == 1
+def test_rmsnorm_plan_warps(n_rows, n_cols, element_size, plain_warps, fused_warps):
+    grid, warps, plain, warps_fused, fused = tk._rmsnorm_plan(n_rows, n_cols, element_size)
+    assert (warps, warps_fused) == (plain_warps, fused_warps)
+    assert plain[:3] == fused[:3] and plain[2] is True and (plain[3], fused[3]) == (False, True)  # one pass
+    assert grid == (n_rows,) and plain[0] == 1  # one row a program
 
 
 @pytest.mark.parametrize("one_pass", [True, False], ids=["one_pass", "two_pass"])
@@ -221,7 +223,7 @@ def test_fused_add_rmsnorm_normalizes_the_fp32_sum_where_the_stored_one_overflow
     # finite, as flashinfer's and the torch backend's are. Normalizing the stored sum made the whole row NaN.
     if not one_pass:
         request.getfixturevalue("two_pass")
-    assert tk._rmsnorm_plan(2, 50, 2)[3][2] is one_pass  # ONE_PASS as the test's name says
+    assert tk._rmsnorm_plan(2, 50, 2)[4][2] is one_pass  # ONE_PASS as the test's name says
     x = torch.full((2, 50), 40000.0, dtype=torch.float16, device=DEVICE)
     x[:, 1::2] = 1.0
     residual, weight = x.clone(), torch.ones(50, dtype=torch.float16, device=DEVICE)

@@ -420,6 +420,18 @@ def test_rows_reduced_in_chunks_launch_from_c_with_the_two_pass_plan(paths, two_
     assert [plan[2][2] for plan in tk._NORM_PLANS.values()] == [False]  # (grid, warps, (.., .., ONE_PASS, ..), ..)
 
 
+@pytest.mark.parametrize("op, make", [
+    (RMS, lambda: (_t(300, 5120), _t(5120), EPS)),
+    (FUSED, lambda: (_t(300, 5120), _t(300, 5120), _t(5120), EPS)),
+], ids=["rmsnorm", "fused"])
+def test_the_norms_launch_from_c_with_their_own_warps(paths, op, make):
+    # 300 rows of 5120: one plan, 16 warps without the residual add and 8 with it (_rmsnorm_plan)
+    _check(paths, op, make(), C)
+    (plan,) = tk._NORM_PLANS.values()
+    assert (plan[1], plan[3]) == (16, 8)
+    assert paths.c(op, *make()).c_launch.threads == 32 * (8 if op is FUSED else 16)
+
+
 def test_a_plan_of_more_per_program_than_int64_holds_still_launches_a_block(paths):
     # (count + per - 1) / per overflowed int64 at such a plan (act_and_mul's count is elements, a program's too): 0
     # blocks, True returned, nothing launched, and the op handed back an unwritten output.

@@ -28,9 +28,10 @@ gated widths 1792, 2368 and 3584 and its rope at 5 / 1 heads were in that probe'
 set17's run and call 29-2's probe, which gave rope at up to 4 heads one head a block too (its silu width 1536 is a
 representative shape's, 4096 x 1536, and its gelu widths are set17's silu widths: one kernel serves both); set19 in
 stop 30 before any run of it, after call 30-1's probe chose the gated kernel's flat programs (set17's silu widths
-1728 and 3456 were in that probe); set20 after call 30-4 gave the norms' rows in blocks of 8192 8 warps:
+1728 and 3456 were in that probe); set20 after call 30-4 gave the norms' rows in blocks of 8192 8 warps; set21 in
+stop 31 before any run of it, after call 31-1 gave fused add + rmsnorm 8 warps there from 300 rows:
 
-    python tools/heldout_bench.py --out DIR --shapes set20
+    python tools/heldout_bench.py --out DIR --shapes set21
 
 Writes DIR/heldout.md (the tables) and DIR/heldout.json (every median).
 """
@@ -264,10 +265,18 @@ SET19 = _held_out(TOKENS_19, rmsnorm=(1600, 7680), fused=(1920, 6912), silu=(136
 TOKENS_20 = (29, 34, 135, 440, 1120, 2180, 3450, 5150, 9400, 16000)
 SET20 = _held_out(TOKENS_20, rmsnorm=(4352, 5632), fused=(4480, 5888), silu=(2432, 5120), gelu=(2560, 5376),
                   rope=((6, 2), (14, 1)), mm=((4352, 1280), (1280, 4352)))
+# set21: made in stop 31 after call 31-1's probe gave fused add + rmsnorm 8 warps in a block of 8192 from 300 rows (at
+# hidden 4480-8192 and 300-2047 rows), before any run of it. Token counts none of sets 1-20's or of the probe's; widths
+# none of the op's earlier sets' or the probe's: hidden 4864 and 6912 for rmsnorm, 5632 and 7424 for
+# fused_add_rmsnorm (all in blocks of 8192); intermediate 2880 and 9472 for silu, 2816 and 10752 for gelu; rope
+# 12 / 1 and 36 / 4 heads; GEMMs of (2304, 4608) and (6144, 1536).
+TOKENS_21 = (39, 61, 163, 355, 770, 1270, 1730, 2650, 6350, 11650)
+SET21 = _held_out(TOKENS_21, rmsnorm=(4864, 6912), fused=(5632, 7424), silu=(2880, 9472), gelu=(2816, 10752),
+                  rope=((12, 1), (36, 4)), mm=((2304, 4608), (6144, 1536)))
 SETS = {"set1": SET1, "set2": SET2, "set3": SET3, "set4": SET4, "set5": SET5, "set6": SET6, "set7": SET7, "set8": SET8,
         "set9": SET9, "set10": SET10, "set11": SET11, "set12": SET12, "set13": SET13,
         "set14": SET14, "set15": SET15, "set16": SET16, "set17": SET17, "set18": SET18, "set19": SET19,
-        "set20": SET20}
+        "set20": SET20, "set21": SET21}
 
 
 def table_for(op: str, mode: str) -> BucketTable:

@@ -139,13 +139,16 @@ def _remember(plans: dict, key: tuple, plan: tuple) -> None:
     plans[key] = plan
 
 
-_ROW_8192_8_WARPS_FROM = 2048  # rows from which a 16-bit row in a block of 8192 takes 8 warps
+# Rows from which a 16-bit row in a block of 8192 (hidden 4097-8192) takes 8 warps rather than 16: the plain norm, and
+# with the residual add fused in.
+_ROW_8192_8_WARPS_FROM = 2048
+_FUSED_ROW_8192_8_WARPS_FROM = 300
 
 
 @functools.lru_cache(maxsize=4096)
 def _rmsnorm_plan(n_rows: int, n_cols: int, element_size: int) -> tuple:
-    """(grid, num_warps, constexprs without, constexprs with the residual add) for a [n_rows, n_cols] norm: kept
-    per shape, since working it out costs about a microsecond of host time a call."""
+    """(grid, num_warps and constexprs without the residual add, num_warps and constexprs with it) for a [n_rows,
+    n_cols] norm: kept per shape, since working it out costs about a microsecond of host time a call."""
     max_cols = _MAX_ROW_BYTES // element_size
     block_n = next_power_of_2(n_cols)
     one_pass = block_n <= max_cols
@@ -155,19 +158,23 @@ def _rmsnorm_plan(n_rows: int, n_cols: int, element_size: int) -> tuple:
     # A program holding one whole row gets 16 elements per thread, not 8: at 8 (16 warps for a block of 4096)
     # it ran 1.1-1.4x behind 8 warps on the H200 from 600 tokens up at hidden 2304 to 4096, and at most 5% ahead
     # at 1-64 tokens; at hidden 5376 and 8192 both rules give 16 (docs/H200.md, "The Triton rmsnorm's warps"),
-    # below _ROW_8192_8_WARPS_FROM rows.
+    # below the rows from which a block of 8192 takes 8 (next).
     per_thread = 16 if one_pass and block_m == 1 else 8
-    num_warps = _num_warps(block_m * block_n, per_thread=per_thread)
-    # A 16-bit row in a block of 8192 (hidden 4097-8192) from _ROW_8192_8_WARPS_FROM rows: 8 warps (32 elements a
-    # thread), not 16. Call 30-4 (docs/H200.md, "Stop 30"; bf16) put 8 warps at 0.91-0.92x the time of 16 for fused
-    # add + rmsnorm at hidden 5120 and 2048-16384 rows (level with flashinfer there, which had led by 6-8%),
-    # 0.97-0.99x for the plain norm and at 6144; call 15-2 had 16 warps ahead at 1-600 rows. 601-2047 rows and fp32
-    # were not timed.
-    if one_pass and block_m == 1 and block_n == 8192 and element_size == 2 and n_rows >= _ROW_8192_8_WARPS_FROM:
-        num_warps = 8
+    plain_warps = fused_warps = _num_warps(block_m * block_n, per_thread=per_thread)
+    # A 16-bit row in a block of 8192 (hidden 4097-8192): 8 warps (32 elements a thread), not 16, from 2048 rows for
+    # the plain norm and from 300 for fused add + rmsnorm. bf16 graph replays on the H200 (docs/H200.md, "Stop 30"
+    # and "Stop 31"): the plain norm at 0.97-0.99x the time of 16 warps at hidden 5120 and 6144 from 2048 rows, but
+    # 0.99-1.04x at 300-2047 rows; the fused one at 0.80-1.00x at hidden 4480-6144 and 300-2047 rows, 0.87-1.03x at
+    # 7168 and 8192, and 0.91-0.92x at 5120 from 2048 rows. Call 15-2 had 16 warps ahead for the plain norm at 600
+    # rows. Fused add + rmsnorm at 1-299 rows, and fp32, were not timed.
+    if one_pass and block_m == 1 and block_n == 8192 and element_size == 2:
+        if n_rows >= _ROW_8192_8_WARPS_FROM:
+            plain_warps = 8
+        if n_rows >= _FUSED_ROW_8192_8_WARPS_FROM:
+            fused_warps = 8
     # BLOCK_M, BLOCK_N, ONE_PASS, ADD_RESIDUAL
-    return ((_cdiv(n_rows, block_m),), num_warps, (block_m, block_n, one_pass, False),
-            (block_m, block_n, one_pass, True))
+    return ((_cdiv(n_rows, block_m),), plain_warps, (block_m, block_n, one_pass, False),
+            fused_warps, (block_m, block_n, one_pass, True))
 
 
 def _launch_rmsnorm(x2, res2, weight, out, out_stride: int, eps: float) -> None:
@@ -182,17 +189,17 @@ def _launch_rmsnorm(x2, res2, weight, out, out_stride: int, eps: float) -> None:
     plan = _rmsnorm_plan(n_rows, n_cols, element_size)
     if _DIRECT is not None:
         _remember(_NORM_PLANS, (n_rows, n_cols, element_size), plan)
-    grid, num_warps, plain, with_residual = plan
+    grid, plain_warps, plain, fused_warps, with_residual = plan
     eps = float(eps)  # as the C path reads it, and as FastLaunch keys it (a numpy float would switch it off)
     if res2 is None:
         _launch_rmsnorm_kernel(grid, (x2, x2, weight, out, n_rows, n_cols, x2.stride(0), 0, out_stride, eps),
-                               plain, num_warps)
+                               plain, plain_warps)
     else:
         x_stride, res_stride = x2.stride(0), res2.stride(0)
         if n_rows > 1 and (x_stride < n_cols or res_stride < n_cols):  # an expanded or overlapping view, in place
             raise _overlapping("x" if x_stride < n_cols else "residual", x2 if x_stride < n_cols else res2)
         _launch_rmsnorm_kernel(grid, (x2, res2, weight, out, n_rows, n_cols, x_stride, res_stride, out_stride, eps),
-                               with_residual, num_warps)
+                               with_residual, fused_warps)
 
 
 def _overlapping(name: str, rows: torch.Tensor) -> ValueError:

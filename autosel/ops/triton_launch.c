@@ -473,7 +473,7 @@ static PyObject *launch_rows(PyObject *kept, int device, PyObject *plan, int64_t
 }
 
 /* norm(kept, plans, x, residual, weight, out, eps); plans[(rows, width, element size)] is
-   (grid, num_warps, constexprs without the residual, constexprs with it). */
+   (grid, num_warps and constexprs without the residual, num_warps and constexprs with it). */
 static PyObject *norm(PyObject *self, PyObject *const *a, Py_ssize_t nargs) {
     if (nargs != 7 || !PyDict_Check(a[0]) || !PyDict_Check(a[1])) {
         PyErr_SetString(PyExc_TypeError, "norm(kept: dict, plans: dict, x, residual, weight, out, eps)");
@@ -497,13 +497,14 @@ static PyObject *norm(PyObject *self, PyObject *const *a, Py_ssize_t nargs) {
         if (n_rows > 1 && (x_stride < width || res_stride < width)) Py_RETURN_FALSE;  /* overlapping rows */
     }
     PyObject *plan = plan_for(a[1], Py_BuildValue("(LLi)", (long long)n_rows, (long long)width,
-                                                  (int)(x.dtype.bits / 8)), 4);
+                                                  (int)(x.dtype.bits / 8)), 5);
     if (plan == NULL) return PyErr_Occurred() ? NULL : Py_NewRef(Py_False);  /* not planned yet */
     const DLTensor *tensors[4] = {&x, fused ? &res : &x, &w, &out};
     int64_t ints[5] = {n_rows, width, x_stride, res_stride, out_stride};
     double eps = PyFloat_AS_DOUBLE(a[6]);  /* a float or a subclass of it (numpy's float64), as float(eps) reads */
-    PyObject *result = launch_tensors(a[0], device, PyTuple_GET_ITEM(plan, 1), PyTuple_GET_ITEM(plan, fused ? 3 : 2),
-                                      PyTuple_GET_ITEM(plan, 0), tensors, 4, ints, 5, &eps);
+    PyObject *result = launch_tensors(a[0], device, PyTuple_GET_ITEM(plan, fused ? 3 : 1),
+                                      PyTuple_GET_ITEM(plan, fused ? 4 : 2), PyTuple_GET_ITEM(plan, 0), tensors, 4,
+                                      ints, 5, &eps);
     Py_DECREF(plan);
     return result;
 }
