@@ -124,7 +124,9 @@ _launch_rmsnorm_kernel = FastLaunch(_rmsnorm_kernel)
 # Each kernel's whole launch in C, from its tensors (triton_launch.c's norm, act_and_mul and rope), where torch lets
 # C read a tensor (its DLPack C exchange API): the wrapper's checks, views and plan cost the H200's host more than
 # the launch itself (docs/H200.md, "Stop 25"). It launches only what the Python path would launch, with the plans
-# that path records (_remember), and returns False for everything else, which then takes the Python path.
+# that path records (_remember), and returns False for everything else, which then takes the Python path. The C
+# module is one for every FastLaunch; any launcher's answers whether it can launch here (not under the interpreter)
+# and read tensors, so the first one's stands for all three kernels.
 _DIRECT = _launch_rmsnorm_kernel.direct if _launch_rmsnorm_kernel.reads_dlpack else None
 # Plans kept per kernel, as _rmsnorm_plan's cache: a bound for many token counts. When it is reached they all go, and
 # each shape's next call takes the Python path once to plan again.
