@@ -29,9 +29,11 @@ set17's run and call 29-2's probe, which gave rope at up to 4 heads one head a b
 representative shape's, 4096 x 1536, and its gelu widths are set17's silu widths: one kernel serves both); set19 in
 stop 30 before any run of it, after call 30-1's probe chose the gated kernel's flat programs (set17's silu widths
 1728 and 3456 were in that probe); set20 after call 30-4 gave the norms' rows in blocks of 8192 8 warps; set21 in
-stop 31 before any run of it, after call 31-1 gave fused add + rmsnorm 8 warps there from 300 rows:
+stop 31 before any run of it, after call 31-1 gave fused add + rmsnorm 8 warps there from 300 rows; set22 in stop 32
+before any run of it, with decode-sized token counts at widths in blocks of 8192 (where the norms' warps at 1-299
+rows were never timed):
 
-    python tools/heldout_bench.py --out DIR --shapes set21
+    python tools/heldout_bench.py --out DIR --shapes set22
 
 Writes DIR/heldout.md (the tables) and DIR/heldout.json (every median).
 """
@@ -273,10 +275,17 @@ SET20 = _held_out(TOKENS_20, rmsnorm=(4352, 5632), fused=(4480, 5888), silu=(243
 TOKENS_21 = (39, 61, 163, 355, 770, 1270, 1730, 2650, 6350, 11650)
 SET21 = _held_out(TOKENS_21, rmsnorm=(4864, 6912), fused=(5632, 7424), silu=(2880, 9472), gelu=(2816, 10752),
                   rope=((12, 1), (36, 4)), mm=((2304, 4608), (6144, 1536)))
+# set22: made in stop 32 before any run of it or of that stop's probe. Token counts none of sets 1-21's, four of them
+# at or below 210 (decode batches); widths none of the op's earlier sets': hidden 3328 and 7936 for rmsnorm, 4736 and
+# 6528 for fused_add_rmsnorm (the last three in blocks of 8192); intermediate 3840 and 11520 for silu, 3200 and 12800
+# for gelu; rope 10 / 2 and 60 / 4 heads; GEMMs of (3328, 2048) and (2048, 6656).
+TOKENS_22 = (35, 57, 83, 210, 615, 1390, 2330, 4100, 7800, 13700)
+SET22 = _held_out(TOKENS_22, rmsnorm=(3328, 7936), fused=(4736, 6528), silu=(3840, 11520), gelu=(3200, 12800),
+                  rope=((10, 2), (60, 4)), mm=((3328, 2048), (2048, 6656)))
 SETS = {"set1": SET1, "set2": SET2, "set3": SET3, "set4": SET4, "set5": SET5, "set6": SET6, "set7": SET7, "set8": SET8,
         "set9": SET9, "set10": SET10, "set11": SET11, "set12": SET12, "set13": SET13,
         "set14": SET14, "set15": SET15, "set16": SET16, "set17": SET17, "set18": SET18, "set19": SET19,
-        "set20": SET20, "set21": SET21}
+        "set20": SET20, "set21": SET21, "set22": SET22}
 
 
 def table_for(op: str, mode: str) -> BucketTable:
