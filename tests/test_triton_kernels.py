@@ -205,10 +205,15 @@ def test_rmsnorm_two_pass_path(two_pass, fused, dtype):
 
 
 @pytest.mark.parametrize("n_rows, n_cols, element_size, plain_warps, fused_warps", [
-    # a 16-bit row in a block of 8192: 8 warps from 2048 rows, fused add + rmsnorm from 300
+    # a 16-bit row in a block of 8192: 8 warps from 2048 rows; fused add + rmsnorm at every count but 1 and 200-299
+    (1, 5120, 2, 16, 16), (2, 5120, 2, 16, 8), (199, 8192, 2, 16, 8), (200, 4480, 2, 16, 16),
     (299, 5120, 2, 16, 16), (300, 5120, 2, 16, 8), (2047, 5120, 2, 16, 8), (2048, 5120, 2, 8, 8),
     (16384, 8192, 2, 8, 8), (2048, 4097, 2, 8, 8), (300, 8192, 2, 16, 8),  # the block's first and last widths
-    (2048, 4096, 2, 8, 8), (2048, 9000, 2, 16, 16), (2048, 5120, 4, 16, 16),  # other blocks, and fp32, as before
+    # a 16-bit row in a block of 16384: the plain norm 32 warps, fused add + rmsnorm 16
+    (1, 16384, 2, 32, 16), (2048, 9000, 2, 32, 16),
+    # 32 bytes a thread: 16-bit blocks of 4096 and fp32 ones of 2048 and 4096 (8 and 16 warps); fp32 in a block of
+    # 8192 stays at _num_warps' 16
+    (2048, 4096, 2, 8, 8), (64, 2048, 4, 8, 8), (64, 4096, 4, 16, 16), (2048, 5120, 4, 16, 16),
 ])
 def test_rmsnorm_plan_warps(n_rows, n_cols, element_size, plain_warps, fused_warps):
     grid, warps, plain, warps_fused, fused = tk._rmsnorm_plan(n_rows, n_cols, element_size)

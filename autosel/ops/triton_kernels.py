@@ -141,10 +141,10 @@ def _remember(plans: dict, key: tuple, plan: tuple) -> None:
     plans[key] = plan
 
 
-# Rows from which a 16-bit row in a block of 8192 (hidden 4097-8192) takes 8 warps rather than 16: the plain norm, and
-# with the residual add fused in.
+# A 16-bit row in a block of 8192 (hidden 4097-8192) takes 8 warps rather than 16: the plain norm from this many rows,
+# fused add + rmsnorm at every row count but 1 and those in _FUSED_ROW_8192_16_WARPS.
 _ROW_8192_8_WARPS_FROM = 2048
-_FUSED_ROW_8192_8_WARPS_FROM = 300
+_FUSED_ROW_8192_16_WARPS = range(200, 300)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -157,23 +157,30 @@ def _rmsnorm_plan(n_rows: int, n_cols: int, element_size: int) -> tuple:
     if not one_pass:
         block_n = _CHUNK_COLS
     block_m = min(max(1, _TARGET_TILE // block_n), next_power_of_2(n_rows))
-    # A program holding one whole row gets 16 elements per thread, not 8: at 8 (16 warps for a block of 4096)
-    # it ran 1.1-1.4x behind 8 warps on the H200 from 600 tokens up at hidden 2304 to 4096, and at most 5% ahead
-    # at 1-64 tokens; at hidden 5376 and 8192 both rules give 16 (docs/H200.md, "The Triton rmsnorm's warps"),
-    # below the rows from which a block of 8192 takes 8 (next).
-    per_thread = 16 if one_pass and block_m == 1 else 8
+    one_row = one_pass and block_m == 1
+    # A program holding one whole row gets 32 bytes a thread (16 elements of 16 bits, 8 of fp32), not 16 bytes. At
+    # 16 bytes (16 warps for a 16-bit block of 4096) it ran 1.1-1.4x behind 8 warps on the H200 from 600 tokens up at
+    # hidden 2304 to 4096, and at most 5% ahead at 1-64 tokens (docs/H200.md, "The Triton rmsnorm's warps"). fp32 at
+    # 16 elements a thread (4 warps for a block of 2048, 8 for 4096) ran 1.01-1.33x the time of twice the warps at 1-512
+    # rows of hidden 2048 and 4096, 0.98-1.01x at 4096 rows (call 32-1).
+    per_thread = (16 if element_size <= 2 else 8) if one_row else 8
     plain_warps = fused_warps = _num_warps(block_m * block_n, per_thread=per_thread)
-    # A 16-bit row in a block of 8192 (hidden 4097-8192): 8 warps (32 elements a thread), not 16, from 2048 rows for
-    # the plain norm and from 300 for fused add + rmsnorm. bf16 graph replays on the H200 (docs/H200.md, "Stop 30"
-    # and "Stop 31"): the plain norm at 0.97-0.99x the time of 16 warps at hidden 5120 and 6144 from 2048 rows, but
-    # 0.99-1.04x at 300-2047 rows; the fused one at 0.80-1.00x at hidden 4480-6144 and 300-2047 rows, 0.87-1.03x at
-    # 7168 and 8192, and 0.91-0.92x at 5120 from 2048 rows. Call 15-2 had 16 warps ahead for the plain norm at 600
-    # rows. Fused add + rmsnorm at 1-299 rows, and fp32, were not timed.
-    if one_pass and block_m == 1 and block_n == 8192 and element_size == 2:
+    if one_row and element_size == 2 and block_n == 8192:
+        # 8 warps (32 elements a thread), not 16. bf16 graph replays on the H200 (docs/H200.md, "Stop 30" to "Stop
+        # 32"): the plain norm at 0.97-0.99x the time of 16 warps at hidden 5120 and 6144 from 2048 rows, but
+        # 0.99-1.04x at 300-2047 rows and 1.03-1.11x at 1-299; fused add + rmsnorm at 0.86-1.00x at 4-128 rows of
+        # hidden 4480-8192, 0.80-1.00x at 300-2047 rows of 4480-6144 (0.87-1.03x at 7168 and 8192) and 0.91-0.92x at
+        # 5120 from 2048 rows, but 1.06-1.14x at 1 row and 0.98-1.08x at 200-299 rows of 6144-8192 (0.93-0.99x at 4480
+        # and 5120: one window for every width keeps the rule simple).
         if n_rows >= _ROW_8192_8_WARPS_FROM:
             plain_warps = 8
-        if n_rows >= _FUSED_ROW_8192_8_WARPS_FROM:
+        if n_rows > 1 and n_rows not in _FUSED_ROW_8192_16_WARPS:
             fused_warps = 8
+    elif one_row and element_size == 2 and block_n == 16384:
+        # The plain norm at 32 warps (16 elements a thread again, past _num_warps' 16): 0.91-0.98x the time of 16 at
+        # 1-1024 rows of hidden 10240-16384, 0.99-1.00x at 4096 rows; fused add + rmsnorm keeps 16: 32 ran 0.96-1.11x
+        # its time from 16 rows (call 32-1).
+        plain_warps = 32
     # BLOCK_M, BLOCK_N, ONE_PASS, ADD_RESIDUAL
     return ((_cdiv(n_rows, block_m),), plain_warps, (block_m, block_n, one_pass, False),
             fused_warps, (block_m, block_n, one_pass, True))

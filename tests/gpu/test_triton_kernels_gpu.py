@@ -24,15 +24,19 @@ def cases():
 
 
 # 40000 columns exceed the one-pass row limit for every dtype, so the chunked path runs too; 128 is a
-# per-head norm, where several rows share one program.
+# per-head norm, where several rows share one program. The others launch each plan's warps: 12288 (a 16-bit block of
+# 16384: the plain norm 32 warps), 2048 (fp32: 8 warps) and 210 x 6528 (fused add + rmsnorm's 16 warps at 200-299 rows).
+NORM_SHAPES = [(1, 4096), (257, 8192), (513, 128), (3, 40000), (33, 12288), (64, 2048), (210, 6528)]
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("shape", [(1, 4096), (257, 8192), (513, 128), (3, 40000)])
+@pytest.mark.parametrize("shape", NORM_SHAPES)
 def test_rmsnorm(cases, shape, dtype):
     cases.check_rmsnorm(shape, dtype, "cuda")
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("shape", [(1, 4096), (257, 8192), (513, 128), (3, 40000)])
+@pytest.mark.parametrize("shape", NORM_SHAPES)
 def test_fused_add_rmsnorm(cases, shape, dtype):
     cases.check_fused_add_rmsnorm(shape, dtype, "cuda")
 
