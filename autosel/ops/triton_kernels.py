@@ -163,7 +163,7 @@ def _rmsnorm_plan(n_rows: int, n_cols: int, element_size: int) -> tuple:
     # hidden 2304 to 4096, and at most 5% ahead at 1-64 tokens (docs/H200.md, "The Triton rmsnorm's warps"). fp32 at
     # 16 elements a thread (4 warps for a block of 2048, 8 for 4096) ran 1.01-1.33x the time of twice the warps at 1-512
     # rows of hidden 2048 and 4096, 0.98-1.01x at 4096 rows (call 32-1).
-    per_thread = (16 if element_size <= 2 else 8) if one_row else 8
+    per_thread = 16 if one_row and element_size <= 2 else 8
     plain_warps = fused_warps = _num_warps(block_m * block_n, per_thread=per_thread)
     if one_row and element_size == 2 and block_n == 8192:
         # 8 warps (32 elements a thread), not 16. bf16 graph replays on the H200 (docs/H200.md, "Stop 30" to "Stop
