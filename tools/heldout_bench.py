@@ -31,9 +31,10 @@ stop 30 before any run of it, after call 30-1's probe chose the gated kernel's f
 1728 and 3456 were in that probe); set20 after call 30-4 gave the norms' rows in blocks of 8192 8 warps; set21 in
 stop 31 before any run of it, after call 31-1 gave fused add + rmsnorm 8 warps there from 300 rows; set22 in stop 32
 before any run of it, with decode-sized token counts at widths in blocks of 8192 (where the norms' warps at 1-299
-rows were never timed):
+rows were never timed); set23 in stop 33 before any run of it, with two token counts in fused add + rmsnorm's
+window of 200-299 rows at widths in blocks of 8192:
 
-    python tools/heldout_bench.py --out DIR --shapes set22
+    python tools/heldout_bench.py --out DIR --shapes set23
 
 Writes DIR/heldout.md (the tables) and DIR/heldout.json (every median).
 """
@@ -282,10 +283,18 @@ SET21 = _held_out(TOKENS_21, rmsnorm=(4864, 6912), fused=(5632, 7424), silu=(288
 TOKENS_22 = (35, 57, 83, 210, 615, 1390, 2330, 4100, 7800, 13700)
 SET22 = _held_out(TOKENS_22, rmsnorm=(3328, 7936), fused=(4736, 6528), silu=(3840, 11520), gelu=(3200, 12800),
                   rope=((10, 2), (60, 4)), mm=((3328, 2048), (2048, 6656)))
+# set23: made in stop 33 before any run of it or of that stop's probe (call 33-1: fused add + rmsnorm's warps at
+# 200-299 rows of hidden 4480-6144). Token counts none of sets 1-22's, two of them in that window (238, 277); widths
+# none of the op's earlier sets': hidden 2944 and 9984 for rmsnorm, 4992 and 5504 for fused_add_rmsnorm (both in
+# blocks of 8192, neither among the probe's); intermediate 4352 and 10240 for silu, 4864 and 11776 for gelu; rope
+# 18 / 2 and 44 / 4 heads; GEMMs of (2944, 3840) and (5376, 2432).
+TOKENS_23 = (42, 67, 238, 277, 545, 1075, 1960, 3050, 5650, 10300)
+SET23 = _held_out(TOKENS_23, rmsnorm=(2944, 9984), fused=(4992, 5504), silu=(4352, 10240), gelu=(4864, 11776),
+                  rope=((18, 2), (44, 4)), mm=((2944, 3840), (5376, 2432)))
 SETS = {"set1": SET1, "set2": SET2, "set3": SET3, "set4": SET4, "set5": SET5, "set6": SET6, "set7": SET7, "set8": SET8,
         "set9": SET9, "set10": SET10, "set11": SET11, "set12": SET12, "set13": SET13,
         "set14": SET14, "set15": SET15, "set16": SET16, "set17": SET17, "set18": SET18, "set19": SET19,
-        "set20": SET20, "set21": SET21, "set22": SET22}
+        "set20": SET20, "set21": SET21, "set22": SET22, "set23": SET23}
 
 
 def table_for(op: str, mode: str) -> BucketTable:
