@@ -573,6 +573,30 @@ def test_piped_show_prints_each_decision_on_one_line_and_a_width_keeps_a_line_pe
     assert "torch: 10 µs, 1.50x" in lines[first] and "triton *: 10 µs, 1.00x" in lines[first + 1]
 
 
+def test_show_counts_but_does_not_list_shipped_rows_of_other_platforms_unless_asked(reg, tmp_path, monkeypatch):
+    # A first `autosel show` on a CPU listed 190 rows, 154 of them the shipped H200 DB's, which can never be used
+    # there, and the user's own rows were lost among them.
+    toy(reg, B.TORCH, B.TRITON)
+    first, shipped = tmp_path / "first.db", tmp_path / "shipped.db"
+    store(decision(), decision(platform=OTHER_CPU), decision(op="toy.other", platform=OTHER_CPU), db=first)
+    assert run("export", "--db", first, "--out", shipped).exit_code == 0  # as an image ships it
+    monkeypatch.setenv("AUTOSEL_DB_PATH", str(shipped))
+    store(decision(platform=OTHER_CPU, winner="torch"))  # the user's own row for another platform stays listed
+    listed = json.loads(run("show", "--json").stdout)
+    assert listed["hidden_other_platforms"] == 2
+    assert sorted((r["layer"]["kind"], r["decision"]["platform_key"]) for r in listed["decisions"]) == [
+        ("shipped", CPU.key), ("user", OTHER_CPU.key)]
+    text = run("show").stdout
+    assert "2 row(s) of shipped DBs made for other platforms not listed (`autosel show --all` lists them)" in text
+    everything = json.loads(run("show", "--all", "--json").stdout)
+    assert everything["hidden_other_platforms"] == 0 and len(everything["decisions"]) == 4
+    assert "not listed" not in run("show", "--all").stdout
+    only_elsewhere = run("show", "--op", "toy.other")
+    assert only_elsewhere.exit_code == 0
+    assert only_elsewhere.stdout.startswith("No stored decisions for toy.other for this machine; run `autosel tune`")
+    assert "1 row(s) of shipped DBs made for other platforms not listed" in only_elsewhere.stdout
+
+
 def test_show_with_no_decisions_says_what_to_do(reg, tmp_path):
     from autosel.db import TuningDB
 

@@ -58,32 +58,49 @@ def _evidence(d) -> str:
     return "\n".join(lines)
 
 
+def _made_elsewhere(entry: Entry, platform_key: str) -> bool:
+    """A shipped DB's row for another platform: it can never be used here, and an image ships such rows by the
+    hundred (one DB per machine type), which buried this machine's own rows in `show`."""
+    return (entry.layer_kind == "shipped" and entry.decision.platform_key != platform_key
+            and entry.status != "in use")  # AUTOSEL_MATCH=arch may use a near match of another device
+
+
 @main.command()
 @op_option()
 @db_option()
+@click.option("--all", "include_all", is_flag=True,
+              help="Also list the shipped DBs' rows for other platforms (hidden by default: never used here).")
 @json_option("the decisions and their evidence")
-def show(ops, db, as_json):
+def show(ops, db, include_all, as_json):
     """Show stored decisions, which layer each came from, and their evidence.
 
     Status per row: "in use" (what selection on this machine uses), "shadowed" (an earlier layer has the same
     key), "stale" (tuned on another platform or with other versions), "unusable" (its winner is not eligible
-    here), "unknown op" (not registered here).
+    here), "unknown op" (not registered here). Rows of shipped DBs made for other platforms are counted, not
+    listed, unless --all is given; the user DB's rows are always listed.
 
     \b
     Examples:
       autosel show
       autosel show --op 'layernorm.*' --json
+      autosel show --all
     """
     settings = settings_for(db, full=False)
     platform, entries = _entries(read_db(settings, db), ops, match=settings.match)
+    hidden = 0 if include_all else sum(_made_elsewhere(e, platform.key) for e in entries)
+    if hidden:
+        entries = [e for e in entries if not _made_elsewhere(e, platform.key)]
+    hidden_note = (f"{hidden} row(s) of shipped DBs made for other platforms not listed (`autosel show --all` lists "
+                   "them)." if hidden else "")
     if as_json:
         echo_json({"platform_key": platform.key, "match": settings.match, "median": MEDIAN_NOTE,
-                   "decisions": [_entry_json(e) for e in entries]})
+                   "hidden_other_platforms": hidden, "decisions": [_entry_json(e) for e in entries]})
         return
     console = make_console()
     if not entries:
-        console.print(f"No stored decisions{' for ' + ', '.join(ops) if ops else ''}; "
-                      "run `autosel tune` to make some.", markup=False)
+        console.print(f"No stored decisions{' for ' + ', '.join(ops) if ops else ''}"
+                      f"{' for this machine' if hidden else ''}; run `autosel tune` to make some. {hidden_note}"
+                      .rstrip(), markup=False)
         return
     table = make_table("op", "mode", "bucket", "status", "winner", "runner-up", "margin", "evidence (median, score)",
                        "layer")
@@ -97,7 +114,7 @@ def show(ops, db, as_json):
             + (" or on another model of this arch" if settings.match == "arch" else "") + "; what differs is named."
             if settings.match != "exact" else "")
     console.print(f"This machine: {platform.key}. {MEDIAN_NOTE}; score: time relative to the fastest per shape "
-                  f"(geometric mean); * marks the winner.{near}", markup=False)
+                  f"(geometric mean); * marks the winner.{near}" + (f" {hidden_note}" if hidden else ""), markup=False)
 
 
 # --- doctor -----------------------------------------------------------------------------------------------
