@@ -205,9 +205,11 @@ def test_rmsnorm_two_pass_path(two_pass, fused, dtype):
 
 
 @pytest.mark.parametrize("n_rows, n_cols, element_size, plain_warps, fused_warps", [
-    # a 16-bit row in a block of 8192: 8 warps from 2048 rows; fused add + rmsnorm at every count but 1 and 200-299
-    (1, 5120, 2, 16, 16), (2, 5120, 2, 16, 8), (199, 8192, 2, 16, 8), (200, 4480, 2, 16, 16),
-    (299, 5120, 2, 16, 16), (300, 5120, 2, 16, 8), (2047, 5120, 2, 16, 8), (2048, 5120, 2, 8, 8),
+    # a 16-bit row in a block of 8192: 8 warps from 2048 rows; fused add + rmsnorm at every count but 1 and, past
+    # hidden 5120, 200-299
+    (1, 5120, 2, 16, 16), (2, 5120, 2, 16, 8), (199, 8192, 2, 16, 8), (200, 4480, 2, 16, 8),
+    (299, 5120, 2, 16, 8), (200, 5121, 2, 16, 16), (299, 8192, 2, 16, 16), (300, 5121, 2, 16, 8),
+    (300, 5120, 2, 16, 8), (2047, 5120, 2, 16, 8), (2048, 5120, 2, 8, 8),
     (16384, 8192, 2, 8, 8), (2048, 4097, 2, 8, 8), (300, 8192, 2, 16, 8),  # the block's first and last widths
     # a 16-bit row in a block of 16384: the plain norm 32 warps, fused add + rmsnorm 16
     (1, 16384, 2, 32, 16), (2048, 9000, 2, 32, 16),

@@ -142,9 +142,11 @@ def _remember(plans: dict, key: tuple, plan: tuple) -> None:
 
 
 # A 16-bit row in a block of 8192 (hidden 4097-8192) takes 8 warps rather than 16: the plain norm from this many rows,
-# fused add + rmsnorm at every row count but 1 and those in _FUSED_ROW_8192_16_WARPS.
+# fused add + rmsnorm at every row count but 1 and, in rows wider than _FUSED_16_WARPS_PAST, those in
+# _FUSED_ROW_8192_16_WARPS.
 _ROW_8192_8_WARPS_FROM = 2048
 _FUSED_ROW_8192_16_WARPS = range(200, 300)
+_FUSED_16_WARPS_PAST = 5120
 
 
 @functools.lru_cache(maxsize=4096)
@@ -170,11 +172,11 @@ def _rmsnorm_plan(n_rows: int, n_cols: int, element_size: int) -> tuple:
         # 32"): the plain norm at 0.97-0.99x the time of 16 warps at hidden 5120 and 6144 from 2048 rows, but
         # 0.99-1.04x at 300-2047 rows and 1.03-1.11x at 1-299; fused add + rmsnorm at 0.86-1.00x at 4-128 rows of
         # hidden 4480-8192, 0.80-1.00x at 300-2047 rows of 4480-6144 (0.87-1.03x at 7168 and 8192) and 0.91-0.92x at
-        # 5120 from 2048 rows, but 1.06-1.14x at 1 row and 0.98-1.08x at 200-299 rows of 6144-8192 (0.93-0.99x at 4480
-        # and 5120: one window for every width keeps the rule simple).
+        # 5120 from 2048 rows, but 1.06-1.14x at 1 row. At 200-299 rows it turns with the width (call 33-1): 0.93-0.99x
+        # at hidden 4480-5120 (fp16 0.92-0.97x), 0.95-1.05x at 5376-6144 (fp16 0.92-0.99x) and 1.02-1.06x at 7168.
         if n_rows >= _ROW_8192_8_WARPS_FROM:
             plain_warps = 8
-        if n_rows > 1 and n_rows not in _FUSED_ROW_8192_16_WARPS:
+        if n_rows > 1 and not (n_rows in _FUSED_ROW_8192_16_WARPS and n_cols > _FUSED_16_WARPS_PAST):
             fused_warps = 8
     elif one_row and element_size == 2 and block_n == 16384:
         # The plain norm at 32 warps (16 elements a thread again, past _num_warps' 16): 0.91-0.98x the time of 16 at

@@ -25,8 +25,9 @@ def cases():
 
 # 40000 columns exceed the one-pass row limit for every dtype, so the chunked path runs too; 128 is a
 # per-head norm, where several rows share one program. The others launch each plan's warps: 12288 (a 16-bit block of
-# 16384: the plain norm 32 warps), 2048 (fp32: 8 warps) and 210 x 6528 (fused add + rmsnorm's 16 warps at 200-299 rows).
-NORM_SHAPES = [(1, 4096), (257, 8192), (513, 128), (3, 40000), (33, 12288), (64, 2048), (210, 6528)]
+# 16384: the plain norm 32 warps), 2048 (fp32: 8 warps), 210 x 6528 (fused add + rmsnorm's 16 warps at 200-299 rows
+# past hidden 5120) and 250 x 4608 (its 8 warps there up to 5120).
+NORM_SHAPES = [(1, 4096), (257, 8192), (513, 128), (3, 40000), (33, 12288), (64, 2048), (210, 6528), (250, 4608)]
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
