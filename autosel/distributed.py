@@ -258,20 +258,27 @@ def _broadcast(decide: Callable[[], T], what: str, world: tuple,
             answer = decide()
             kept, nested = keep(_local.nested)
         except BaseException as exc:  # every failure travels, or the other ranks wait forever
-            message[0] = ("error", what, type(exc).__name__, str(exc.args[0] if exc.args else exc))
+            message[0] = ("error", what, _registrations(), type(exc).__name__,
+                          str(exc.args[0] if exc.args else exc))
             dist.broadcast_object_list(message, src=src, group=group)
             raise
         finally:
             _local.kernels = _local.nested = None
-        message[0] = ("ok", what, answer, kept, nested)
+        message[0] = ("ok", what, _registrations(), answer, kept, nested)
     dist.broadcast_object_list(message, src=src, group=group)
-    kind, sent_for, *payload = message[0]
+    kind, sent_for, registered, *payload = message[0]
     # ranks are numbered within the agreeing group; with set_group's, say which process its rank 0 is
     within = "" if _chosen_group is None else f", in the group given to set_group, whose rank 0 is global rank {src}"
+    gaps = [] if rank == 0 else _registration_gaps(registered)
     if sent_for != what:
         raise TuningError(f"{what}: rank {rank} of {size}{within} received rank 0's decision for {sent_for} instead: "
-                          "the ranks select their kernels in different orders; select them on every rank in the "
-                          "same order, from one thread")
+                          + (f"the ranks register other backends for {'; '.join(gaps)}, so a rank selected such an "
+                             "op alone (one backend registered there) or agreed on it alone; install the same "
+                             "plug-ins on every rank and register their backends before selecting" if gaps else
+                             "the ranks select their kernels in different orders; select them on every rank in the "
+                             "same order, from one thread"))
+    if gaps:
+        _warn_gaps(rank, size, gaps)
     if kind == "error":
         name, text = payload
         error = {"KeyError": KeyError, "ValueError": ValueError}.get(name, TuningError)
@@ -280,6 +287,39 @@ def _broadcast(decide: Callable[[], T], what: str, world: tuple,
     decision, kept, nested = payload
     log.info("%s: rank %d of %d runs rank 0's decision", what, rank, size)
     return decision, kept, nested
+
+
+def _registrations() -> dict[str, tuple[str, ...]]:
+    """Every registered op's backends on this rank: rank 0 sends them with each answer."""
+    from autosel import selector
+
+    return {op: tuple(sorted(s.backend.value for s in selector.registry.get(op))) for op in selector.registry.ops()}
+
+
+def _registration_gaps(rank0: dict[str, tuple[str, ...]]) -> list[str]:
+    """The ops registered with other backends here than on rank 0, each as words naming both sets. An op with fewer
+    than two registered backends is selected without the ranks' agreement, so where a plug-in is installed on some
+    ranks only, some ranks wait in a broadcast for it that the others never make."""
+    here = _registrations()
+
+    def named(backends: tuple[str, ...]) -> str:
+        return ", ".join(backends) or "none"
+    return [f"op {op!r} (rank 0: {named(rank0.get(op, ()))}; here: {named(here.get(op, ()))})"
+            for op in sorted(set(rank0) | set(here)) if rank0.get(op, ()) != here.get(op, ())]
+
+
+_gaps_warned: set[tuple[str, ...]] = set()
+
+
+def _warn_gaps(rank: int, size: int, gaps: list[str]) -> None:
+    """Warn once per set of differences: no selection has gone wrong yet, but one of those ops may."""
+    if tuple(gaps) in _gaps_warned:
+        return
+    _gaps_warned.add(tuple(gaps))
+    log.warning("rank %d of %d registers other backends than rank 0 for %s: a selection of such an op can leave "
+                "the ranks waiting in different collectives until the process group's timeout, or running "
+                "different kernels; install the same plug-ins on every rank and register their backends before "
+                "selecting", rank, size, "; ".join(gaps))
 
 
 def op_agreement(op: str, mode: str, platform_key: str) -> tuple[str, tuple]:

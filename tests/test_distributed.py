@@ -279,6 +279,62 @@ def test_set_group_refuses_a_group_this_rank_is_not_in_and_a_group_gone_with_its
                                      "with the process group it belonged to?); call set_group again")
 
 
+PLUGIN_ON_ONE_RANK = textwrap.dedent("""
+    import datetime, json, os
+    import torch
+    import torch.distributed as dist
+    import toy_kernels
+    from autosel import selector
+    from autosel.errors import TuningError
+    from autosel.spec import KernelBackend as B, KernelSpec, OpDefinition
+
+    rank = int(os.environ["RANK"])
+    dist.init_process_group("gloo", init_method="file://" + os.environ["INIT_FILE"], rank=rank, world_size=2,
+                            timeout=datetime.timedelta(seconds=20))
+    toy_kernels.use_fresh_registry()
+    reg = selector.registry
+    reg.register(KernelSpec("toy.solo", B.TORCH, "toy_kernels:slow"))
+    reg.register(KernelSpec("toy.other", B.TORCH, "toy_kernels:slow"))
+    reg.register(KernelSpec("toy.other", B.TRITON, "toy_kernels:fast"))
+    reg.define(OpDefinition("toy.other", shapes=toy_kernels.SHAPES, make_inputs=toy_kernels.inputs))
+    if rank == 1:  # a plug-in installed here only: toy.solo gets a second backend
+        reg.register(KernelSpec("toy.solo", B.TRITON, "toy_kernels:fast"))
+    first = selector.select_kernel("toy.double").backend.value  # agreed alike; rank 1 warns of toy.solo
+    error = None
+    if rank == 0:  # toy.solo alone (one backend here), then toy.other's agreement
+        solo = selector.select_kernel("toy.solo").backend.value
+        other = selector.select_kernel("toy.other").backend.value
+    else:  # toy.solo's agreement, which pairs with rank 0's toy.other
+        solo = other = None
+        try:
+            selector.select_kernel("toy.solo")
+        except TuningError as exc:
+            error = str(exc)
+    ones = torch.ones(1)
+    dist.all_reduce(ones)  # the ranks' collectives still pair up
+    print(json.dumps({"rank": rank, "first": first, "solo": solo, "other": other, "error": error,
+                      "all_reduce": ones.item()}))
+    dist.destroy_process_group()
+""")
+
+
+def test_a_plug_in_on_one_rank_only_is_named_before_and_when_the_ranks_agreements_part(tmp_path):
+    # The rank without the plug-in selected toy.solo alone while the other waited in its broadcast: a hang, or (with
+    # another agreement after it) an error that blamed the order of the selections.
+    results, errs = run_ranks(PLUGIN_ON_ONE_RANK, 2, tmp_path)
+    gap = "op 'toy.solo' (rank 0: torch; here: torch, triton)"
+    assert [r["first"] for r in results] == ["triton", "triton"]
+    assert (results[0]["solo"], results[0]["other"], results[0]["error"]) == ("torch", "triton", None)
+    assert results[1]["error"] == (
+        "op 'toy.solo' (eager mode): rank 1 of 2 received rank 0's decision for op 'toy.other' (eager mode) instead: "
+        f"the ranks register other backends for {gap}, so a rank selected such an op alone (one backend registered "
+        "there) or agreed on it alone; install the same plug-ins on every rank and register their backends before "
+        "selecting")
+    assert f"rank 1 of 2 registers other backends than rank 0 for {gap}" in errs[1]
+    assert "registers other backends" not in errs[0]
+    assert [r["all_reduce"] for r in results] == [2.0, 2.0]
+
+
 GROW = textwrap.dedent("""
     import datetime, json, os
     import torch
@@ -689,7 +745,7 @@ def test_a_rank_keeps_an_answer_or_drops_it_as_rank_0_says(fake_world, kept, bro
     # selected again with a collective rank 0 did not make.
     from autosel import distributed
 
-    fake_world.rank, fake_world.received = 1, ("ok", "op", "triton", kept, {})
+    fake_world.rank, fake_world.received = 1, ("ok", "op", distributed._registrations(), "triton", kept, {})
     fake_world.during = lambda: distributed.forget_agreements("toy.op")  # registered here, during the broadcast
     assert distributed.agree(lambda: "torch", what="op", key=("toy.op", "eager")) == "triton"
     fake_world.during = None
@@ -711,10 +767,49 @@ def test_a_rank_that_receives_another_op_s_decision_raises_instead_of_running_it
     # Ranks selecting in different orders paired one op's broadcast with another's: a rank ran the wrong table.
     from autosel import distributed
 
-    fake_world.rank, fake_world.received = 1, ("ok", "op 'toy.other' (eager mode)", "triton")
+    fake_world.rank = 1
+    fake_world.received = ("ok", "op 'toy.other' (eager mode)", distributed._registrations(), "triton", True, {})
     with pytest.raises(TuningError, match=r"^op 'toy.op' \(eager mode\): rank 1 of 2 received rank 0's decision "
-                                          r"for op 'toy.other' \(eager mode\) instead"):
+                                          r"for op 'toy.other' \(eager mode\) instead: the ranks select their "
+                                          r"kernels in different orders"):
         distributed.agree(lambda: "torch", what="op 'toy.op' (eager mode)", key=("toy.op", "eager"))
+
+
+def test_registrations_that_differ_from_rank_0s_are_named_in_the_mismatch_and_warned_of_before_it(
+        fake_world, monkeypatch, caplog):
+    # A plug-in installed on some ranks only gave an op two backends there and one elsewhere: the ranks with one
+    # selected it alone, the others waited in its broadcast, which then paired with another op's (or hung), and the
+    # error blamed the order of the selections.
+    import logging
+
+    from autosel import distributed
+
+    reg = KernelRegistry()
+    use_registry(monkeypatch, reg)
+    monkeypatch.setattr(distributed, "_gaps_warned", set())
+    for op in ("toy.op", "toy.solo"):
+        reg.register(KernelSpec(op, B.TORCH, "toy_kernels:slow"))
+    reg.register(KernelSpec("toy.op", B.TRITON, "toy_kernels:fast"))
+    reg.register(KernelSpec("toy.solo", B.FLASHINFER, "plugin:solo"))  # the plug-in, on this rank only
+    rank0 = {"toy.op": ("torch", "triton"), "toy.solo": ("torch",)}
+    gap = "op 'toy.solo' (rank 0: torch; here: flashinfer, torch)"
+    caplog.set_level(logging.WARNING, logger="autosel")
+    fake_world.rank, fake_world.received = 1, ("ok", "op 'toy.op' (eager mode)", rank0, "triton", True, {})
+    for _ in range(2):  # an agreement that pairs up: warned of once, and the answer run
+        assert distributed.agree(lambda: "torch", what="op 'toy.op' (eager mode)", key=("toy.op", "eager")) == "triton"
+        distributed.forget_agreements()
+    assert [m for m in caplog.messages if "registers other backends" in m] == [
+        f"rank 1 of 2 registers other backends than rank 0 for {gap}: a selection of such an op can leave the ranks "
+        "waiting in different collectives until the process group's timeout, or running different kernels; install "
+        "the same plug-ins on every rank and register their backends before selecting"]
+    # This rank agrees on toy.solo, which rank 0 selected alone; rank 0's next agreement is another op's.
+    with pytest.raises(TuningError) as raised:
+        distributed.agree(lambda: "torch", what="op 'toy.solo' (eager mode)", key=("toy.solo", "eager"))
+    assert str(raised.value) == (
+        "op 'toy.solo' (eager mode): rank 1 of 2 received rank 0's decision for op 'toy.op' (eager mode) instead: the "
+        f"ranks register other backends for {gap}, so a rank selected such an op alone (one backend registered "
+        "there) or agreed on it alone; install the same plug-ins on every rank and register their backends before "
+        "selecting")
 
 
 def test_kernels_resolved_before_the_process_group_was_up_are_named_at_its_first_agreement(
