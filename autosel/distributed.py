@@ -253,18 +253,18 @@ def _broadcast(decide: Callable[[], T], what: str, world: tuple,
     group, src = _agreeing(dist)
     message: list[object] = [None]
     if rank == 0:
+        registered = _registrations()  # sent with the answer, so that a rank registering others can say so
         try:
             _local.kernels, _local.nested = {}, {}
             answer = decide()
             kept, nested = keep(_local.nested)
         except BaseException as exc:  # every failure travels, or the other ranks wait forever
-            message[0] = ("error", what, _registrations(), type(exc).__name__,
-                          str(exc.args[0] if exc.args else exc))
+            message[0] = ("error", what, registered, type(exc).__name__, str(exc.args[0] if exc.args else exc))
             dist.broadcast_object_list(message, src=src, group=group)
             raise
         finally:
             _local.kernels = _local.nested = None
-        message[0] = ("ok", what, _registrations(), answer, kept, nested)
+        message[0] = ("ok", what, registered, answer, kept, nested)
     dist.broadcast_object_list(message, src=src, group=group)
     kind, sent_for, registered, *payload = message[0]
     # ranks are numbered within the agreeing group; with set_group's, say which process its rank 0 is
