@@ -32,9 +32,10 @@ stop 30 before any run of it, after call 30-1's probe chose the gated kernel's f
 stop 31 before any run of it, after call 31-1 gave fused add + rmsnorm 8 warps there from 300 rows; set22 in stop 32
 before any run of it, with decode-sized token counts at widths in blocks of 8192 (where the norms' warps at 1-299
 rows were never timed); set23 in stop 33 before any run of it, with two token counts in fused add + rmsnorm's
-window of 200-299 rows at widths in blocks of 8192:
+window of 200-299 rows at widths in blocks of 8192; set24 in stop 33 after call 33-5's probe of the gated kernel's
+stores, before any run of it, with the gated activations at input + output of about the L2's size:
 
-    python tools/heldout_bench.py --out DIR --shapes set23
+    python tools/heldout_bench.py --out DIR --shapes set24
 
 Writes DIR/heldout.md (the tables) and DIR/heldout.json (every median).
 """
@@ -291,10 +292,19 @@ SET22 = _held_out(TOKENS_22, rmsnorm=(3328, 7936), fused=(4736, 6528), silu=(384
 TOKENS_23 = (42, 67, 238, 277, 545, 1075, 1960, 3050, 5650, 10300)
 SET23 = _held_out(TOKENS_23, rmsnorm=(2944, 9984), fused=(4992, 5504), silu=(4352, 10240), gelu=(4864, 11776),
                   rope=((18, 2), (44, 4)), mm=((2944, 3840), (5376, 2432)))
+# set24: made in stop 33 after call 33-5's probe (the gated kernel's stores at the L2's size), before any run of it.
+# Token counts none of sets 1-23's; widths none of the op's earlier sets' or of that probe's, chosen so that the gated
+# activations meet input + output of 40-52 MB at one or two token counts each: silu 7040 (1130 tokens: 48 MB) and
+# 8704 (835: 44 MB), gelu 12032 (590: 43 MB) and 5248 (1640: 52 MB); hidden 3456 and 7424 for rmsnorm, 3968 and 6272
+# for fused_add_rmsnorm; rope 26 / 2 and 52 / 4 heads; GEMMs of (3968, 2944) and (2688, 5376).
+TOKENS_24 = (45, 93, 395, 590, 835, 1130, 1640, 2480, 4650, 9150)
+SET24 = _held_out(TOKENS_24, rmsnorm=(3456, 7424), fused=(3968, 6272), silu=(7040, 8704), gelu=(12032, 5248),
+                  rope=((26, 2), (52, 4)), mm=((3968, 2944), (2688, 5376)))
 SETS = {"set1": SET1, "set2": SET2, "set3": SET3, "set4": SET4, "set5": SET5, "set6": SET6, "set7": SET7, "set8": SET8,
         "set9": SET9, "set10": SET10, "set11": SET11, "set12": SET12, "set13": SET13,
         "set14": SET14, "set15": SET15, "set16": SET16, "set17": SET17, "set18": SET18, "set19": SET19,
-        "set20": SET20, "set21": SET21, "set22": SET22, "set23": SET23}
+        "set20": SET20, "set21": SET21, "set22": SET22, "set23": SET23,
+        "set24": SET24}
 
 
 def table_for(op: str, mode: str) -> BucketTable:
