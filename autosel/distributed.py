@@ -292,8 +292,9 @@ def _broadcast(decide: Callable[[], T], what: str, world: tuple,
 def _registrations() -> dict[str, tuple[str, ...]]:
     """Every registered op's backends on this rank: rank 0 sends them with each answer."""
     from autosel import selector
+    from autosel.spec import spec_list
 
-    return {op: tuple(sorted(s.backend.value for s in selector.registry.get(op))) for op in selector.registry.ops()}
+    return {op: tuple(sorted(spec_list(selector.registry.get(op)))) for op in selector.registry.ops()}
 
 
 def _registration_gaps(rank0: dict[str, tuple[str, ...]]) -> list[str]:

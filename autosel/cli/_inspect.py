@@ -87,9 +87,8 @@ def show(ops, db, include_all, as_json):
     """
     settings = settings_for(db, full=False)
     platform, entries = _entries(read_db(settings, db), ops, match=settings.match)
-    hidden = 0 if include_all else sum(_made_elsewhere(e, platform.key) for e in entries)
-    if hidden:
-        entries = [e for e in entries if not _made_elsewhere(e, platform.key)]
+    listed = entries if include_all else [e for e in entries if not _made_elsewhere(e, platform.key)]
+    hidden, entries = len(entries) - len(listed), listed
     hidden_note = (f"{hidden} row(s) of shipped DBs made for other platforms not listed (`autosel show --all` lists "
                    "them)." if hidden else "")
     if as_json:
@@ -114,7 +113,7 @@ def show(ops, db, include_all, as_json):
             + (" or on another model of this arch" if settings.match == "arch" else "") + "; what differs is named."
             if settings.match != "exact" else "")
     console.print(f"This machine: {platform.key}. {MEDIAN_NOTE}; score: time relative to the fastest per shape "
-                  f"(geometric mean); * marks the winner.{near}" + (f" {hidden_note}" if hidden else ""), markup=False)
+                  f"(geometric mean); * marks the winner.{near} {hidden_note}".rstrip(), markup=False)
 
 
 # --- doctor -----------------------------------------------------------------------------------------------
