@@ -344,9 +344,26 @@ def test_the_torch_backends_rope_leaves_an_empty_batch_alone():
     (lambda t: t.rmsnorm(torch.randn(4, 8), torch.ones(1), 1e-6), r"weight has shape \(1,\), expected \(8,\)"),
     (lambda t: t.fused_add_rmsnorm(torch.randn(4, 8), torch.randn(4, 8), torch.ones(1), 1e-6),
      r"weight has shape \(1,\), expected \(8,\)"),
-], ids=["silu-odd", "gelu-odd", "rmsnorm-weight", "fused-weight"])
+    # A residual of another row count failed inside x + residual (under torch.compile: a message about fake tensors):
+    (lambda t: t.fused_add_rmsnorm(torch.randn(4, 8), torch.randn(5, 8), torch.ones(8), 1e-6),
+     r"x has shape \(4, 8\) but residual has \(5, 8\)"),
+    # A head size that does not divide the widths failed in view():
+    (lambda t: t.rope(torch.arange(2), torch.randn(2, 64), torch.randn(2, 32), 24, torch.ones(8, 16), True),
+     "query width 64 and key width 32 must be multiples of head_size 24"),
+], ids=["silu-odd", "gelu-odd", "rmsnorm-weight", "fused-weight", "fused-residual", "rope-head-size"])
 def test_the_torch_backend_refuses_what_it_used_to_broadcast_into_a_wrong_result(call, message):
     from autosel.ops import torch_impl
 
     with pytest.raises(ValueError, match=message):
         call(torch_impl)
+
+
+@pytest.mark.compile
+def test_the_torch_compile_backend_raises_the_torch_backends_errors_not_its_tracings():
+    # Both raised torch.compile's "Dynamo failed to run FX node with fake tensors" with the graph's nodes.
+    from autosel.ops import compiled
+
+    with pytest.raises(ValueError, match=r"x has shape \(4, 8\) but residual has \(5, 8\)"):
+        compiled.fused_add_rmsnorm(torch.randn(4, 8), torch.randn(5, 8), torch.ones(8), 1e-6)
+    with pytest.raises(ValueError, match="must be multiples of head_size 24"):
+        compiled.rope(torch.arange(2), torch.randn(2, 64), torch.randn(2, 32), 24, torch.ones(8, 16), True)

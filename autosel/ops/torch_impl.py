@@ -19,6 +19,20 @@ def _halves(x: torch.Tensor) -> int:
     return x.shape[-1] // 2
 
 
+def check_residual(x: torch.Tensor, residual: torch.Tensor) -> None:
+    # A residual of another shape broadcast into x + residual, or failed inside torch.compile's tracing with a
+    # message about fake tensors; the Triton kernel's words.
+    if residual.shape != x.shape:
+        raise ValueError(f"x has shape {tuple(x.shape)} but residual has {tuple(residual.shape)}")
+
+
+def _check_heads(query: torch.Tensor, key: torch.Tensor, head_size: int) -> None:
+    # A width that head_size does not divide failed in view(), under torch.compile inside its tracing.
+    if query.shape[-1] % head_size or key.shape[-1] % head_size:
+        raise ValueError(f"query width {query.shape[-1]} and key width {key.shape[-1]} must be multiples of "
+                         f"head_size {head_size}")
+
+
 def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     _check_weight(x, weight)
     xf = x.float()
@@ -27,6 +41,7 @@ def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
 def fused_add_rmsnorm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float) -> None:
     """In place, as flashinfer and sgl-kernel do it: residual <- x + residual; x <- rmsnorm(residual)."""
+    check_residual(x, residual)
     _check_weight(x, weight)
     summed = x.float() + residual.float()
     residual.copy_(summed)
@@ -59,7 +74,10 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, head_size: in
 
 def rope(positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor, head_size: int,
          cos_sin_cache: torch.Tensor, is_neox: bool) -> None:
-    """Rotary embedding in place on query and key; cos_sin_cache rows are [cos | sin] (vLLM/flashinfer layout)."""
+    """Rotary embedding in place on query and key; cos_sin_cache rows are [cos | sin] (vLLM/flashinfer layout).
+    Positions index the cache unchecked on the device (a check would wait for the GPU): torch raises an IndexError
+    for one past its rows, torch.compile's CPU code aborts the process, and the GPU kernels read out of bounds."""
+    _check_heads(query, key, head_size)
     if positions.numel() == 0:  # an idle rank's empty batch: view(0, -1, head_size) cannot infer its -1
         return
     cos, sin = cos_sin_cache.index_select(0, positions).float().chunk(2, dim=-1)
