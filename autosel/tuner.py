@@ -359,7 +359,8 @@ class Tuner:
             f"lead over {decision.runner_up} {format_lead(decision)}, " if decision.lead_over_runner_up >= 0
             else f"over {decision.runner_up}: {format_lead(decision)}; ")  # in words: the default kept
         differ = sum(d.winner != decision.winner for d in per_bucket)
-        buckets_text = f", {len(per_bucket)} buckets ({differ} with another winner)" if per_bucket else ""
+        buckets_text = (f", {len(per_bucket)} bucket{'s' if len(per_bucket) != 1 else ''} ({differ} with another "
+                        "winner)") if per_bucket else ""
         self._emit("chosen", op, decision.winner, f"{lead}noise margin {decision.margin:.1%}{buckets_text}", 1.0)
         return decision, per_bucket
 

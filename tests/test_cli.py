@@ -509,6 +509,12 @@ def test_shapes_and_record_together_is_a_usage_error(reg, tmp_path):
     assert run("tune", "--shapes", path, "--from-record", path).exit_code == 2
 
 
+def test_an_isolate_timeout_without_isolate_is_a_usage_error(reg):
+    # It was accepted and did nothing: the candidates ran in this process, with no timeout.
+    result = run("tune", "--isolate-timeout-s", "5")
+    assert result.exit_code == 2 and "--isolate-timeout-s limits the child processes of --isolate" in result.stderr
+
+
 def test_tune_without_torch_says_to_install_it(reg, monkeypatch):
     monkeypatch.setattr(cli._tune, "_torch_missing", lambda: True)
     result = run("tune")

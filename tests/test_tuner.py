@@ -838,6 +838,20 @@ def test_each_bucket_gets_its_own_decision_from_the_same_measurements(toy):
     assert first.per_shape_winners == ((f'{{"n": {n1}}}', "torch"),)
 
 
+@pytest.mark.parametrize("shapes, count", [(1, "1 bucket (0 with another winner)"),
+                                           (2, "2 buckets (1 with another winner)")])
+def test_the_chosen_event_counts_the_buckets_in_words(toy, shapes, count):
+    # "1 buckets (0 with another winner)" on the tune's stderr.
+    _, kernels = toy
+    events = []
+    timer = FakeTimer({"torch": 100.0, "triton": 100.0}, noise=0.001,
+                      shape_factor={("triton", kernels.SHAPES[0]["n"]): 2.0, ("torch", kernels.SHAPES[1]["n"]): 3.0})
+    Tuner(timer=timer, device="cpu", on_event=events.append).tune_buckets(
+        bucketed(kernels), specs(torch="fast", triton="fast"), reference=kernels.fast,
+        shapes=kernels.SHAPES[-shapes:], mode="eager", platform_key="cpu/test", versions={})
+    assert events[-1].kind == "chosen" and events[-1].detail.endswith(f", {count}")
+
+
 @pytest.mark.parametrize("triton_factor, expected", [
     (2.04, ["triton", "triton"]),  # torch 2% faster on the first shape: inside the 3% floor, triton kept there
     (2.2, ["torch", "triton"]),    # torch 9% faster: beyond the floor in every round

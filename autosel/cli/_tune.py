@@ -270,6 +270,9 @@ def tune(ops, shapes_file, record_file, db, force, budget_s, isolate, isolate_ti
     """
     if shapes_file and record_file:
         raise click.UsageError("--shapes and --from-record cannot be combined; pass one of them")
+    given = click.get_current_context().get_parameter_source("isolate_timeout_s")
+    if not isolate and given is not click.core.ParameterSource.DEFAULT:
+        raise click.UsageError("--isolate-timeout-s limits the child processes of --isolate; add --isolate")
     if _torch_missing():
         raise click.ClickException(f"tuning runs the kernels, which needs PyTorch, and torch is not installed for "
                                    f"{sys.executable}; pip install torch, then run `autosel tune` again")
