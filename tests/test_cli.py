@@ -611,6 +611,20 @@ def test_show_with_no_decisions_says_what_to_do(reg, tmp_path):
     assert result.exit_code == 0 and "run `autosel tune`" in result.stdout
 
 
+@pytest.mark.parametrize("name, value", [("AUTOSEL_TUNE", "sometimes"), ("AUTOSEL_LOG", "loud")])
+def test_show_warns_of_a_bad_variable_it_does_not_read_and_goes_on(reg, tmp_path, monkeypatch, name, value):
+    # `AUTOSEL_TUNE=sometimes autosel show` said nothing, where get_kernel and `autosel tune` stop on it.
+    from autosel.db import TuningDB
+
+    TuningDB.open(tmp_path / "empty.db", include_package=False).close()
+    monkeypatch.setenv(name, value)
+    result = run("show", "--db", tmp_path / "empty.db")
+    assert result.exit_code == 0 and "run `autosel tune`" in result.stdout
+    assert result.stderr.startswith(f"Warning: {name}={value!r} is not valid; allowed values: ")
+    assert result.stderr.endswith("`autosel show` reads the DBs only and goes on, but get_kernel and `autosel tune` "
+                                  "stop on it\n")
+
+
 READ_ONLY_COMMANDS = [("show",), ("doctor",), ("report", "--out", "r.html"), ("export", "--out", "e.jsonl"),
                       ("prune", "--dry-run")]
 

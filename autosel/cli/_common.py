@@ -12,6 +12,7 @@ from typing import Any
 import click
 
 from autosel import config
+from autosel.errors import ConfigError
 from autosel.chart import format_us
 from autosel.report import candidate_median_us
 
@@ -144,16 +145,25 @@ def echo_json(data: Any) -> None:
 
 # --- settings and the DB ------------------------------------------------------------------------------------
 
-def settings_for(db: str | None, *, full: bool, match: bool = True) -> config.Settings:
+def settings_for(db: str | None, *, full: bool, match: bool = True, warn: bool = True) -> config.Settings:
     """Settings with --db as the user layer. Commands that only read DBs look at AUTOSEL_DB/AUTOSEL_DB_PATH and
-    AUTOSEL_MATCH (which rows count as in use) only, so a bad AUTOSEL_TUNE does not stop `autosel show` (doctor
-    reports it)."""
+    AUTOSEL_MATCH (which rows count as in use) only, so a bad AUTOSEL_TUNE does not stop `autosel show`: it warns
+    (unless not warn: doctor reports it)."""
     env = dict(os.environ)
-    if not full:
-        env = {k: v for k, v in env.items() if k in ("AUTOSEL_DB", "AUTOSEL_DB_PATH") + ("AUTOSEL_MATCH",) * match}
     if db:
         env["AUTOSEL_DB"] = db
-    settings = config.read_settings(env)
+    if full:
+        settings = config.read_settings(env)
+    else:
+        settings = config.read_settings({k: v for k, v in env.items()
+                                         if k in ("AUTOSEL_DB", "AUTOSEL_DB_PATH") + ("AUTOSEL_MATCH",) * match})
+        try:  # the variables this command does not read: a bad one is said, not passed over in silence
+            config.read_settings(env)
+            config.log_level(env)
+        except ConfigError as exc:
+            if warn:
+                click.echo(f"Warning: {exc}; `autosel {click.get_current_context().info_name}` reads the DBs only "
+                           "and goes on, but get_kernel and `autosel tune` stop on it", err=True)
     if full and settings.forced_per_op:  # parsing cannot know the registry: a misspelt op forced nothing, silently
         from autosel import tuning
 

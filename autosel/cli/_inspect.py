@@ -152,10 +152,11 @@ def doctor(db, as_json):
         config_error = str(exc)
         blocking.append(f"{exc}; fix or unset the variable")
     try:
-        match = settings_for(db, full=False).match
+        match = settings_for(db, full=False, warn=False).match
     except ConfigError:  # a bad AUTOSEL_MATCH is reported above as blocking; show what exact matching finds
         match = "exact"
-    database = read_db(settings_for(db, full=False, match=False), db, refuse_unread=False)  # its layers say why
+    read_only = settings_for(db, full=False, match=False, warn=False)
+    database = read_db(read_only, db, refuse_unread=False)  # its layers say why
     platform, entries = _entries(database, (), match=match)
     plugin_errors, plugin_conflicts = dict(registry_module.plugin_errors), dict(registry_module.plugin_conflicts)
     blocking += [f"plug-in {name!r} failed to load ({error}); a plug-in that raised registers nothing. Reinstall or "
