@@ -1364,11 +1364,13 @@ def test_check_fails_on_an_empty_db_and_names_what_is_missing(reg, tmp_path):
     TuningDB.open(empty, include_package=False).close()
     result = run("check", "--require", "toy.double", "--require", "no.such", "--db", empty)
     assert result.exit_code == 1
+    # It advised tuning no.such, which no tune can: it is not registered.
     assert result.stderr == (
         f"Error: 2 of 2 required (op, mode) pairs have no usable decision for {CPU.key}: toy.double (eager): no "
         f"usable eager decision for {CPU.key} (none stored); no.such (eager): op 'no.such' is not registered here "
-        "(is the package that declares it installed?). Tune them on the target (`autosel tune --db build.db`) and "
-        "ship that DB, or point AUTOSEL_DB_PATH at one that holds them\n")
+        "(is the package that declares it installed?). Install the package that registers no.such or fix the name "
+        "(`autosel doctor` lists the ops). Tune the others on the target (`autosel tune --db build.db`) and ship "
+        "that DB, or point AUTOSEL_DB_PATH at one that holds them\n")
     assert "MISSING" in result.stdout
     report = json.loads(run("check", "--require", "toy.double", "--json", "--db", empty).stdout)
     assert report["ok"] is False and [m["op"] for m in report["missing"]] == ["toy.double"]

@@ -88,8 +88,15 @@ def check(required, modes, platform_key, buckets, db, as_json):
         make_console().print(table)
     if missing:
         listed = "; ".join(f"{r.op} ({r.mode}): {r.detail}" for r in missing)
+        unknown = list(dict.fromkeys(r.op for r in missing if not tuning.registry.get(r.op)))
+        advice = []
+        if unknown:
+            advice.append(f"Install the package that registers {', '.join(unknown)} or fix the name (`autosel "
+                          "doctor` lists the ops)")
+        if len(unknown) < len({r.op for r in missing}):
+            advice.append(f"Tune {'the others' if unknown else 'them'} on the target (`autosel tune --db build.db`) "
+                          "and ship that DB, or point AUTOSEL_DB_PATH at one that holds them")
         raise click.ClickException(f"{len(missing)} of {len(results)} required (op, mode) pairs have no usable "
-                                   f"decision for {target}: {listed}. Tune them on the target (`autosel tune --db "
-                                   "build.db`) and ship that DB, or point AUTOSEL_DB_PATH at one that holds them")
+                                   f"decision for {target}: {listed}. {'. '.join(advice)}")
     if not as_json:
         click.echo(f"OK: {len(results)} required (op, mode) pair(s) have a usable decision for {target}.")
