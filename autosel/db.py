@@ -239,6 +239,8 @@ class TuningDB:
                             layer.conn.execute(f"DELETE FROM decisions WHERE {_SAME_TUNE} AND bucket != ?",
                                                _same_tune_params(decision))
                         layer.db["decisions"].upsert_all(rows, pk=KEY_COLUMNS)
+                    if layer.warn_on_write:  # a read-only user file: said now, when a decision is lost at exit
+                        warn_once(layer.warn_on_write[0], "readonly", layer.warn_on_write[1])
                     return layer.layer()
                 except sqlite3.Error as exc:
                     if layer.kind == "memory":

@@ -58,6 +58,7 @@ class OpenFile:
         self.path, self.kind, self.conn, self.writable = path, kind, conn, writable
         self.schema_version, self.problem, self.broken = schema_version, problem, False
         self.could_write, self.fix = could_write, fix
+        self.warn_on_write: tuple[Path, str] | None = None  # (path, warning) for the first decision written here
         self.db = Database(conn, execute_plugins=False) if writable else None
         # A connection is in a reference cycle with its own statement cache, so one dropped unclosed lingers until
         # a garbage collection, or past exit, and leaves a WAL file's -wal and -shm behind: closed with its layer.
@@ -277,10 +278,13 @@ def open_user(path: Path) -> list[OpenFile]:
 
 
 def _readonly(path: Path, reason: str, *, ro: bool = True) -> list[OpenFile]:
-    """The user DB cannot be written: keep this process's decisions in memory, still read the file if possible."""
-    warn_once(path, "readonly", f"tuning DB {path}: {reason}; decisions made by this process are kept in memory "
-              "and lost at exit. Set AUTOSEL_DB to a writable file path.")
-    layers = [memory_file(f"{reason}; decisions kept in memory")]
+    """The user DB cannot be written: keep this process's decisions in memory, still read the file if possible.
+    The warning comes at once where the file cannot be read, else with the first decision kept in memory: a DB
+    shipped read-only in an image is read by every process, and most of them never write (OpenFile.warn_on_write)."""
+    memory = memory_file(f"{reason}; decisions kept in memory")
+    memory.warn_on_write = (path, f"tuning DB {path}: {reason}; decisions made by this process are kept in memory "
+                                  "and lost at exit. Set AUTOSEL_DB to a writable file path.")
+    layers = [memory]
     try:
         if ro and path.is_file():
             conn = connect(reading_uri(path)[0], uri=True)
@@ -289,6 +293,8 @@ def _readonly(path: Path, reason: str, *, ro: bool = True) -> list[OpenFile]:
                 layers.append(OpenFile(str(path), "user", conn, writable=False, schema_version=version, problem=reason))
     except (OSError, sqlite3.Error, Corrupt) as exc:
         logger.info("cannot read %s read-only either: %s", path, exc)
+    if len(layers) == 1:
+        warn_once(path, "readonly", memory.warn_on_write[1])
     return layers
 
 
