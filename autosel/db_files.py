@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import os
 import sqlite3
+import sys
 import time
 import warnings
 import weakref
@@ -28,10 +29,22 @@ _warned: set[tuple[str, str]] = set()
 
 
 def warn_once(path: object, condition: str, message: str) -> None:
-    """One RuntimeWarning per (path, condition) per process: degraded but working, remedy in the sentence."""
+    """One RuntimeWarning per (path, condition) per process: degraded but working, remedy in the sentence. Python
+    shows it at the first line outside autosel (the user's get_kernel call), not at a line of autosel's own."""
     if (str(path), condition) not in _warned:
         _warned.add((str(path), condition))
-        warnings.warn(message, RuntimeWarning, stacklevel=2)
+        warnings.warn(message, RuntimeWarning, stacklevel=_outside_autosel())
+
+
+_PACKAGE = os.path.dirname(os.path.abspath(__file__)) + os.sep  # autosel's own folder
+
+
+def _outside_autosel() -> int:
+    """warn_once's stacklevel for the first frame on the stack whose code is not in the autosel package."""
+    level, frame = 2, sys._getframe(2)  # this function's, then warn_once's caller
+    while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE):
+        level, frame = level + 1, frame.f_back
+    return level
 
 
 @dataclass(frozen=True)

@@ -228,6 +228,16 @@ def test_a_file_that_is_not_autosel_s_is_never_moved_or_changed(tmp_path, conten
     assert sorted(p.name for p in tmp_path.iterdir()) == ["mine.jsonl"] and path.read_bytes() == content
 
 
+def test_a_db_warning_points_at_the_callers_line_not_autosel_s(tmp_path):
+    # Python showed autosel/db_files.py's own line and source (`warn_once(path, "readonly", f"tuning DB ...`).
+    path = tmp_path / "mine.jsonl"
+    path.write_bytes(b"not a DB")
+    with pytest.warns(RuntimeWarning, match="kept in memory") as record:
+        TuningDB.open(path, include_package=False).close()  # through db and db_files, several frames deep
+    [warning] = [w for w in record if issubclass(w.category, RuntimeWarning)]
+    assert (warning.filename, warning.lineno) == (__file__, sys._getframe().f_lineno - 2)
+
+
 KILLED_IN_A_TRANSACTION = """
 import sqlite3, sys, time
 conn = sqlite3.connect(sys.argv[1], isolation_level=None)
