@@ -684,7 +684,8 @@ def test_a_damaged_db_is_named_in_a_few_lines_with_what_to_do(reg, tmp_path):
     data[4096::7] = b"\xab" * len(data[4096::7])  # every page after the first, damaged
     damaged.write_bytes(bytes(data))
     result = run("show", "--db", damaged)
-    assert result.exit_code == 1 and len(result.stderr.splitlines()) == 2  # the warning, then the error
+    # The error alone: a warning came first, saying "Selection will move it aside" where the error says prune does.
+    assert result.exit_code == 1 and len(result.stderr.splitlines()) == 1
     assert result.stderr.splitlines()[-1].startswith(f"Error: --db {damaged} cannot be read: unreadable (quick_check")
     assert result.stderr.endswith(f"`autosel prune --db {damaged}` moves it aside (kept, not deleted) and starts an "
                                   "empty one\n")
@@ -703,7 +704,7 @@ def test_export_of_a_damaged_default_user_db_is_the_same_clear_error_as_with_db(
     monkeypatch.setenv("AUTOSEL_DB", str(damaged))
     out = tmp_path / "d.jsonl"
     result = run("export", "--out", out)
-    assert result.exit_code == 1 and not out.exists()
+    assert result.exit_code == 1 and not out.exists() and len(result.stderr.splitlines()) == 1
     assert result.stderr.splitlines()[-1].startswith(f"Error: the user DB {damaged} cannot be read: unreadable (")
     assert result.stderr.endswith("; `autosel prune` moves it aside (kept, not deleted) and starts an empty one\n")
     assert damaged.read_bytes() == bytes(data)

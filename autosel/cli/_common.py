@@ -209,10 +209,16 @@ def read_db(settings: config.Settings, db: str | None, *, refuse_unread: bool = 
 
     if refuse_unread:
         require_file(settings, db)
-    database = TuningDB.open(settings.db, settings.db_path, read_only=True)
+    with warnings.catch_warnings(record=True) as caught:  # the error below says the user DB's: not twice
+        warnings.simplefilter("always")
+        database = TuningDB.open(settings.db, settings.db_path, read_only=True)
     user = database.layers[0]
     named = db or (default_too and settings.db.exists())
-    if refuse_unread and named and user.kind == "user" and user.schema_version is None:  # there, but not read
+    refused = refuse_unread and named and user.kind == "user" and user.schema_version is None  # there, but not read
+    for w in caught:
+        if not (refused and str(settings.db) in str(w.message)):
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+    if refused:
         prune = f"`autosel prune --db {db}`" if db else "`autosel prune`"
         if user.fix == "recover":
             remedy = f"{prune} opens it for writing, which recovers it (SQLite's crash recovery)"
