@@ -181,7 +181,11 @@ def _decide_here(op: str, eligible: list[KernelSpec], platform: PlatformInfo, mo
     if not retune:
         found = lookup_stored(db, key, eligible, match=settings.match, versions=versions)
         if found is not None:
-            return table_of(*found[:2])
+            decision, buckets, layer = found  # -v says which decision runs, as it says what a tune chose
+            log.info("op %r (%s mode): %s, stored %s%s", op, mode, decision.winner,
+                     "in memory" if layer.kind == "memory" else f"in the {layer.kind} DB {layer.path}",
+                     f" with {len(buckets)} bucket rows" if buckets else "")
+            return table_of(decision, buckets)
         older = lookup_stored(db, key, eligible, match=settings.match, versions=versions, every_backend=False,
                               say=False)
     # Where nothing can be timed now, a row that is only outdated (a newer backend, one gone, another check)

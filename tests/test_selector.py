@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from conftest import use_platform, use_registry
 
-from autosel import dispatch, selector, tuning
+from autosel import config, dispatch, selector, tuning
 from autosel.errors import TuningError
 from autosel.platforms import PlatformInfo
 from autosel.registry import KernelRegistry
@@ -219,7 +219,9 @@ def test_several_eligible_picks_the_fastest_correct_kernel_and_stores_it(reg, ca
     assert torch_result.shapes[0].timing is not None
 
 
-def test_stored_decision_is_used_without_timing(reg, monkeypatch):
+def test_stored_decision_is_used_without_timing(reg, monkeypatch, caplog):
+    import logging
+
     toy(reg, B.TORCH, B.TRITON)
     assert selector.select_kernel("toy.double").backend == B.TRITON
     import autosel.tuner
@@ -228,7 +230,11 @@ def test_stored_decision_is_used_without_timing(reg, monkeypatch):
         raise AssertionError("tuned again although a decision is stored")
 
     monkeypatch.setattr(autosel.tuner.Tuner, "tune_buckets", no_timing)
+    caplog.set_level(logging.INFO, logger="autosel")
+    caplog.clear()
     assert selector.select_kernel("toy.double").backend == B.TRITON
+    # -v said what a tune chose, but nothing of a stored decision used
+    assert caplog.messages == [f"op 'toy.double' (eager mode): triton, stored in the user DB {config.settings().db}"]
     monkeypatch.setenv("AUTOSEL_TUNE", "off")  # off still reads stored decisions
     assert selector.select_kernel("toy.double").backend == B.TRITON
 
