@@ -12,8 +12,8 @@ from typing import Any
 import click
 
 from autosel import config
-from autosel.errors import ConfigError
 from autosel.chart import format_us
+from autosel.errors import ConfigError
 from autosel.report import candidate_median_us
 
 MEDIAN_NOTE = "median: geometric mean over the shapes of each shape's median time per call"
