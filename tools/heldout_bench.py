@@ -33,9 +33,10 @@ stop 31 before any run of it, after call 31-1 gave fused add + rmsnorm 8 warps t
 before any run of it, with decode-sized token counts at widths in blocks of 8192 (where the norms' warps at 1-299
 rows were never timed); set23 in stop 33 before any run of it, with two token counts in fused add + rmsnorm's
 window of 200-299 rows at widths in blocks of 8192; set24 in stop 33 after call 33-5's probe of the gated kernel's
-stores, before any run of it, with the gated activations at input + output of about the L2's size:
+stores, before any run of it, with the gated activations at input + output of about the L2's size; set25 in stop
+34 likewise, before the graph-mode timing that writes each call's inputs first:
 
-    python tools/heldout_bench.py --out DIR --shapes set24
+    python tools/heldout_bench.py --out DIR --shapes set25
 
 Writes DIR/heldout.md (the tables) and DIR/heldout.json (every median).
 """
@@ -300,11 +301,19 @@ SET23 = _held_out(TOKENS_23, rmsnorm=(2944, 9984), fused=(4992, 5504), silu=(435
 TOKENS_24 = (45, 93, 395, 590, 835, 1130, 1640, 2480, 4650, 9150)
 SET24 = _held_out(TOKENS_24, rmsnorm=(3456, 7424), fused=(3968, 6272), silu=(7040, 8704), gelu=(12032, 5248),
                   rope=((26, 2), (52, 4)), mm=((3968, 2944), (2688, 5376)))
+# set25: made in stop 34 after call 34-4's probe (which graph-mode timing ranks the gated kernels as a model does),
+# before any change of the timing or any run of it. Token counts none of sets 1-24's; widths none of the op's earlier
+# sets', the gated activations at input + output of about 44 MB at one count each (silu 6400 at 990 tokens: 38 MB,
+# 9984 at 705: 42 MB; gelu 7424 at 990: 44 MB, 10496 at 705: 44 MB); hidden 4224 and 8960 for rmsnorm, 3712 and 7040
+# for fused_add_rmsnorm; rope 22 / 2 and 30 / 6 heads; GEMMs of (3712, 3200) and (4480, 2816).
+TOKENS_25 = (51, 78, 129, 460, 705, 990, 1480, 2720, 5230, 11400)
+SET25 = _held_out(TOKENS_25, rmsnorm=(4224, 8960), fused=(3712, 7040), silu=(6400, 9984), gelu=(7424, 10496),
+                  rope=((22, 2), (30, 6)), mm=((3712, 3200), (4480, 2816)))
 SETS = {"set1": SET1, "set2": SET2, "set3": SET3, "set4": SET4, "set5": SET5, "set6": SET6, "set7": SET7, "set8": SET8,
         "set9": SET9, "set10": SET10, "set11": SET11, "set12": SET12, "set13": SET13,
         "set14": SET14, "set15": SET15, "set16": SET16, "set17": SET17, "set18": SET18, "set19": SET19,
         "set20": SET20, "set21": SET21, "set22": SET22, "set23": SET23,
-        "set24": SET24}
+        "set24": SET24, "set25": SET25}
 
 
 def table_for(op: str, mode: str) -> BucketTable:
