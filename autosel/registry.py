@@ -255,13 +255,15 @@ def register_op(
     route_key: int | tuple[int, int] | None = None,
     signature: str = "",
     traced: str | Callable[[str, Callable[..., Any]], Callable[..., Any]] | None = None,
+    activations: tuple[int, ...] = (0,),
 ) -> OpDefinition:
     """Declare what tuning `op` needs. `reference` defaults to the op's torch backend. `bucket(*args)`: the
     shape bucket of a call, a tuple such as (tokens rounded to a power of two, hidden); with it, each
     bucket the shapes cover gets its own decision and get_kernel dispatches by bucket; `route_key`: the index
     of a positional argument whose shape alone decides the bucket (a faster dispatch). `signature` documents
     how the op is called (shown by `autosel doctor`). `traced(backend, kernel)`: what torch.compile calls in
-    place of a kernel it cannot trace, such as a torch custom op around it (OpDefinition.traced)."""
+    place of a kernel it cannot trace, such as a torch custom op around it (OpDefinition.traced). `activations`:
+    the positional arguments the ops before it have just written in a model (OpDefinition.activations)."""
     if isinstance(reference, str) and ":" in reference:  # a kernel target's form; registering imports nothing
         raise ValueError(f"reference for op {op!r} is {reference!r}: pass the function itself, or the name of a "
                          "backend registered for the op (such as 'torch') to compare with that backend")
@@ -280,5 +282,6 @@ def register_op(
                              "[{'tokens': 64}]")
     return registry.define(
         OpDefinition(op=op, shapes=shapes, make_inputs=make_inputs, reference=reference, rtol=rtol, atol=atol,
-                     shape_of=shape_of, bucket=bucket, route_key=route_key, signature=signature, traced=traced)
+                     shape_of=shape_of, bucket=bucket, route_key=route_key, signature=signature, traced=traced,
+                     activations=tuple(activations) if isinstance(activations, list) else activations)
     )

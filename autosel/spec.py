@@ -286,6 +286,9 @@ class OpDefinition:
     `traced`: what torch.compile should call in place of a kernel of the op, as a function (backend name, kernel)
     -> callable, or its "module:function" target: a torch custom op around the kernel, for kernels it cannot trace
     or would compile once per shape (autosel.ops.opaque). None: the kernels are traced as they are.
+    `activations`: the indices of the positional arguments that, in a model, the ops before this one have just
+    written (its activations, not its weights or caches). Graph-mode timing writes them before each timed call and
+    takes the writes' own time off, so they are where a model leaves them (docs/TUNING.md section 2).
     """
 
     op: str
@@ -299,6 +302,7 @@ class OpDefinition:
     route_key: int | tuple[int, int] | None = None
     signature: str = ""
     traced: str | Callable[[str, Callable[..., Any]], Callable[..., Any]] | None = None
+    activations: tuple[int, ...] = (0,)
 
     def __post_init__(self) -> None:
         if not isinstance(self.op, str) or not self.op:
@@ -323,6 +327,10 @@ class OpDefinition:
                 isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in indices)):
             raise TypeError(f"route_key for op {self.op!r} must be the index of a positional argument whose shape "
                             f"decides the bucket (0 for the first), two such indices, or None; got {self.route_key!r}")
+        if not (isinstance(self.activations, tuple) and all(
+                isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in self.activations)):
+            raise TypeError(f"activations for op {self.op!r} must be a tuple of positional argument indices, such "
+                            f"as (0,) for the first; got {self.activations!r}")
         if not (self.reference is None or isinstance(self.reference, KernelBackend) or callable(self.reference)):
             raise TypeError(f"reference for op {self.op!r} must be a backend name, a KernelBackend, a function or "
                             f"None (its torch backend), got {self.reference!r}")

@@ -265,9 +265,13 @@ def graph_sampler(fn, *, replay_ms: float = 2.5) -> Sampler:
 
 
 class CudaGraphTimer(SamplingTimer):
-    """Replay from a CUDA graph, as decode steps run, so launch overhead does not pick the winner."""
+    """Replay from a CUDA graph, as decode steps run, so launch overhead does not pick the winner. The tuner has
+    each replayed call write the op's activations first (writes_activations, OpDefinition.activations) and takes
+    the writes' own replays off: replaying the call on inputs left as it left them put a gated activation whose
+    input and output fill the L2 1.07-1.27x behind where a model's MLP has it ahead (docs/H200.md, "Stop 34")."""
 
-    method = "cuda:graph-replay"
+    method = "cuda:graph-replay, activations written"
+    writes_activations = True
     blocks = 10
 
     def __init__(self, replay_ms: float = 2.5) -> None:

@@ -270,6 +270,7 @@ class Tuner:
         self._emit("timing", op, detail=f"{len(alive)} candidates, up to {self.rounds} rounds")
         rotate_bytes = getattr(self.timer, "rotate_bytes", 0)
         split = getattr(self.timer, "host_and_device_us", None)
+        writes = getattr(self.timer, "writes_activations", False)
         settled: set[tuple[str, int]] = set()  # (backend, shape index) pairs no later round times
         routes: dict[tuple, tuple] = {}  # with a route_key: the route's argument shapes -> their bucket
         for round_index in range(self.rounds):
@@ -284,8 +285,14 @@ class Tuner:
                 timed = [c for c in order if c.status == "ok" and (c.backend, index) not in settled]
                 if round_index > 0 and len(timed) < 2:  # the shape's winner is settled
                     continue
-                calls = {c.backend: checks.rotating_call(c.fn, base, rotate_bytes) for c in timed}
+                if writes:
+                    calls = {c.backend: _after_writing(c.fn, definition.activations, base) for c in timed}
+                    calls[WRITES] = _after_writing(None, definition.activations, base)
+                else:
+                    calls = {c.backend: checks.rotating_call(c.fn, base, rotate_bytes) for c in timed}
                 times, failed = measure_together(self.timer, calls, shape=shape)
+                if writes:
+                    times = _less_writes(times, failed, op, shape)
                 for candidate in timed:
                     error = failed.get(candidate.backend)
                     if error is None and split is not None:
@@ -363,6 +370,37 @@ class Tuner:
                         "winner)") if per_bucket else ""
         self._emit("chosen", op, decision.winner, f"{lead}noise margin {decision.margin:.1%}{buckets_text}", 1.0)
         return decision, per_bucket
+
+
+WRITES = "(activations written)"  # the writes alone, timed with the candidates of a timer that writes_activations
+
+
+def _after_writing(fn: Callable[..., Any] | None, activations: Sequence[int], base: Sequence[Any]) -> Callable[[], Any]:
+    """A call of fn on its own copy of base that first writes the copy's activations (OpDefinition.activations)
+    from copies of their values, as the ops before it write them in a model; with fn None, the writes alone. An
+    in-place kernel so finds its inputs as made at every call."""
+    import torch
+
+    args = checks.clone_args(base)
+    pairs = [(args[i], args[i].clone()) for i in activations if i < len(args) and isinstance(args[i], torch.Tensor)]
+
+    def call():
+        for arg, value in pairs:
+            arg.copy_(value)
+        return None if fn is None else fn(*args)
+    return call
+
+
+def _less_writes(times: dict[str, list[float]], failed: dict[str, BaseException], op: str,
+                 shape: dict) -> dict[str, list[float]]:
+    """Each candidate's samples less the writes' sample of the same block (measure_together takes the blocks in
+    turn, so the two are close in time). A sample at or below the writes' is a measurement that cannot tell the
+    call from nothing: kept at 1 ns."""
+    if WRITES in failed:
+        raise TuningError(f"op {op!r}: writing its activations before each timed call raised at "
+                          f"{shape_text(shape)}: {failed[WRITES]}")
+    writes = times.pop(WRITES)
+    return {backend: [max(t - w, 1e-3) for t, w in zip(samples, writes)] for backend, samples in times.items()}
 
 
 def _with_check_shapes(shapes: Sequence[dict], check_shapes: Sequence[dict]) -> list[dict]:

@@ -8,6 +8,7 @@ import statistics
 from pathlib import Path
 
 import pytest
+import torch
 
 from autosel.checks import rotating_copies
 from autosel.errors import TuningError
@@ -159,6 +160,53 @@ def test_the_chosen_event_words_a_default_kept_inside_the_noise(toy):
     detail = events[-1].detail
     assert detail.startswith(f"over triton: {format_lead(decision)}; noise margin ")
     assert format_lead(decision).startswith("default kept: runner-up 2.0% faster") and "-2.0%" not in detail
+
+
+def test_a_timer_that_writes_activations_has_every_timed_call_find_them_as_made(toy):
+    # Replaying a call on inputs left as the last call left them put a gated activation whose input and output
+    # fill the L2 1.07-1.27x behind flashinfer, where a model's MLP has it ahead (docs/H200.md, "Stop 34").
+    _, kernels = toy
+
+    class WritingTimer(CpuTimer):  # as CudaGraphTimer does, on this CPU
+        writes_activations = True
+
+    definition = OpDefinition(OP, shapes=[{"n": 1}], make_inputs=kernels.big_activation, activations=(0,))
+    candidates = [KernelSpec(OP, B(b), "toy_kernels:head_in_place") for b in ("torch", "triton")]
+
+    def tune(timer):
+        kernels.CALLS_ON_X_AS_MADE.clear()
+        return Tuner(timer=timer, device="cpu").tune(definition, candidates, reference=kernels.head_in_place,
+                                                     shapes=[{"n": 1}], mode="eager", platform_key="cpu/test",
+                                                     versions={})
+
+    tune(CpuTimer(blocks=5))
+    assert not all(kernels.CALLS_ON_X_AS_MADE)  # a call found the change the last one made
+    written = tune(WritingTimer(blocks=5))
+    assert len(kernels.CALLS_ON_X_AS_MADE) > 10 and all(kernels.CALLS_ON_X_AS_MADE)
+    assert [c.backend for c in written.candidates if c.ok] == ["torch", "triton"]  # the writes are no candidate
+
+
+@pytest.mark.parametrize("activations", [0, (0, "x"), (-1,), (True,)])
+def test_activations_must_be_a_tuple_of_argument_indices(activations):
+    with pytest.raises(TypeError, match=r"activations for op 'x.y' must be a tuple of positional argument indices"):
+        OpDefinition("x.y", shapes=[], make_inputs=lambda shape, device: (), activations=activations)
+
+
+def test_the_writes_are_taken_off_each_sample_of_their_block():
+    from autosel.tuner import WRITES, _after_writing, _less_writes
+
+    assert _less_writes({"a": [5.0, 7.0], WRITES: [2.0, 3.0], "b": [2.5, 2.9]}, {}, OP, {"n": 1}) == {
+        "a": [3.0, 4.0], "b": [0.5, 1e-3]}  # at or below the writes': kept at 1 ns
+    with pytest.raises(TuningError, match=r"op 'toy.double': writing its activations before each timed call "
+                                          r"raised at n=1: out of memory"):
+        _less_writes({"a": [5.0]}, {WRITES: RuntimeError("out of memory")}, OP, {"n": 1})
+    base = (torch.zeros(4), torch.ones(4), 2.0)
+    seen = []
+    call = _after_writing(lambda x, y, k: seen.append(x.clone()) or x.add_(y * k), (0,), base)
+    call(), call()
+    assert [s.tolist() for s in seen] == [[0.0] * 4] * 2 and base[0].tolist() == [0.0] * 4  # its own copy
+    writes_alone = _after_writing(None, (0, 5), base)  # an index past the arguments is passed over
+    assert writes_alone() is None
 
 
 def test_block_sampler_times_are_per_call_microseconds():

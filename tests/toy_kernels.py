@@ -219,3 +219,18 @@ def _rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
 # An rmsnorm that torch.compile cannot trace, as flashinfer's and sgl-kernel's calls on a GPU.
 untraceable_rmsnorm = torch._dynamo.disable(_rmsnorm)
+
+
+# An op whose first argument is an activation of 16 MB that the kernels barely read: the time of writing it before
+# each call dwarfs theirs. head_in_place counts the calls that found x as made (graph-mode timing writes it first).
+CALLS_ON_X_AS_MADE: list[bool] = []
+
+
+def big_activation(shape: dict, device: str) -> tuple:
+    return torch.zeros(4 << 20, device=device), torch.randn(8, device=device)
+
+
+def head_in_place(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    CALLS_ON_X_AS_MADE.append(bool(x[0] == 0))
+    x[0] += 1
+    return y * 2

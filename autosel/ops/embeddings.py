@@ -70,6 +70,7 @@ SPECS = standard_specs("embeddings.rope", "rope",
                        sgl_kernel="autosel.ops.vendor:sgl_rope")
 DEFINITIONS = [OpDefinition(
     "embeddings.rope", shapes=SHAPES, make_inputs=rope_inputs, shape_of=rope_shape, bucket=rope_bucket,
+    activations=(1, 2),  # query and key, which the QKV projection has just written; not positions or the cache
     signature="(positions[T] int64, query[T, Hq*D], key[T, Hk*D], head_size: int, cos_sin_cache[P, R] fp32, "
               "is_neox: bool) -> None, in place on query and key; cache rows [cos | sin]; " + DTYPES,
     traced="autosel.ops.opaque:rope",

@@ -60,7 +60,7 @@ DEFINITIONS = [
                  signature="(x[T, H], weight[H], eps: float) -> new [T, H]; " + DTYPES,
                  traced="autosel.ops.opaque:rmsnorm"),
     OpDefinition("layernorm.fused_add_rmsnorm", shapes=SHAPES, make_inputs=fused_add_rmsnorm_inputs,
-                 shape_of=rmsnorm_shape, bucket=rows_bucket, route_key=0,
+                 shape_of=rmsnorm_shape, bucket=rows_bucket, route_key=0, activations=(0, 1),
                  signature="(x[T, H], residual[T, H], weight[H], eps: float) -> None, in place: "
                            "residual <- x + residual, x <- rmsnorm(residual); " + DTYPES,
                  traced="autosel.ops.opaque:fused_add_rmsnorm"),
