@@ -350,7 +350,13 @@ def test_the_torch_backends_rope_leaves_an_empty_batch_alone():
     # A head size that does not divide the widths failed in view():
     (lambda t: t.rope(torch.arange(2), torch.randn(2, 64), torch.randn(2, 32), 24, torch.ones(8, 16), True),
      "query width 64 and key width 32 must be multiples of head_size 24"),
-], ids=["silu-odd", "gelu-odd", "rmsnorm-weight", "fused-weight", "fused-residual", "rope-head-size"])
+    # Integer rows came back truncated, an rmsnorm as zeros and ones:
+    (lambda t: t.rmsnorm(torch.ones(4, 8, dtype=torch.int32), torch.ones(8), 1e-6), "x is torch.int32; the op takes"),
+    (lambda t: t.silu_and_mul(torch.ones(4, 8, dtype=torch.int64)), "x is torch.int64; the op takes"),
+    (lambda t: t.rope(torch.arange(2), torch.ones(2, 64, dtype=torch.int32), torch.randn(2, 32), 16,
+                      torch.ones(8, 16), True), "query is torch.int32; the op takes floating-point tensors"),
+], ids=["silu-odd", "gelu-odd", "rmsnorm-weight", "fused-weight", "fused-residual", "rope-head-size", "rmsnorm-int",
+        "silu-int", "rope-int"])
 def test_the_torch_backend_refuses_what_it_used_to_broadcast_into_a_wrong_result(call, message):
     from autosel.ops import torch_impl
 

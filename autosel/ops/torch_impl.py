@@ -6,14 +6,22 @@ import torch
 import torch.nn.functional as F
 
 
+def _check_float(name: str, x: torch.Tensor) -> None:
+    # An integer tensor came back truncated (an rmsnorm of int32 rows as zeros and ones), with no error.
+    if not x.is_floating_point():
+        raise ValueError(f"{name} is {x.dtype}; the op takes floating-point tensors (bfloat16, float16, float32)")
+
+
 def _check_weight(x: torch.Tensor, weight: torch.Tensor) -> None:
     # A weight of one element broadcast silently here, where the other backends raise.
+    _check_float("x", x)
     if weight.shape != (x.shape[-1],):
         raise ValueError(f"weight has shape {tuple(weight.shape)}, expected ({x.shape[-1]},) to match x's last dim")
 
 
 def _halves(x: torch.Tensor) -> int:
     # An odd width broadcast [T, 1] against [T, 2] into a wrong result of the wrong shape.
+    _check_float("x", x)
     if x.shape[-1] % 2:
         raise ValueError(f"x has last dim {x.shape[-1]}: a gated activation takes [gate | up], an even width")
     return x.shape[-1] // 2
@@ -28,6 +36,8 @@ def check_residual(x: torch.Tensor, residual: torch.Tensor) -> None:
 
 def _check_heads(query: torch.Tensor, key: torch.Tensor, head_size: int) -> None:
     # A width that head_size does not divide failed in view(), under torch.compile inside its tracing.
+    _check_float("query", query)
+    _check_float("key", key)
     if query.shape[-1] % head_size or key.shape[-1] % head_size:
         raise ValueError(f"query width {query.shape[-1]} and key width {key.shape[-1]} must be multiples of "
                          f"head_size {head_size}")
