@@ -3,12 +3,24 @@
 from __future__ import annotations
 
 import re
+import subprocess
 from pathlib import Path
 
 ROOT = Path(__file__).parent.parent
 DOCUMENTS = [ROOT / "README.md", ROOT / "tuning_db" / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
-SOURCES = [p for p in ROOT.rglob("*") if p.suffix in (".py", ".md", ".sh", ".toml") and ".git" not in p.parts
-           and p.name != "test_docs.py"]
+
+
+def _files() -> list[Path]:
+    """The repository's files: git's, so a developer's untracked notes and scratch (out/, ignored) are not read;
+    every file under the root where there is no git."""
+    try:
+        listed = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return [p for p in ROOT.rglob("*") if ".git" not in p.parts]
+    return [ROOT / line for line in listed.splitlines() if (ROOT / line).is_file()]
+
+
+SOURCES = [p for p in _files() if p.suffix in (".py", ".md", ".sh", ".toml") and p.name != "test_docs.py"]
 
 
 def test_relative_links_resolve_inside_the_repository():
