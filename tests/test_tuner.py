@@ -183,7 +183,7 @@ def test_a_timer_that_writes_activations_has_every_timed_call_find_them_as_made(
     assert not all(kernels.CALLS_ON_X_AS_MADE)  # a call found the change the last one made
     written = tune(WritingTimer(blocks=5))
     assert len(kernels.CALLS_ON_X_AS_MADE) > 10 and all(kernels.CALLS_ON_X_AS_MADE)
-    assert [c.backend for c in written.candidates if c.ok] == ["torch", "triton"]  # the writes are no candidate
+    assert sorted(c.backend for c in written.candidates) == ["torch", "triton"]  # the writes are no candidate
 
 
 @pytest.mark.parametrize("activations", [0, (0, "x"), (-1,), (True,)])
