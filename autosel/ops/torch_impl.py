@@ -14,14 +14,12 @@ def _check_float(name: str, x: torch.Tensor) -> None:
 
 def _check_weight(x: torch.Tensor, weight: torch.Tensor) -> None:
     # A weight of one element broadcast silently here, where the other backends raise.
-    _check_float("x", x)
     if weight.shape != (x.shape[-1],):
         raise ValueError(f"weight has shape {tuple(weight.shape)}, expected ({x.shape[-1]},) to match x's last dim")
 
 
 def _halves(x: torch.Tensor) -> int:
     # An odd width broadcast [T, 1] against [T, 2] into a wrong result of the wrong shape.
-    _check_float("x", x)
     if x.shape[-1] % 2:
         raise ValueError(f"x has last dim {x.shape[-1]}: a gated activation takes [gate | up], an even width")
     return x.shape[-1] // 2
@@ -36,14 +34,13 @@ def check_residual(x: torch.Tensor, residual: torch.Tensor) -> None:
 
 def _check_heads(query: torch.Tensor, key: torch.Tensor, head_size: int) -> None:
     # A width that head_size does not divide failed in view(), under torch.compile inside its tracing.
-    _check_float("query", query)
-    _check_float("key", key)
     if query.shape[-1] % head_size or key.shape[-1] % head_size:
         raise ValueError(f"query width {query.shape[-1]} and key width {key.shape[-1]} must be multiples of "
                          f"head_size {head_size}")
 
 
 def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    _check_float("x", x)
     _check_weight(x, weight)
     xf = x.float()
     return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * weight.float()).to(x.dtype)
@@ -52,6 +49,7 @@ def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 def fused_add_rmsnorm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float) -> None:
     """In place, as flashinfer and sgl-kernel do it: residual <- x + residual; x <- rmsnorm(residual)."""
     check_residual(x, residual)
+    _check_float("x", x)
     _check_weight(x, weight)
     summed = x.float() + residual.float()
     residual.copy_(summed)
@@ -59,11 +57,13 @@ def fused_add_rmsnorm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Ten
 
 
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
+    _check_float("x", x)
     d = _halves(x)
     return (F.silu(x[..., :d].float()) * x[..., d:].float()).to(x.dtype)
 
 
 def gelu_and_mul(x: torch.Tensor) -> torch.Tensor:
+    _check_float("x", x)
     d = _halves(x)
     return (F.gelu(x[..., :d].float(), approximate="none") * x[..., d:].float()).to(x.dtype)
 
@@ -87,6 +87,8 @@ def rope(positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor, head_s
     """Rotary embedding in place on query and key; cos_sin_cache rows are [cos | sin] (vLLM/flashinfer layout).
     Positions index the cache unchecked on the device (a check would wait for the GPU): torch raises an IndexError
     for one past its rows, torch.compile's CPU code aborts the process, and the GPU kernels read out of bounds."""
+    _check_float("query", query)
+    _check_float("key", key)
     _check_heads(query, key, head_size)
     if positions.numel() == 0:  # an idle rank's empty batch: view(0, -1, head_size) cannot infer its -1
         return
