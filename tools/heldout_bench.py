@@ -34,9 +34,10 @@ before any run of it, with decode-sized token counts at widths in blocks of 8192
 rows were never timed); set23 in stop 33 before any run of it, with two token counts in fused add + rmsnorm's
 window of 200-299 rows at widths in blocks of 8192; set24 in stop 33 after call 33-5's probe of the gated kernel's
 stores, before any run of it, with the gated activations at input + output of about the L2's size; set25 in stop
-34 likewise, before the graph-mode timing that writes each call's inputs first:
+34 likewise, before the graph-mode timing that writes each call's inputs first; set26 in stop 35 before any run of
+it, with four decode-sized token counts (where eager rmsnorm's winners differed on set25):
 
-    python tools/heldout_bench.py --out DIR --shapes set25
+    python tools/heldout_bench.py --out DIR --shapes set26
 
 Writes DIR/heldout.md (the tables) and DIR/heldout.json (every median).
 """
@@ -309,11 +310,19 @@ SET24 = _held_out(TOKENS_24, rmsnorm=(3456, 7424), fused=(3968, 6272), silu=(704
 TOKENS_25 = (51, 78, 129, 460, 705, 990, 1480, 2720, 5230, 11400)
 SET25 = _held_out(TOKENS_25, rmsnorm=(4224, 8960), fused=(3712, 7040), silu=(6400, 9984), gelu=(7424, 10496),
                   rope=((22, 2), (30, 6)), mm=((3712, 3200), (4480, 2816)))
+# set26: made in stop 35 before any run of it or of that stop's probe (call 35-1: eager rmsnorm's host time at small
+# token counts, where flashinfer led triton on set25). Token counts none of sets 1-25's, four of them at or below
+# 145 (decode batches); widths none of the op's earlier sets': hidden 3968 and 6528 for rmsnorm, 3328 and 8960 for
+# fused_add_rmsnorm; intermediate 4736 and 13312 for silu, 3840 and 8704 for gelu; rope 9 / 1 and 28 / 2 heads; GEMMs
+# of (4224, 2304) and (1792, 7168).
+TOKENS_26 = (49, 71, 107, 145, 485, 1210, 1570, 3150, 7100, 12800)
+SET26 = _held_out(TOKENS_26, rmsnorm=(3968, 6528), fused=(3328, 8960), silu=(4736, 13312), gelu=(3840, 8704),
+                  rope=((9, 1), (28, 2)), mm=((4224, 2304), (1792, 7168)))
 SETS = {"set1": SET1, "set2": SET2, "set3": SET3, "set4": SET4, "set5": SET5, "set6": SET6, "set7": SET7, "set8": SET8,
         "set9": SET9, "set10": SET10, "set11": SET11, "set12": SET12, "set13": SET13,
         "set14": SET14, "set15": SET15, "set16": SET16, "set17": SET17, "set18": SET18, "set19": SET19,
         "set20": SET20, "set21": SET21, "set22": SET22, "set23": SET23,
-        "set24": SET24, "set25": SET25}
+        "set24": SET24, "set25": SET25, "set26": SET26}
 
 
 def table_for(op: str, mode: str) -> BucketTable:
