@@ -178,6 +178,16 @@ def test_rmsnorm(shape, dtype):
     check_rmsnorm(shape, dtype, DEVICE)
 
 
+def test_rmsnorm_of_a_dense_transposed_x_returns_contiguous_rows():
+    # out is allocated in x's layout (cheaper on the host); a dense x in another order must still get contiguous
+    # rows, the layout the kernel writes and the traced op's fake output promises
+    x = randn(3, 2, 40, dtype=torch.bfloat16, device=DEVICE).transpose(0, 1)
+    weight = randn(40, dtype=torch.bfloat16, device=DEVICE)
+    out = tk.rmsnorm(x, weight, EPS)
+    assert out.is_contiguous() and out.shape == x.shape
+    assert_close(out, ref_rmsnorm(x, weight, EPS), torch.bfloat16)
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("shape", [(1, 8), (5, 96), (3, 200), (2, 3, 40)])
 def test_fused_add_rmsnorm(shape, dtype):
@@ -222,6 +232,13 @@ def test_rmsnorm_plan_warps(n_rows, n_cols, element_size, plain_warps, fused_war
     assert (warps, warps_fused) == (plain_warps, fused_warps)
     assert plain[:3] == fused[:3] and plain[2] is True and (plain[3], fused[3]) == (False, True)  # one pass
     assert grid == (n_rows,) and plain[0] == 1  # one row a program
+
+
+@pytest.mark.parametrize("n_rows, n_cols", [(200, 5121), (256, 7168), (299, 8192)])
+def test_float16_fused_rows_past_hidden_5120_take_8_warps_where_bfloat16_takes_16(n_rows, n_cols):
+    assert tk._rmsnorm_plan(n_rows, n_cols, 2)[3] == 16
+    assert tk._rmsnorm_plan(n_rows, n_cols, 2, True)[3] == 8
+    assert tk._rmsnorm_plan(n_rows, n_cols, 2, True)[1] == tk._rmsnorm_plan(n_rows, n_cols, 2)[1]  # the plain norm's
 
 
 @pytest.mark.parametrize("one_pass", [True, False], ids=["one_pass", "two_pass"])

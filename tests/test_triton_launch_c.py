@@ -30,7 +30,7 @@ if not hasattr(torch.Tensor, "__dlpack_c_exchange_api__"):
     pytest.skip("this torch has no DLPack C exchange API, so triton_kernels never takes the C path",
                 allow_module_level=True)
 
-BF16, F32 = torch.bfloat16, torch.float32
+BF16, F16, F32 = torch.bfloat16, torch.float16, torch.float32
 EPS = 1e-6
 LAUNCHERS = ("_launch_rmsnorm_kernel", "_launch_act_and_mul", "_launch_rope")
 N_NULLS = 2  # Triton's scratch pointers after the arguments (two from Triton 3.5), passed as nulls
@@ -281,6 +281,10 @@ CASES = [
     _case("rmsnorm-odd-width", RMS, lambda: (_t(4, 65), _t(65), EPS)),
     _case("rmsnorm-misaligned", RMS, lambda: (_misaligned(4, 64), _t(64), EPS)),
     _case("rmsnorm-fp32-x", RMS, lambda: (_t(4, 64, dtype=F32), _t(64), EPS)),
+    # float16 has plans of its own: C's plan key tells it from bfloat16 as the Python path's does
+    _case("rmsnorm-fp16", RMS, lambda: (_t(4, 64, dtype=F16), _t(64, dtype=F16), EPS)),
+    # dense in another order: out, allocated in x's layout, is not rows a width apart, and C declines it
+    _case("rmsnorm-dense-transposed", RMS, lambda: (_t(3, 2, 64).transpose(0, 1), _t(64), EPS), PYTHON),
     _case("rmsnorm-weight-parameter", RMS, lambda: (_t(4, 64), _weight(64), EPS)),
     _case("rmsnorm-expanded-rows", RMS, lambda: (_t(1, 64).expand(4, 64), _t(64), EPS)),  # read only: no race
     _case("rmsnorm-weight-strided", RMS, lambda: (_t(4, 64), _t(128)[::2], EPS), PYTHON),
@@ -302,6 +306,7 @@ CASES = [
     _case("fused-rows-of-wider-buffers", FUSED, lambda: (_t(4, 96)[:, :64], _t(4, 80)[:, :64], _t(64), EPS)),
     _case("fused-odd-width", FUSED, lambda: (_t(4, 65), _t(4, 65), _t(65), EPS)),
     _case("fused-misaligned", FUSED, lambda: (_misaligned(4, 64), _t(4, 64), _t(64), EPS)),
+    _case("fused-fp16", FUSED, lambda: (_t(4, 64, dtype=F16), _t(4, 64, dtype=F16), _t(64, dtype=F16), EPS)),
     _case("fused-fp32-x-bf16-residual", FUSED, lambda: (_t(4, 64, dtype=F32), _t(4, 64), _t(64), EPS)),
     _case("fused-weight-parameter", FUSED, lambda: (_t(4, 64), _t(4, 64), _weight(64), EPS)),
     _case("fused-expanded-x", FUSED, lambda: (_t(1, 64).expand(4, 64), _t(4, 64), _t(64), EPS),
@@ -430,6 +435,15 @@ def test_the_norms_launch_from_c_with_their_own_warps(paths, op, make):
     (plan,) = tk._NORM_PLANS.values()
     assert (plan[1], plan[3]) == (16, 8)
     assert paths.c(op, *make()).c_launch.threads == 32 * (8 if op is FUSED else 16)
+
+
+def test_fused_rows_of_float16_and_bfloat16_launch_from_c_with_their_own_warps(paths):
+    # 256 rows of 6144: 16 warps for bf16, 8 for fp16 (_rmsnorm_plan); C must find each dtype's own plan
+    for dtype, warps in ((BF16, 16), (F16, 8)):
+        make = lambda: (_t(256, 6144, dtype=dtype), _t(256, 6144, dtype=dtype), _t(6144, dtype=dtype), EPS)
+        _check(paths, FUSED, make(), C)
+        assert paths.c(FUSED, *make()).c_launch.threads == 32 * warps
+    assert sorted(plan[3] for plan in tk._NORM_PLANS.values()) == [8, 16]
 
 
 def test_a_plan_of_more_per_program_than_int64_holds_still_launches_a_block(paths):

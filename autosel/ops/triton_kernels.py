@@ -131,7 +131,7 @@ _DIRECT = _launch_rmsnorm_kernel.direct if _launch_rmsnorm_kernel.reads_dlpack e
 # Plans kept per kernel, as _rmsnorm_plan's cache: a bound for many token counts. When it is reached they all go, and
 # each shape's next call takes the Python path once to plan again.
 _PLANS_KEPT = 4096
-_NORM_PLANS: dict[tuple, tuple] = {}  # (n_rows, n_cols, element size) -> _rmsnorm_plan(...)
+_NORM_PLANS: dict[tuple, tuple] = {}  # (n_rows, n_cols, element size, fp16) -> _rmsnorm_plan(...)
 
 
 def _remember(plans: dict, key: tuple, plan: tuple) -> None:
@@ -142,7 +142,7 @@ def _remember(plans: dict, key: tuple, plan: tuple) -> None:
 
 
 # A 16-bit row in a block of 8192 (hidden 4097-8192) takes 8 warps rather than 16: the plain norm from this many rows,
-# fused add + rmsnorm at every row count but 1 and, in rows wider than _FUSED_16_WARPS_PAST, those in
+# fused add + rmsnorm at every row count but 1 and, in bf16 rows wider than _FUSED_16_WARPS_PAST, those in
 # _FUSED_ROW_8192_16_WARPS.
 _ROW_8192_8_WARPS_FROM = 2048
 _FUSED_ROW_8192_16_WARPS = range(200, 300)
@@ -150,9 +150,10 @@ _FUSED_16_WARPS_PAST = 5120
 
 
 @functools.lru_cache(maxsize=4096)
-def _rmsnorm_plan(n_rows: int, n_cols: int, element_size: int) -> tuple:
+def _rmsnorm_plan(n_rows: int, n_cols: int, element_size: int, fp16: bool = False) -> tuple:
     """(grid, num_warps and constexprs without the residual add, num_warps and constexprs with it) for a [n_rows,
-    n_cols] norm: kept per shape, since working it out costs about a microsecond of host time a call."""
+    n_cols] norm of `element_size`-byte elements (fp16: float16 rather than bfloat16): kept per shape, since working
+    it out costs about a microsecond of host time a call."""
     max_cols = _MAX_ROW_BYTES // element_size
     block_n = next_power_of_2(n_cols)
     one_pass = block_n <= max_cols
@@ -172,11 +173,12 @@ def _rmsnorm_plan(n_rows: int, n_cols: int, element_size: int) -> tuple:
         # 32"): the plain norm at 0.97-0.99x the time of 16 warps at hidden 5120 and 6144 from 2048 rows, but
         # 0.99-1.04x at 300-2047 rows and 1.03-1.11x at 1-299; fused add + rmsnorm at 0.86-1.00x at 4-128 rows of
         # hidden 4480-8192, 0.80-1.00x at 300-2047 rows of 4480-6144 (0.87-1.03x at 7168 and 8192) and 0.91-0.92x at
-        # 5120 from 2048 rows, but 1.06-1.14x at 1 row. At 200-299 rows it turns with the width (call 33-1): 0.93-0.99x
-        # at hidden 4480-5120 (fp16 0.92-0.97x), 0.95-1.05x at 5376-6144 (fp16 0.92-0.99x) and 1.02-1.06x at 7168.
+        # 5120 from 2048 rows, but 1.06-1.14x at 1 row. At 200-299 rows bf16 turns with the width (calls 33-1 and
+        # 35-1): 0.93-0.99x at hidden 4480-5120, 0.95-1.05x at 5376-6144 and 1.01-1.09x at 7168-8192; fp16 does not:
+        # 0.92-0.97x at 4480-7680 and 0.99-1.01x at 8192.
         if n_rows >= _ROW_8192_8_WARPS_FROM:
             plain_warps = 8
-        if n_rows > 1 and not (n_rows in _FUSED_ROW_8192_16_WARPS and n_cols > _FUSED_16_WARPS_PAST):
+        if n_rows > 1 and (fp16 or not (n_rows in _FUSED_ROW_8192_16_WARPS and n_cols > _FUSED_16_WARPS_PAST)):
             fused_warps = 8
     elif one_row and element_size == 2 and block_n == 16384:
         # The plain norm at 32 warps (16 elements a thread again, past _num_warps' 16): 0.91-0.98x the time of 16 at
@@ -196,10 +198,10 @@ def _launch_rmsnorm(x2, res2, weight, out, out_stride: int, eps: float) -> None:
     if n_rows == 0:
         return
     weight = weight if weight.stride(0) == 1 else weight.contiguous()
-    element_size = x2.element_size()
-    plan = _rmsnorm_plan(n_rows, n_cols, element_size)
+    key = (n_rows, n_cols, x2.element_size(), x2.dtype == torch.float16)
+    plan = _rmsnorm_plan(*key)
     if _DIRECT is not None:
-        _remember(_NORM_PLANS, (n_rows, n_cols, element_size), plan)
+        _remember(_NORM_PLANS, key, plan)
     grid, plain_warps, plain, fused_warps, with_residual = plan
     eps = float(eps)  # as the C path reads it, and as FastLaunch keys it (a numpy float would switch it off)
     if res2 is None:
@@ -227,7 +229,10 @@ def _not_1d(weight: torch.Tensor) -> ValueError:
 
 def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """x / sqrt(mean(x^2) + eps) * weight over the last dim, in fp32, returned in x.dtype."""
-    out = torch.empty_like(x, memory_format=torch.contiguous_format)  # half the host time of torch.empty(shape, ...)
+    # x's own layout: 2.0-2.3 us of the H200's host against 2.3-2.6 for memory_format=torch.contiguous_format, and
+    # eager rmsnorm at 1-990 tokens is host time (docs/H200.md, "Stop 35"). A dense x in another order gives an out
+    # the C path does not take (it launches on rows a width apart only); the Python path then makes a contiguous one.
+    out = torch.empty_like(x)
     if _DIRECT is not None and not hooked() and _DIRECT.norm(
             _launch_rmsnorm_kernel.kept, _NORM_PLANS, x, None, weight, out, eps):
         return out
@@ -236,7 +241,11 @@ def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     except IndexError:
         raise _not_1d(weight) from None
     x2 = _as_rows(x, width, name="x", in_place=False)
-    _launch_rmsnorm(x2, None, weight, out, width, eps)  # out is contiguous: its rows are a width apart
+    if not out.is_contiguous():
+        out = torch.empty_like(x, memory_format=torch.contiguous_format)
+    # Contiguous, so its rows are a width apart; a 2-d out's own row stride is passed, as the C path reads it: one row
+    # of a wider buffer is dense, and empty_like gave out that row's stride, which one row never steps by.
+    _launch_rmsnorm(x2, None, weight, out, out.stride(0) if out.dim() == 2 else width, eps)
     return out
 
 

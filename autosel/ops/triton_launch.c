@@ -84,6 +84,7 @@ typedef struct {
 #define AUTOSEL_LIBCUDA "libcuda.so.1"
 #endif
 enum { DL_CUDA = AUTOSEL_DL_DEVICE };
+enum { DL_FLOAT_CODE = 2 };  /* kDLFloat: float16 and float32 (bfloat16 is kDLBfloat) */
 
 #define MAX_ARGS 32
 #define MAX_NULLS 8
@@ -472,7 +473,7 @@ static PyObject *launch_rows(PyObject *kept, int device, PyObject *plan, int64_t
     return result;
 }
 
-/* norm(kept, plans, x, residual, weight, out, eps); plans[(rows, width, element size)] is
+/* norm(kept, plans, x, residual, weight, out, eps); plans[(rows, width, element size, whether float16)] is
    (grid, num_warps and constexprs without the residual, num_warps and constexprs with it). */
 static PyObject *norm(PyObject *self, PyObject *const *a, Py_ssize_t nargs) {
     if (nargs != 7 || !PyDict_Check(a[0]) || !PyDict_Check(a[1])) {
@@ -496,8 +497,10 @@ static PyObject *norm(PyObject *self, PyObject *const *a, Py_ssize_t nargs) {
         if (!same_shape(&x, &res) || !as_rows(&res, width, &res_rows, &res_stride)) Py_RETURN_FALSE;
         if (n_rows > 1 && (x_stride < width || res_stride < width)) Py_RETURN_FALSE;  /* overlapping rows */
     }
-    PyObject *plan = plan_for(a[1], Py_BuildValue("(LLi)", (long long)n_rows, (long long)width,
-                                                  (int)(x.dtype.bits / 8)), 5);
+    PyObject *plan = plan_for(a[1], Py_BuildValue("(LLiO)", (long long)n_rows, (long long)width,
+                                                  (int)(x.dtype.bits / 8),
+                                                  x.dtype.code == DL_FLOAT_CODE && x.dtype.bits == 16 ? Py_True
+                                                                                                      : Py_False), 5);
     if (plan == NULL) return PyErr_Occurred() ? NULL : Py_NewRef(Py_False);  /* not planned yet */
     const DLTensor *tensors[4] = {&x, fused ? &res : &x, &w, &out};
     int64_t ints[5] = {n_rows, width, x_stride, res_stride, out_stride};
