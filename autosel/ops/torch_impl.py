@@ -6,14 +6,22 @@ import torch
 import torch.nn.functional as F
 
 
+def _check_tensor(name: str, x: torch.Tensor) -> None:
+    # A list or a number failed with "'list' object has no attribute 'is_floating_point'".
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name} is a {type(x).__name__}; the op takes torch tensors")
+
+
 def _check_float(name: str, x: torch.Tensor) -> None:
     # An integer tensor came back truncated (an rmsnorm of int32 rows as zeros and ones), with no error.
+    _check_tensor(name, x)
     if not x.is_floating_point():
         raise ValueError(f"{name} is {x.dtype}; the op takes floating-point tensors (bfloat16, float16, float32)")
 
 
 def _check_weight(x: torch.Tensor, weight: torch.Tensor) -> None:
     # A weight of one element broadcast silently here, where the other backends raise.
+    _check_tensor("weight", weight)
     if weight.shape != (x.shape[-1],):
         raise ValueError(f"weight has shape {tuple(weight.shape)}, expected ({x.shape[-1]},) to match x's last dim")
 
@@ -28,6 +36,8 @@ def _halves(x: torch.Tensor) -> int:
 def check_residual(x: torch.Tensor, residual: torch.Tensor) -> None:
     # A residual of another shape broadcast into x + residual, or failed inside torch.compile's tracing with a
     # message about fake tensors; the Triton kernel's words.
+    _check_tensor("x", x)
+    _check_tensor("residual", residual)
     if residual.shape != x.shape:
         raise ValueError(f"x has shape {tuple(x.shape)} but residual has {tuple(residual.shape)}")
 
@@ -90,6 +100,8 @@ def rope(positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor, head_s
     _check_float("query", query)
     _check_float("key", key)
     _check_heads(query, key, head_size)
+    _check_tensor("positions", positions)
+    _check_tensor("cos_sin_cache", cos_sin_cache)
     if positions.numel() == 0:  # an idle rank's empty batch: view(0, -1, head_size) cannot infer its -1
         return
     cos, sin = cos_sin_cache.index_select(0, positions).float().chunk(2, dim=-1)
