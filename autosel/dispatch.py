@@ -39,21 +39,34 @@ def token_bucket(tokens: int) -> int:
     return 1 << ((tokens + (tokens >> 1)).bit_length() - 1) if tokens > 1 else 1
 
 
+def token_bucket_up(tokens: int) -> int:
+    """A token count rounded up to a power of two: gemm.mm's bucket. A tiled kernel's time steps up where the
+    count passes a multiple of its row tile (on the H200, triton's 16-row GEMM tile: 8.2-8.6 us at 11-16 tokens
+    of 4096 x 4096, 13.2-13.7 us at 18-32; docs/H200.md, "Stop 36"), so its buckets end at powers of two and a
+    representative shape at a power of two times the bucket at its top, its slowest count."""
+    tokens = int(tokens)
+    return 1 << (tokens - 1).bit_length() if tokens > 1 else 1
+
+
 class TracedTokens:
     """A call's token count, in a bucket key in place of its token bucket, from a bucket function's `traced`
     variant (what torch.compile traces): the traced dispatcher compares it with the edges of the runs of token
-    buckets that share a winner (token_runs), so compiled code is specialised per run, not per token count."""
+    buckets that share a winner (token_runs), so compiled code is specialised per run, not per token count.
+    up: the buckets are token_bucket_up's, not token_bucket's."""
 
-    __slots__ = ("count",)
+    __slots__ = ("count", "up")
 
-    def __init__(self, count) -> None:
+    def __init__(self, count, up: bool = False) -> None:
         self.count = count
+        self.up = up
 
 
-def first_tokens(bucket: int) -> int:
-    """The least token count whose token_bucket is `bucket` (a power of two)."""
+def first_tokens(bucket: int, up: bool = False) -> int:
+    """The least token count whose token_bucket (with up, token_bucket_up) is `bucket` (a power of two)."""
     if bucket <= 1:
         return 0
+    if up:
+        return bucket // 2 + 1
     tokens = -(-2 * bucket // 3)
     while tokens + (tokens >> 1) < bucket:
         tokens += 1
@@ -116,17 +129,17 @@ class BucketTable:
         return self.winners[near] if near is not None else self.default
 
 
-def token_runs(table: BucketTable, before: tuple, after: tuple) -> tuple[tuple[int, str], ...]:
+def token_runs(table: BucketTable, before: tuple, after: tuple, up: bool = False) -> tuple[tuple[int, str], ...]:
     """For the bucket keys (*before, token bucket, *after), the backend each token count runs, as runs: (the
-    least token count of the run, backend), largest first. Past twice the largest tuned token bucket no tuned
-    bucket is near (NEAREST_WITHIN), so the last run goes on for ever."""
+    least token count of the run, backend), largest first; up: token_bucket_up's buckets. Past twice the largest
+    tuned token bucket no tuned bucket is near (NEAREST_WITHIN), so the last run goes on for ever."""
     at = len(before)
     tuned = [k[at] for k in table.winners if len(k) == at + 1 + len(after) and is_number(k[at])]
     top, bucket, runs = max(tuned, default=1), 1, []
     while bucket <= 4 * top:
         backend = table.route((*before, bucket, *after))
         if not runs or runs[-1][1] != backend:
-            runs.append((first_tokens(bucket), backend))
+            runs.append((first_tokens(bucket, up), backend))
         bucket *= 2
     return tuple(reversed(runs))
 
@@ -198,8 +211,8 @@ def _trace_as_runs(dispatch: Callable[..., Any], table: BucketTable, kernels: Ma
         return table.route(key)
 
     @torch.compiler.assume_constant_result
-    def runs(before: tuple, after: tuple) -> tuple[tuple[int, str], ...]:
-        return token_runs(table, before, after)
+    def runs(before: tuple, after: tuple, up: bool) -> tuple[tuple[int, str], ...]:
+        return token_runs(table, before, after, up)
 
     kernels = dict(kernels)
 
@@ -213,7 +226,7 @@ def _trace_as_runs(dispatch: Callable[..., Any], table: BucketTable, kernels: Ma
         if at is None:  # a bucket function without a traced variant: specialised on its whole key
             return kernels[route(key)](*args, **kwargs)
         tokens = key[at].count
-        for start, backend in runs(key[:at], key[at + 1:]):
+        for start, backend in runs(key[:at], key[at + 1:], key[at].up):
             if tokens >= start:
                 return kernels[backend](*args, **kwargs)
         raise AssertionError("token_runs ends with a run from 0 tokens")

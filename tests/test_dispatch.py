@@ -167,6 +167,18 @@ def test_token_runs_are_the_routes_of_every_token_bucket_and_start_at_its_least_
     assert [first_tokens(1 << k) for k in range(5)] == [0, 2, 3, 6, 11] and token_bucket(10) == 8
 
 
+def test_token_runs_of_buckets_rounded_up_start_past_the_power_below():
+    # gemm.mm's buckets end at powers of two (token_bucket_up): 9-16 tokens is bucket 16, 17 starts bucket 32.
+    from autosel.dispatch import first_tokens, token_bucket_up, token_runs
+
+    table = BucketTable("toy", "graph", "a", {(16, "w"): "b", (32, "w"): "a"})
+    runs = token_runs(table, (), ("w",), up=True)
+    assert runs == ((17, "a"), (5, "b"), (0, "a"))  # bucket 8 (5-8) is a factor of two from 16
+    backend_of = lambda t: next(b for start, b in runs if t >= start)  # noqa: E731
+    assert all(backend_of(t) == table.route((token_bucket_up(t), "w")) for t in range(0, 5000))
+    assert [first_tokens(1 << k, up=True) for k in range(6)] == [0, 2, 3, 5, 9, 17]
+
+
 @pytest.mark.compile
 @pytest.mark.parametrize("dynamic", [None, True])  # torch.compile's default; every size symbolic, widths too
 @pytest.mark.parametrize("op", ["layernorm.rmsnorm", "gemm.mm", "embeddings.rope"])
@@ -178,7 +190,7 @@ def test_under_torch_compile_a_dispatcher_compiles_once_per_run_of_buckets_not_p
     from autosel.ops.common import rows_bucket
     from autosel.ops.gemm import mm_bucket
 
-    width = {"layernorm.rmsnorm": (64,), "gemm.mm": (32, 64), "embeddings.rope": (64, True)}[op]
+    width = {"layernorm.rmsnorm": (64,), "gemm.mm": ("32x64",), "embeddings.rope": (64, True)}[op]
     table = BucketTable(op, "eager", "a", {(1, *width): "a", (512, *width): "b", (4096, *width): "b",
                                            (16384, *width): "a"})
     bucket, route_key = {"layernorm.rmsnorm": (rows_bucket, 0), "gemm.mm": (mm_bucket, (0, 1)),
@@ -201,7 +213,8 @@ def test_under_torch_compile_a_dispatcher_compiles_once_per_run_of_buckets_not_p
 
     torch._dynamo.reset()
     compiled = torch.compile(lambda *a: fn(*a) + 1, backend=count, fullgraph=True, dynamic=dynamic)
-    for t in (1, 3, 7, 20, 100, 170, 171, 300, 1000, 2500, 5000, 10922, 10923, 12000, 17000, 40000, 2, 250, 9000):
+    for t in (1, 3, 7, 20, 100, 128, 129, 170, 171, 300, 1000, 2500, 5000, 8192, 8193, 10922, 10923, 12000, 17000,
+              40000, 2, 250, 9000):  # 128/129 and 8192/8193: gemm.mm's edges (rounded up), 170/171 the others'
         assert torch.equal(compiled(*args(t)), fn(*args(t)) + 1), t
     assert len(graphs) <= 4  # (the first count compiled as a constant,) then one graph per run: a, b, a
 

@@ -134,8 +134,27 @@ def test_the_built_in_bucket_keys():
     assert rows_bucket(torch.empty(1, 4096)) == (1, 4096) and rows_bucket(torch.empty(0, 64)) == (1, 64)
     assert rows_bucket(torch.empty(2048, 8192)) == (2048, 8192)  # a power of two is its own bucket
     assert rope_bucket(torch.arange(3), torch.empty(3, 4096), torch.empty(3, 1024), 128, None, False) == (4, 4096, False)
-    assert mm_bucket(torch.empty(17, 4096), torch.empty(6144, 4096)) == (16, 6144, 4096)  # nearest, not up
-    assert mm_bucket(torch.empty(2, 12, 4096), torch.empty(6144, 4096)) == (32, 6144, 4096)
+    assert mm_bucket(torch.empty(17, 4096), torch.empty(6144, 4096)) == (32, "6144x4096")  # up: a tile's step
+    assert mm_bucket(torch.empty(16, 4096), torch.empty(6144, 4096)) == (16, "6144x4096")
+    assert mm_bucket(torch.empty(2, 12, 4096), torch.empty(6144, 4096)) == (32, "6144x4096")
+
+
+def test_a_gemm_bucket_decides_for_its_own_weight_only():
+    # From (16, 4096 x 4096) the nearest-bucket rule carried triton to 5120 x 3072 and four other weights, where
+    # it ran 1.15-1.9x cuBLAS's time (H200, call 36-1): a weight is a name in the key, so only tokens move.
+    import torch
+
+    from autosel.dispatch import BucketTable
+    from autosel.ops.gemm import mm_bucket
+
+    table = BucketTable("gemm.mm", "graph", "torch", {(16, "4096x4096"): "triton", (32, "4096x4096"): "torch"})
+    weight = torch.empty(4096, 4096)
+    assert table.route(mm_bucket(torch.empty(5, 4096), weight)) == "triton"  # a factor of two in tokens
+    assert table.route(mm_bucket(torch.empty(4, 4096), weight)) == "torch"  # farther: the op-level winner
+    assert table.route(mm_bucket(torch.empty(17, 4096), weight)) == "torch"  # past the 16-row tile
+    assert table.route(mm_bucket(torch.empty(64, 4096), weight)) == "torch"  # nearest 32 (ties go down)
+    assert table.route(mm_bucket(torch.empty(16, 3072), torch.empty(5120, 3072))) == "torch"
+    assert table.route(mm_bucket(torch.empty(16, 4096), torch.empty(4096 + 64, 4096))) == "torch"
 
 
 # Regression: AUTOSEL_RECORD read a [2, 7, 4096] `a` of gemm.mm as m=2, k=7, not the bucket's m=16, k=4096.
@@ -151,12 +170,14 @@ def test_mm_records_the_shape_its_dispatcher_buckets(a_shape, tmp_path, monkeypa
     path = tmp_path / "record.jsonl"
     dispatch.recording("gemm.mm", lambda a, b: None, path, "eager", mm_shape)(a, b)
     written = json.loads(path.read_text())["shape"]
-    assert (written["m"], written["n"], written["k"]) == mm_bucket(a, b) == (16, 64, 4096)
+    assert (written["m"], written["n"], written["k"]) == (16, 64, 4096)
+    assert mm_bucket(a, b) == (16, "64x4096")
 
 
 def test_token_buckets_round_to_the_nearest_power_of_two_and_every_bucket_function_agrees():
     import torch
 
+    from autosel.dispatch import token_bucket_up
     from autosel.ops.common import rows_bucket, token_bucket
     from autosel.ops.embeddings import rope_bucket
     from autosel.ops.gemm import mm_bucket
@@ -165,7 +186,8 @@ def test_token_buckets_round_to_the_nearest_power_of_two_and_every_bucket_functi
         1, 1, 2, 4, 4, 8, 1024, 2048, 4096, 4096]
     for t in range(1, 300):
         x = torch.empty(t, 8)
-        assert rows_bucket(x)[0] == rope_bucket(None, x, None)[0] == mm_bucket(x, torch.empty(4, 8))[0] == token_bucket(t)
+        assert rows_bucket(x)[0] == rope_bucket(None, x, None)[0] == token_bucket(t)
+        assert mm_bucket(x, torch.empty(4, 8))[0] == token_bucket_up(t) == 1 << max(t - 1, 0).bit_length()
 
 
 def test_every_norm_token_bucket_has_a_tuned_one_within_a_factor_of_two():
@@ -361,6 +383,22 @@ def test_the_torch_backend_refuses_what_it_used_to_broadcast_into_a_wrong_result
     from autosel.ops import torch_impl
 
     with pytest.raises(ValueError, match=message):
+        call(torch_impl)
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda t: t.rmsnorm([[1.0] * 8], torch.ones(8), 1e-6), "x is a list; the op takes torch tensors"),
+    (lambda t: t.rmsnorm(torch.ones(4, 8), "w", 1e-6), "weight is a str; the op takes torch tensors"),
+    (lambda t: t.fused_add_rmsnorm(torch.ones(4, 8), 0.0, torch.ones(8), 1e-6), "residual is a float; the op"),
+    (lambda t: t.silu_and_mul([[1.0] * 8]), "x is a list; the op takes torch tensors"),
+    (lambda t: t.rope([0, 1], torch.randn(2, 64), torch.randn(2, 32), 16, torch.ones(8, 16), True),
+     "positions is a list; the op takes torch tensors"),
+], ids=["rmsnorm-x", "rmsnorm-weight", "fused-residual", "silu-x", "rope-positions"])
+def test_the_torch_backend_names_an_argument_that_is_no_tensor(call, message):
+    # Each failed with Python's "'list' object has no attribute 'is_floating_point'" (or 'shape').
+    from autosel.ops import torch_impl
+
+    with pytest.raises(TypeError, match=message):
         call(torch_impl)
 
 

@@ -60,7 +60,7 @@ def main() -> int:
     rope = dispatcher(BucketTable("bench.rope", "eager", "torch", {(8, 4096, True): "triton",
                                                                    (1, 4096, True): "torch"}),
                       {"torch": noop, "triton": noop}, rope_bucket)
-    mm_table = BucketTable("bench.mm", "eager", "torch", {(8, 6144, 4096): "triton", (1, 6144, 4096): "torch"})
+    mm_table = BucketTable("bench.mm", "eager", "torch", {(8, "6144x4096"): "triton", (1, "6144x4096"): "torch"})
     mm = dispatcher(mm_table, {"torch": noop, "triton": noop}, mm_bucket)
     mm_routed = dispatcher(mm_table, {"torch": noop, "triton": noop}, mm_bucket, route_key=(0, 1))  # as built in
     graph_norm = dispatcher(table, {"torch": noop, "triton": noop}, rows_bucket, route_key=0)
@@ -80,7 +80,7 @@ def main() -> int:
         "direct call of the winner (rope args)": lambda: noop(positions, q, k, 128, cache, True),
         "dispatcher, rope bucket (tokens, q width, neox)": lambda: rope(positions, q, k, 128, cache, True),
         "direct call of the winner (mm args)": lambda: noop(a, b),
-        "dispatcher, mm bucket (m, n, k)": lambda: mm(a, b),
+        "dispatcher, mm bucket (m, weight)": lambda: mm(a, b),
         "dispatcher, mm routed by (a.shape, b.shape) (route_key=(0, 1), built in)": lambda: mm_routed(a, b),
         "warm get_kernel(op)": lambda: selector.get_kernel("bench.single"),
         "warm get_kernel(op, 'torch')": lambda: selector.get_kernel("layernorm.rmsnorm", "torch"),

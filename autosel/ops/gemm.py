@@ -2,16 +2,22 @@
 
 from __future__ import annotations
 
-from autosel.dispatch import TracedTokens
-from autosel.ops.common import DTYPES, ShapesByDevice, dtype_name, dtype_of, standard_specs, token_bucket
+import operator
+
+from autosel.dispatch import TracedTokens, token_bucket_up
+from autosel.ops.common import DTYPES, ShapesByDevice, dtype_name, dtype_of, standard_specs
 from autosel.spec import OpDefinition
 
 # Llama-3-8B's projections (N, K): qkv (6144, 4096), o (4096, 4096), gate_up (28672, 4096), down (4096, 14336);
-# M is the token count.
+# M is the token count, rounded up to a power of two in the bucket. o at 16 and 32 tokens: on the H200 in graph mode
+# triton's 16-row tile ran 0.78-0.85x cuBLAS's time at 9-16 tokens of it, and 1.19-1.77x at 18-32 (docs/H200.md,
+# "Stop 36"), so 16 tunes the bucket of 9-16 tokens and 32 keeps the nearest-bucket rule from carrying its winner
+# to 17-32. A bucket names its weight (_weight), so neither decides for another weight's calls.
 SHAPES = ShapesByDevice(
     gpu=tuple({"m": m, "n": n, "k": k} for m, n, k in [
-        (1, 6144, 4096), (1, 28672, 4096), (16, 4096, 14336), (64, 6144, 4096), (128, 4096, 4096),
-        (512, 28672, 4096), (1024, 4096, 14336), (4096, 6144, 4096), (8192, 4096, 4096), (16384, 4096, 14336),
+        (1, 6144, 4096), (1, 28672, 4096), (16, 4096, 4096), (16, 4096, 14336), (32, 4096, 4096), (64, 6144, 4096),
+        (128, 4096, 4096), (512, 28672, 4096), (1024, 4096, 14336), (4096, 6144, 4096), (8192, 4096, 4096),
+        (16384, 4096, 14336),
     ]),
     cpu=tuple({"m": m, "n": n, "k": k} for m, n, k in [(1, 4096, 4096), (16, 6144, 4096), (64, 4096, 4096)]),
 )
@@ -28,7 +34,7 @@ def mm_inputs(shape: dict, device: str) -> tuple:
 
 
 def mm_shape(a, b) -> dict:
-    m, n, k = _mm_key(a, b, token_bucket)  # the dispatcher's bucket, so a [..., K] `a` records its M too
+    m, n, k = _mm_key(a, b, token_bucket_up)  # the dispatcher's bucket, so a [..., K] `a` records its M too
     return {"m": m, "n": n, "k": k, "dtype": dtype_name(a)}
 
 
@@ -38,13 +44,29 @@ def _mm_key(a, b, tokens_key) -> tuple:
     return tokens_key(shape[0] if len(shape) == 2 else a.numel() // k), n, k
 
 
+def _weight(n, k) -> str:
+    """The weight's shape as a bucket component that is a name, not a number: the nearest-bucket rule
+    (autosel.dispatch) moves along the token count only, never to another weight. Which GEMM kernel wins
+    turns between weights a few percent apart (on the H200, graph mode, 11-21 tokens: triton 0.80-0.86x
+    cuBLAS's time at 4096 x 4096, 1.15-1.9x at 5120 x 3072, 4608 x 3584 and 2816 x 5120; docs/H200.md,
+    "Stop 36"), so a tuned weight says nothing of its neighbours. operator.index: under torch.compile a
+    symbolic width is specialised, as the dispatcher's traced lookup does."""
+    return f"{operator.index(n)}x{operator.index(k)}"
+
+
 def mm_bucket(a, b) -> tuple:
-    """(token_bucket(m), n, k): the token count and the weight's shape. Run once per distinct pair of shapes
-    (route_key=(0, 1))."""
-    return _mm_key(a, b, token_bucket)
+    """(token_bucket_up(m), "NxK"): the token count rounded up to a power of two, and the weight's shape. Run
+    once per distinct pair of shapes (route_key=(0, 1))."""
+    m, n, k = _mm_key(a, b, token_bucket_up)
+    return m, _weight(n, k)
 
 
-mm_bucket.traced = lambda a, b: _mm_key(a, b, TracedTokens)  # what torch.compile traces
+def _mm_traced(a, b) -> tuple:  # what torch.compile traces
+    tokens, n, k = _mm_key(a, b, lambda count: TracedTokens(count, up=True))
+    return tokens, _weight(n, k)
+
+
+mm_bucket.traced = _mm_traced
 
 
 SPECS = standard_specs("gemm.mm", "mm")
