@@ -49,9 +49,8 @@ def _weight(n, k) -> str:
     (autosel.dispatch) moves along the token count only, never to another weight. Which GEMM kernel wins
     turns between weights a few percent apart (on the H200, graph mode, 11-21 tokens: triton 0.80-0.86x
     cuBLAS's time at 4096 x 4096, 1.15-1.9x at 5120 x 3072, 4608 x 3584 and 2816 x 5120; docs/H200.md,
-    "Stop 36"), so a tuned weight says nothing of its neighbours. operator.index: under torch.compile a
-    symbolic width is specialised, as the dispatcher's traced lookup does."""
-    return f"{operator.index(n)}x{operator.index(k)}"
+    "Stop 36"), so a tuned weight says nothing of its neighbours."""
+    return f"{n}x{k}"
 
 
 def mm_bucket(a, b) -> tuple:
@@ -63,7 +62,8 @@ def mm_bucket(a, b) -> tuple:
 
 def _mm_traced(a, b) -> tuple:  # what torch.compile traces
     tokens, n, k = _mm_key(a, b, lambda count: TracedTokens(count, up=True))
-    return tokens, _weight(n, k)
+    # operator.index specialises a symbolic width (dynamic=True), as the dispatcher's traced lookup does.
+    return tokens, _weight(operator.index(n), operator.index(k))
 
 
 mm_bucket.traced = _mm_traced
