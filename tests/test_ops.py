@@ -174,7 +174,7 @@ def test_mm_records_the_shape_its_dispatcher_buckets(a_shape, tmp_path, monkeypa
     assert mm_bucket(a, b) == (16, "64x4096")
 
 
-def test_token_buckets_round_to_the_nearest_power_of_two_and_every_bucket_function_agrees():
+def test_token_buckets_round_to_the_nearest_power_of_two_and_gemms_round_up():
     import torch
 
     from autosel.dispatch import token_bucket_up
