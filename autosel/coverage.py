@@ -3,13 +3,17 @@ per bucket), so an image build can refuse to ship an empty or mismatched DB (`au
 
 from __future__ import annotations
 
+import json
+import logging
 from dataclasses import dataclass, replace
 from typing import Sequence
 
-from autosel.decisions import OP_LEVEL_BUCKET, Decision, versions_hash
+from autosel.decisions import OP_LEVEL_BUCKET, Decision, parse_bucket, versions_hash
 from autosel.db import closest
 from autosel.inventory import near_detail, version_diff
 from autosel.platforms import PlatformInfo, installed_version, key_fields, modes_for_device, near_rank
+
+log = logging.getLogger(__name__)
 
 # Versions that only the target machine can tell (its driver, the runtime torch finds there): not compared
 # when checking a DB for another platform than this machine.
@@ -72,7 +76,28 @@ def _with_buckets(found: Coverage, decision: Decision, layer, db, usable, defini
             names = ", ".join(f"{row.bucket} ({row.winner})" for row in bad)
             return replace(found, ok=False, detail=found.detail + f"; but bucket rows name backends not usable there: "
                            f"{names}")
+        stale = [f"{row.bucket} is now {now}" for row in rows if (now := _keyed_today(row, definition)) is not None]
+        if stale:
+            return replace(found, ok=False, detail=found.detail + f"; but bucket rows are keyed otherwise than the op's "
+                           f"bucket function keys their own shapes today, so no call looks them up ({'; '.join(stale)}):"
+                           f" re-tune it (`autosel tune --force --op {found.op}`)")
     return found
+
+
+def _keyed_today(row: Decision, definition) -> str | None:
+    """The bucket the op's bucket function gives a row's first shape today, where that is not the row's (the
+    function changed since the tune: gemm.mm's in stop 36); None when it is the row's, or cannot be told (inputs
+    built on the "meta" device, shapes without data, that the op's make_inputs or bucket function refuses)."""
+    shapes = [s.shape for c in row.candidates for s in c.shapes][:1]
+    for shape in shapes:
+        try:
+            key = tuple(definition.bucket(*definition.make_inputs(shape, "meta")))
+        except Exception as exc:  # a user op's functions may not take meta tensors (or torch may be missing)
+            log.debug("op %r: bucket of %s not told on meta tensors: %s", row.op, shape, exc)
+            return None
+        if key != parse_bucket(row.bucket):
+            return json.dumps(list(key))
+    return None
 
 
 def _here(op, mode, specs, definition, db, platform, match, buckets) -> Coverage:

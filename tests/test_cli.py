@@ -1391,11 +1391,30 @@ def test_check_with_buckets_needs_the_bucket_rows_of_an_op_that_declares_buckets
     assert run("check", "--require", "toy.double").exit_code == 0
     bare = run("check", "--require", "toy.double", "--buckets")
     assert bare.exit_code == 1 and "but no bucket rows beside it" in bare.stderr
-    buckets = [Decision(**{**vars(decision()), "bucket": bucket, "winner": winner})
-               for bucket, winner in (("[16384]", "torch"), ("[65536]", "triton"))]
+    buckets = [bucket_row(n, winner) for n, winner in ((16384, "torch"), (65536, "triton"))]
     tuning.database(settings_for(None, full=False)).record(decision(), buckets)
     report = json.loads(run("check", "--require", "toy.double", "--buckets", "--json").stdout)
     assert report["ok"] and report["checked"][0]["buckets"] == 2
+
+
+def bucket_row(n: int, winner: str, bucket: str | None = None) -> Decision:
+    """A bucket row of toy.double timed at n elements, keyed as toy_kernels.bucket keys n (or as `bucket` says)."""
+    row = decision(winner=winner)
+    candidates = tuple(replace(c, shapes=tuple(replace(s, shape={"n": n}) for s in c.shapes)) for c in row.candidates)
+    return replace(row, bucket=bucket or f"[{1 << (n - 1).bit_length()}]", candidates=candidates)
+
+
+def test_check_with_buckets_refuses_rows_its_bucket_function_no_longer_keys_so(reg):
+    # gemm.mm's bucket key changed in stop 36 ([16, 6144, 4096] became [16, "6144x4096"]): rows under the old key
+    # are never looked up, and their buckets run the op-level winner without a word.
+    bucketed(reg)
+    tuning.database(settings_for(None, full=False)).record(
+        decision(), [bucket_row(16384, "torch"), bucket_row(1000, "triton", bucket="[1000]")])
+    result = run("check", "--require", "toy.double", "--buckets")
+    assert result.exit_code == 1
+    assert ("but bucket rows are keyed otherwise than the op's bucket function keys their own shapes today, so no "
+            "call looks them up ([1000] is now [1024]): re-tune it (`autosel tune --force --op toy.double`)") in \
+        result.stderr
 
 
 def test_check_for_another_platform_compares_the_versions_installed_here(reg, monkeypatch):
