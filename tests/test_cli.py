@@ -1417,6 +1417,24 @@ def test_check_with_buckets_refuses_rows_its_bucket_function_no_longer_keys_so(r
         result.stderr
 
 
+def test_check_with_buckets_does_not_judge_rows_of_an_op_whose_inputs_refuse_meta_tensors(reg):
+    # A user op's make_inputs may need real data; its rows' keys cannot be told, so they are not called stale.
+    import toy_kernels
+
+    def real_inputs_only(shape, device):
+        if device == "meta":
+            raise RuntimeError("needs real data")
+        return toy_kernels.inputs(shape, device)
+
+    reg.register(KernelSpec("toy.double", B.TORCH, "toy_kernels:slow"))
+    reg.register(KernelSpec("toy.double", B.TRITON, "toy_kernels:fast"))
+    reg.define(OpDefinition("toy.double", shapes=toy_kernels.SHAPES, make_inputs=real_inputs_only,
+                            bucket=toy_kernels.bucket))
+    tuning.database(settings_for(None, full=False)).record(decision(), [bucket_row(1000, "triton", bucket="[1000]")])
+    result = run("check", "--require", "toy.double", "--buckets")
+    assert result.exit_code == 0, result.output
+
+
 def test_check_for_another_platform_compares_the_versions_installed_here(reg, monkeypatch):
     from autosel.platforms import installed_version
 
