@@ -238,6 +238,19 @@ def _trace_as_runs(dispatch: Callable[..., Any], table: BucketTable, kernels: Ma
 MAX_ROUTES = 1 << 16
 
 
+def unreadable_call(op: str, args: tuple, kwargs: Mapping[str, Any], exc: Exception) -> Exception:
+    """The error for a call whose bucket its dispatcher cannot read (a list where a tensor goes, a weight of
+    another rank): the op, what was passed and the op's signature, in place of the bucket function's own
+    AttributeError or unpacking error. A TypeError for a value that is no tensor, else a ValueError."""
+    from autosel.registry import registry
+
+    definition = registry.definition(op)
+    takes = f"; {op} takes {definition.signature}" if definition is not None and definition.signature else ""
+    kind = TypeError if isinstance(exc, (AttributeError, TypeError)) else ValueError
+    return kind(f"{op}: the call's shape bucket cannot be read from its {_describe(args, kwargs)}: "
+                f"{type(exc).__name__}: {exc}{takes}")
+
+
 def dispatcher(table: BucketTable, kernels: Mapping[str, Callable[..., Any]], bucket: Callable[..., tuple],
                route_key: int | tuple[int, int] | None = None,
                traced: Mapping[str, Callable[..., Any]] | None = None) -> Callable[..., Any]:
@@ -260,16 +273,25 @@ def dispatcher(table: BucketTable, kernels: Mapping[str, Callable[..., Any]], bu
         by_bucket[key] = kernels[backend]  # one dict store under the GIL: later calls take the fast path
         return by_bucket[key]
 
+    def key_of(args: tuple, kwargs: dict) -> tuple:  # the bucket function, its failures said in the op's words
+        try:
+            return bucket(*args, **kwargs)
+        except (AttributeError, TypeError, ValueError, IndexError) as exc:
+            raise unreadable_call(table.op, args, kwargs, exc) from exc
+
     def by_bucket_of(*args, **kwargs):
-        key = bucket(*args, **kwargs)
+        key = key_of(args, kwargs)
         return (find(key) or unseen(key))(*args, **kwargs)
 
-    eager_parts = [unseen, by_bucket_of]
+    eager_parts = [unseen, by_bucket_of, key_of]
     if route_key is None:
         def dispatch(*args, **kwargs):
             if kwargs:
                 return by_bucket_of(*args, **kwargs)
-            key = bucket(*args)  # positional calls (the common case) skip passing an empty dict twice: ~40 ns
+            try:  # free unless it raises (Python 3.11's exception tables)
+                key = bucket(*args)  # positional calls (the common case) skip passing an empty dict twice: ~40 ns
+            except (AttributeError, TypeError, ValueError, IndexError) as exc:
+                raise unreadable_call(table.op, args, {}, exc) from exc
             return (find(key) or unseen(key))(*args)
     else:
         routes: dict[Any, Callable[..., Any]] = {}
@@ -278,7 +300,7 @@ def dispatcher(table: BucketTable, kernels: Mapping[str, Callable[..., Any]], bu
         last = max(first, -1 if second is None else second)
 
         def learn(args: tuple, shapes) -> Callable[..., Any]:
-            key = bucket(*args)
+            key = key_of(args, {})
             fn = find(key) or unseen(key)
             if len(routes) < MAX_ROUTES:
                 routes[shapes] = fn
@@ -290,13 +312,19 @@ def dispatcher(table: BucketTable, kernels: Mapping[str, Callable[..., Any]], bu
             def dispatch(*args, **kwargs):
                 if kwargs or len(args) <= last:
                     return by_bucket_of(*args, **kwargs)
-                shape = args[first].shape
+                try:  # free unless it raises (Python 3.11's exception tables)
+                    shape = args[first].shape
+                except AttributeError as exc:  # no tensor there
+                    raise unreadable_call(table.op, args, {}, exc) from exc
                 return (route(shape) or learn(args, shape))(*args)
         else:
             def dispatch(*args, **kwargs):
                 if kwargs or len(args) <= last:
                     return by_bucket_of(*args, **kwargs)
-                shapes = (args[first].shape, args[second].shape)
+                try:
+                    shapes = (args[first].shape, args[second].shape)
+                except AttributeError as exc:
+                    raise unreadable_call(table.op, args, {}, exc) from exc
                 return (route(shapes) or learn(args, shapes))(*args)
 
     _trace_as_runs(dispatch, table, traced or kernels, bucket, [dispatch, *eager_parts])
@@ -397,7 +425,7 @@ def _stop_recording(path, why: str) -> None:
 
 
 def _describe(args: tuple, kwargs: dict) -> str:
-    """A call's arguments in a few words: tensors by their shape, so the warning shows which call shape_of missed."""
+    """A call's arguments in a few words: tensors by their shape, so a warning or error shows which call it was."""
     def one(value) -> str:
         shape = getattr(value, "shape", None)
         return f"a tensor of shape {tuple(shape)}" if isinstance(shape, tuple) else type(value).__name__

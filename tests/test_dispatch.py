@@ -156,6 +156,39 @@ def test_the_dispatcher_traces_under_torch_compile_fullgraph(tmp_path, fresh_rec
     assert record.read_text() == '{"op": "toy", "shape": {"n": 8}, "mode": "eager"}\n'
 
 
+@pytest.mark.parametrize("op, route_key, call, error, said", [
+    # Each raised the bucket function's own AttributeError ('list' object has no attribute 'shape') or unpacking
+    # error, naming neither the op nor what it takes.
+    ("gemm.mm", (0, 1), lambda t, fn: fn([[1.0] * 32], t.ones(64, 32)), TypeError,
+     "gemm.mm: the call's shape bucket cannot be read from its arguments (list, a tensor of shape (64, 32)): "
+     "AttributeError: 'list' object has no attribute 'shape'; gemm.mm takes (a[M, K], b[N, K])"),
+    ("gemm.mm", (0, 1), lambda t, fn: fn(t.ones(16, 32), t.ones(32)), ValueError,
+     "from its arguments (a tensor of shape (16, 32), a tensor of shape (32,)): ValueError: not enough values"),
+    ("gemm.mm", (0, 1), lambda t, fn: fn(t.ones(16, 32), b=t.ones(32)), ValueError, "b=a tensor of shape (32,)"),
+    ("layernorm.rmsnorm", 0, lambda t, fn: fn("x", t.ones(64), 1e-6), TypeError,
+     "layernorm.rmsnorm: the call's shape bucket cannot be read from its arguments (str, a tensor of shape (64,), "
+     "float): AttributeError"),
+    ("embeddings.rope", None, lambda t, fn: fn([0, 1], [[1.0]], None, 16, None, True), TypeError,
+     "embeddings.rope: the call's shape bucket cannot be read from its arguments (list, list, NoneType, int, "
+     "NoneType, bool): AttributeError"),
+], ids=["mm-list", "mm-weight-rank", "mm-keyword", "rmsnorm-str", "rope-list"])
+def test_a_call_whose_bucket_cannot_be_read_names_the_op_and_what_it_takes(op, route_key, call, error, said):
+    torch = pytest.importorskip("torch")
+    from autosel import tuning
+    from autosel.ops.common import rows_bucket
+    from autosel.ops.embeddings import rope_bucket
+    from autosel.ops.gemm import mm_bucket
+
+    tuning.load_plugins()  # the op's signature, for the message
+    bucket, key = {"gemm.mm": (mm_bucket, (16, "64x32")), "layernorm.rmsnorm": (rows_bucket, (16, 64)),
+                   "embeddings.rope": (rope_bucket, (16, 64, True))}[op]
+    kernels = {"torch": lambda *a, **k: "torch", "triton": lambda *a, **k: "triton"}
+    fn = dispatcher(BucketTable(op, "eager", "torch", {key: "triton"}), kernels, bucket, route_key)
+    with pytest.raises(error) as caught:
+        call(torch, fn)
+    assert said in str(caught.value)
+
+
 def test_token_runs_are_the_routes_of_every_token_bucket_and_start_at_its_least_count():
     from autosel.dispatch import first_tokens, token_bucket, token_runs
 
