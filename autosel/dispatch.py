@@ -238,7 +238,7 @@ def _trace_as_runs(dispatch: Callable[..., Any], table: BucketTable, kernels: Ma
 MAX_ROUTES = 1 << 16
 
 
-def unreadable_call(op: str, args: tuple, kwargs: Mapping[str, Any], exc: Exception) -> Exception:
+def _unreadable_call(op: str, args: tuple, kwargs: Mapping[str, Any], exc: Exception) -> Exception:
     """The error for a call whose bucket its dispatcher cannot read (a list where a tensor goes, a weight of
     another rank): the op, what was passed and the op's signature, in place of the bucket function's own
     AttributeError or unpacking error. A TypeError for a value that is no tensor, else a ValueError."""
@@ -277,7 +277,7 @@ def dispatcher(table: BucketTable, kernels: Mapping[str, Callable[..., Any]], bu
         try:
             return bucket(*args, **kwargs)
         except (AttributeError, TypeError, ValueError, IndexError) as exc:
-            raise unreadable_call(table.op, args, kwargs, exc) from exc
+            raise _unreadable_call(table.op, args, kwargs, exc) from exc
 
     def by_bucket_of(*args, **kwargs):
         key = key_of(args, kwargs)
@@ -291,7 +291,7 @@ def dispatcher(table: BucketTable, kernels: Mapping[str, Callable[..., Any]], bu
             try:  # free unless it raises (Python 3.11's exception tables)
                 key = bucket(*args)  # positional calls (the common case) skip passing an empty dict twice: ~40 ns
             except (AttributeError, TypeError, ValueError, IndexError) as exc:
-                raise unreadable_call(table.op, args, {}, exc) from exc
+                raise _unreadable_call(table.op, args, {}, exc) from exc
             return (find(key) or unseen(key))(*args)
     else:
         routes: dict[Any, Callable[..., Any]] = {}
@@ -315,7 +315,7 @@ def dispatcher(table: BucketTable, kernels: Mapping[str, Callable[..., Any]], bu
                 try:  # free unless it raises (Python 3.11's exception tables)
                     shape = args[first].shape
                 except AttributeError as exc:  # no tensor there
-                    raise unreadable_call(table.op, args, {}, exc) from exc
+                    raise _unreadable_call(table.op, args, {}, exc) from exc
                 return (route(shape) or learn(args, shape))(*args)
         else:
             def dispatch(*args, **kwargs):
@@ -324,7 +324,7 @@ def dispatcher(table: BucketTable, kernels: Mapping[str, Callable[..., Any]], bu
                 try:
                     shapes = (args[first].shape, args[second].shape)
                 except AttributeError as exc:
-                    raise unreadable_call(table.op, args, {}, exc) from exc
+                    raise _unreadable_call(table.op, args, {}, exc) from exc
                 return (route(shapes) or learn(args, shapes))(*args)
 
     _trace_as_runs(dispatch, table, traced or kernels, bucket, [dispatch, *eager_parts])
