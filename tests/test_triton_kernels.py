@@ -441,6 +441,20 @@ def test_bad_arguments_name_the_values(call, message):
         call()
 
 
+@pytest.mark.parametrize("call, message", [
+    # Each failed with Python's AttributeError ('list' object has no attribute 'shape' or 'dtype'):
+    (lambda: tk.rmsnorm(torch.ones(2, 8), "w", EPS), "weight is a str; the op takes torch tensors"),
+    (lambda: tk.fused_add_rmsnorm(torch.ones(2, 8), 0.0, torch.ones(8), EPS), "residual is a float; the op takes"),
+    (lambda: tk.silu_and_mul([[1.0] * 8]), "x is a list; the op takes torch tensors"),
+    (lambda: tk.mm([[1.0] * 8], torch.ones(4, 8)), "a is a list; the op takes torch tensors"),
+    (lambda: tk.rope([0, 1], torch.ones(2, 64), torch.ones(2, 32), 16, torch.ones(8, 16), True),
+     "positions is a list; the op takes torch tensors"),
+], ids=["rmsnorm-weight", "fused-residual", "silu-x", "mm-a", "rope-positions"])
+def test_an_argument_that_is_no_tensor_is_named(call, message):
+    with pytest.raises(TypeError, match=message):
+        call()
+
+
 @pytest.mark.parametrize("n", [1, 2, 3, 5, 64, 127, 128, 129, 4096, 5120, 14336, 16384])
 def test_host_side_grid_helpers_match_tritons(n):
     import triton
