@@ -224,8 +224,9 @@ def _overlapping(name: str, rows: torch.Tensor) -> ValueError:
 
 def _check_tensors(**named) -> None:
     """A TypeError naming the first value that is no tensor: it failed with Python's AttributeError on `shape` or
-    `dtype`. Called where the C launch has declined the call (it takes tensors only), or where a wrapper reads an
-    argument's attributes first, so a normal call pays nothing for it."""
+    `dtype`. Called where the C launch has declined the call (it takes tensors only), or where a wrapper's first
+    read of an argument failed, so a normal call of a launched kernel pays nothing for it; mm, which has no C launch,
+    checks on every call (about 0.1 us beside its Python and autotuner path)."""
     for name, value in named.items():
         if not isinstance(value, torch.Tensor):
             raise TypeError(f"{name} is a {type(value).__name__}; the op takes torch tensors")
