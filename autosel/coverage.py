@@ -3,12 +3,11 @@ per bucket), so an image build can refuse to ship an empty or mismatched DB (`au
 
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import dataclass, replace
 from typing import Sequence
 
-from autosel.decisions import OP_LEVEL_BUCKET, Decision, parse_bucket, versions_hash
+from autosel.decisions import OP_LEVEL_BUCKET, Decision, bucket_text, parse_bucket, versions_hash
 from autosel.db import closest
 from autosel.inventory import near_detail, version_diff
 from autosel.platforms import PlatformInfo, installed_version, key_fields, modes_for_device, near_rank
@@ -88,16 +87,15 @@ def _keyed_today(row: Decision, definition) -> str | None:
     """The bucket the op's bucket function gives a row's first shape today, where that is not the row's (the
     function changed since the tune: gemm.mm's in stop 36); None when it is the row's, or cannot be told (inputs
     built on the "meta" device, shapes without data, that the op's make_inputs or bucket function refuses)."""
-    shapes = [s.shape for c in row.candidates for s in c.shapes][:1]
-    for shape in shapes:
-        try:
-            key = tuple(definition.bucket(*definition.make_inputs(shape, "meta")))
-        except Exception as exc:  # a user op's functions may not take meta tensors (or torch may be missing)
-            log.debug("op %r: bucket of %s not told on meta tensors: %s", row.op, shape, exc)
-            return None
-        if key != parse_bucket(row.bucket):
-            return json.dumps(list(key))
-    return None
+    shape = next((s.shape for c in row.candidates for s in c.shapes), None)
+    if shape is None:
+        return None
+    try:
+        key = tuple(definition.bucket(*definition.make_inputs(shape, "meta")))
+    except Exception as exc:  # a user op's functions may not take meta tensors (or torch may be missing)
+        log.debug("op %r: bucket of %s not told on meta tensors: %s", row.op, shape, exc)
+        return None
+    return bucket_text(key) if key != parse_bucket(row.bucket) else None
 
 
 def _here(op, mode, specs, definition, db, platform, match, buckets) -> Coverage:
