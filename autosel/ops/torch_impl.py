@@ -6,22 +6,24 @@ import torch
 import torch.nn.functional as F
 
 
-def _check_tensor(name: str, x: torch.Tensor) -> None:
-    # A list or a number failed with "'list' object has no attribute 'is_floating_point'".
-    if not isinstance(x, torch.Tensor):
-        raise TypeError(f"{name} is a {type(x).__name__}; the op takes torch tensors")
+def check_tensors(**named) -> None:
+    """A TypeError naming the first value that is no tensor (a list or a number failed with "'list' object has no
+    attribute 'is_floating_point'", or 'shape'); autosel's Triton wrappers call it too."""
+    for name, value in named.items():
+        if not isinstance(value, torch.Tensor):
+            raise TypeError(f"{name} is a {type(value).__name__}; the op takes torch tensors")
 
 
 def _check_float(name: str, x: torch.Tensor) -> None:
     # An integer tensor came back truncated (an rmsnorm of int32 rows as zeros and ones), with no error.
-    _check_tensor(name, x)
+    check_tensors(**{name: x})
     if not x.is_floating_point():
         raise ValueError(f"{name} is {x.dtype}; the op takes floating-point tensors (bfloat16, float16, float32)")
 
 
 def _check_weight(x: torch.Tensor, weight: torch.Tensor) -> None:
     # A weight of one element broadcast silently here, where the other backends raise.
-    _check_tensor("weight", weight)
+    check_tensors(weight=weight)
     if weight.shape != (x.shape[-1],):
         raise ValueError(f"weight has shape {tuple(weight.shape)}, expected ({x.shape[-1]},) to match x's last dim")
 
@@ -36,8 +38,7 @@ def _halves(x: torch.Tensor) -> int:
 def check_residual(x: torch.Tensor, residual: torch.Tensor) -> None:
     # A residual of another shape broadcast into x + residual, or failed inside torch.compile's tracing with a
     # message about fake tensors; the Triton kernel's words.
-    _check_tensor("x", x)
-    _check_tensor("residual", residual)
+    check_tensors(x=x, residual=residual)
     if residual.shape != x.shape:
         raise ValueError(f"x has shape {tuple(x.shape)} but residual has {tuple(residual.shape)}")
 
@@ -100,8 +101,7 @@ def rope(positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor, head_s
     _check_float("query", query)
     _check_float("key", key)
     _check_heads(query, key, head_size)
-    _check_tensor("positions", positions)
-    _check_tensor("cos_sin_cache", cos_sin_cache)
+    check_tensors(positions=positions, cos_sin_cache=cos_sin_cache)
     if positions.numel() == 0:  # an idle rank's empty batch: view(0, -1, head_size) cannot infer its -1
         return
     cos, sin = cos_sin_cache.index_select(0, positions).float().chunk(2, dim=-1)

@@ -11,6 +11,11 @@ import triton
 import triton.language as tl
 
 from autosel.ops.common import next_power_of_2, pin_triton_cache_dir
+# check_tensors (a value that is no tensor failed with AttributeError on `shape` or `dtype`) runs where the C
+# launch has declined a call (it takes tensors only) or where a wrapper's first read of an argument failed, so a
+# launched kernel's normal call pays nothing for it; mm, which has no C launch, checks on every call (about
+# 0.1 us beside its Python and autotuner path).
+from autosel.ops.torch_impl import check_tensors
 from autosel.ops.triton_launch import FastLaunch, hooked
 
 pin_triton_cache_dir()
@@ -222,16 +227,6 @@ def _overlapping(name: str, rows: torch.Tensor) -> ValueError:
                       "share memory, e.g. .contiguous()")
 
 
-def _check_tensors(**named) -> None:
-    """A TypeError naming the first value that is no tensor: it failed with Python's AttributeError on `shape` or
-    `dtype`. Called where the C launch has declined the call (it takes tensors only), or where a wrapper's first
-    read of an argument failed, so a normal call of a launched kernel pays nothing for it; mm, which has no C launch,
-    checks on every call (about 0.1 us beside its Python and autotuner path)."""
-    for name, value in named.items():
-        if not isinstance(value, torch.Tensor):
-            raise TypeError(f"{name} is a {type(value).__name__}; the op takes torch tensors")
-
-
 def _not_1d(weight: torch.Tensor) -> ValueError:
     """For a 0-d weight, caught as the IndexError of weight.shape[-1]: a check before it would cost every call."""
     return ValueError(f"weight must be 1-D [hidden], got a {weight.dim()}-d tensor")
@@ -246,7 +241,7 @@ def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     if _DIRECT is not None and not hooked() and _DIRECT.norm(
             _launch_rmsnorm_kernel.kept, _NORM_PLANS, x, None, weight, out, eps):
         return out
-    _check_tensors(weight=weight)  # x is one: empty_like took it
+    check_tensors(weight=weight)  # x is one: empty_like took it
     try:
         width = weight.shape[-1]
     except IndexError:
@@ -267,7 +262,7 @@ def fused_add_rmsnorm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Ten
         return
     if residual is None:
         raise ValueError("fused_add_rmsnorm needs a residual tensor the shape of x; without one, use layernorm.rmsnorm")
-    _check_tensors(x=x, residual=residual, weight=weight)
+    check_tensors(x=x, residual=residual, weight=weight)
     if x.shape != residual.shape:
         raise ValueError(f"x has shape {tuple(x.shape)} but residual has {tuple(residual.shape)}")
     try:
@@ -333,7 +328,7 @@ def _act_and_mul(x: torch.Tensor, *, gelu: bool) -> torch.Tensor:
     try:  # free unless it raises (Python 3.11's exception tables)
         width = x.shape[-1]
     except AttributeError:
-        _check_tensors(x=x)
+        check_tensors(x=x)
         raise
     if width % 2:
         raise ValueError(f"x last dim must be even (gate and up halves), got {width}")
@@ -499,7 +494,7 @@ def rope(
     if _DIRECT is not None and not hooked() and _DIRECT.rope(
             _launch_rope.kept, _ROPE_PLANS, positions, query, key, head_size, cos_sin_cache, is_neox):
         return
-    _check_tensors(positions=positions, query=query, key=key, cos_sin_cache=cos_sin_cache)
+    check_tensors(positions=positions, query=query, key=key, cos_sin_cache=cos_sin_cache)
     if cos_sin_cache.dim() != 2:  # a row per position is what the kernel indexes
         raise ValueError(f"cos_sin_cache must be 2-D [positions, rotary_dim], got shape {tuple(cos_sin_cache.shape)}")
     rotary_dim = cos_sin_cache.shape[-1]
@@ -621,7 +616,7 @@ _mm_tuned = _mm_kernel if _INTERPRET else _short_autotune(_MM_CONFIGS, ["M", "N"
 
 def mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """a @ b.T for a [M, K] and an nn.Linear weight b [N, K], fp32 accumulation, returned in a.dtype."""
-    _check_tensors(a=a, b=b)
+    check_tensors(a=a, b=b)
     if a.dtype != b.dtype:
         raise ValueError(f"a is {a.dtype} but b is {b.dtype}; cast one so both match")
     if b.dim() != 2 or a.shape[-1] != b.shape[1]:
