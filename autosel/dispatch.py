@@ -238,6 +238,10 @@ def _trace_as_runs(dispatch: Callable[..., Any], table: BucketTable, kernels: Ma
 MAX_ROUTES = 1 << 16
 
 
+# What a bucket function raises on arguments it cannot read: a list for a tensor, a weight of another rank.
+_UNREADABLE = (AttributeError, TypeError, ValueError, IndexError)
+
+
 def _unreadable_call(op: str, args: tuple, kwargs: Mapping[str, Any], exc: Exception) -> Exception:
     """The error for a call whose bucket its dispatcher cannot read (a list where a tensor goes, a weight of
     another rank): the op, what was passed and the op's signature, in place of the bucket function's own
@@ -276,7 +280,7 @@ def dispatcher(table: BucketTable, kernels: Mapping[str, Callable[..., Any]], bu
     def key_of(args: tuple, kwargs: dict) -> tuple:  # the bucket function, its failures said in the op's words
         try:
             return bucket(*args, **kwargs)
-        except (AttributeError, TypeError, ValueError, IndexError) as exc:
+        except _UNREADABLE as exc:
             raise _unreadable_call(table.op, args, kwargs, exc) from exc
 
     def by_bucket_of(*args, **kwargs):
@@ -290,7 +294,7 @@ def dispatcher(table: BucketTable, kernels: Mapping[str, Callable[..., Any]], bu
                 return by_bucket_of(*args, **kwargs)
             try:  # free unless it raises (Python 3.11's exception tables)
                 key = bucket(*args)  # positional calls (the common case) skip passing an empty dict twice: ~40 ns
-            except (AttributeError, TypeError, ValueError, IndexError) as exc:
+            except _UNREADABLE as exc:
                 raise _unreadable_call(table.op, args, {}, exc) from exc
             return (find(key) or unseen(key))(*args)
     else:
