@@ -103,6 +103,29 @@ def test_forcing_one_variant_does_not_leak_into_the_next(hf_bench, monkeypatch):
     assert hf_bench.cannot_force("flashinfer", ["gemm.mm"], platform) == "gemm.mm has no flashinfer kernel"
 
 
+def test_a_variant_can_force_one_op_and_keep_autosels_decisions_for_the_rest(hf_bench):
+    # "autosel:OP=BACKEND": what autosel adds at one op over hard-coding that op's backend, in a whole step.
+    from autosel.platforms import current_platform
+    from hf_models import build
+
+    store("torch_compile")  # resolved, never called here: nothing compiles
+    model, platform = build("tiny-llama", 1, "cpu", torch.float32), current_platform()
+    patched = hf_bench.patch_variant("autosel:layernorm.rmsnorm=torch", model, mode="eager", projections=False,
+                                     platform=platform)
+    patched.handle.undo()
+    assert patched.resolved == {op: ["torch" if op == "layernorm.rmsnorm" else "torch_compile"] for op in OPS}
+    skipped = hf_bench.patch_variant("autosel:gemm.mm=torch", model, mode="eager", projections=False,
+                                     platform=platform)
+    assert skipped.handle is None and "needs --projections" in skipped.skipped
+    missing = hf_bench.patch_variant("autosel:gemm.mm=flashinfer", model, mode="eager", projections=True,
+                                     platform=platform)
+    assert missing.skipped == "gemm.mm has no flashinfer kernel"
+    plan = hf_bench.Plan(model="tiny-llama", layers=1, device="cpu", dtype="bfloat16", prefill_tokens=(8,),
+                         decode_batches=(2,), kv=8, backends=("torch", "autosel:gemm.mm=torch"), rounds=1,
+                         block_ms=1)
+    assert plan.fixed == ("torch",)  # forcing one op is not a fixed backend
+
+
 def test_a_variant_whose_step_fails_is_a_row_and_the_others_are_still_timed(hf_bench, monkeypatch, tmp_path):
     # On the H200 one variant's failed capture or kernel must not lose the other variants' figures.
     store("torch")
@@ -153,6 +176,7 @@ def test_compile_runs_every_variants_step_compiled_and_still_matching_transforme
 
 @pytest.mark.parametrize("args, said", [
     (["--backends", "triton,nosuch,torch#2,autosel#2"], "--backends: unknown nosuch; known: torch, torch_compile, "),
+    (["--backends", "autosel:gemm.mm=torch,autosel:gemm.mm=nosuch"], "--backends: unknown autosel:gemm.mm=nosuch;"),
     (["--rounds", "0"], "--rounds 0: give a number above 0"),
     (["--kv", "0"], "--kv 0: give a number above 0"),
     (["--block-ms", "0"], "--block-ms 0: give a number above 0"),

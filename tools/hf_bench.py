@@ -9,7 +9,9 @@ then B C A, ...), as autosel's tuner interleaves its candidates, so what the mac
 --graph-from-tokens N patches autosel's prefill with patch_model's graph_from_tokens=N and adds "autosel-eager",
 the prefill on the eager decisions alone, beside it. A variant named again with a suffix ("--backends
 triton,triton#2,autosel#2") runs once more on its own copy of the model: how far two copies of one variant read
-apart (a copy of autosel is not a fixed backend). --compile runs every variant's step, unpatched transformers' too,
+apart (a copy of autosel is not a fixed backend). A variant "autosel:OP=BACKEND" ("autosel:gemm.mm=torch") is
+autosel's measured decisions with that one op forced: what autosel adds at OP over hard-coding BACKEND there, in a
+whole step (not a fixed backend either). --compile runs every variant's step, unpatched transformers' too,
 under torch.compile (inductor, default mode, static shapes; decode steps are captured after it compiled): whether
 patching a model one compiles still pays, against inductor fusing transformers' own norms, rope and activations.
 Writes hf_bench.md, hf_bench.json and (with matplotlib) hf_bench.png under --out.
@@ -28,6 +30,7 @@ import datetime
 import json
 import logging
 import os
+import re
 import statistics
 import time
 from collections import Counter
@@ -79,8 +82,9 @@ class Plan:
 
     @property
     def fixed(self) -> tuple[str, ...]:
-        """The variants that force one backend ("autosel#2" in backends is a second copy of autosel, not one)."""
-        return tuple(b for b in self.backends if b.split("#")[0] not in (MEASURED, MEASURED_EAGER))
+        """The variants that force one backend ("autosel#2" in backends is a second copy of autosel, not one, and
+        "autosel:gemm.mm=torch" forces one op only)."""
+        return tuple(b for b in self.backends if b.split("#")[0] not in (MEASURED, MEASURED_EAGER) and ":" not in b)
 
     def sizes(self, phase: str) -> tuple[int, ...]:
         return self.prefill_tokens if phase == "prefill" else self.decode_batches
@@ -157,12 +161,17 @@ def patch_variant(name: str, model, *, mode: str, projections: bool, platform,
     if name == MEASURED_EAGER and graph_from_tokens is None:
         return Patched(name, model, skipped="the same as autosel here (graph_from_tokens applies to eager prefill)")
     base = name.split("#")[0]  # "triton#2": triton again, on its own copy of the model
-    backend = None if base in (MEASURED, MEASURED_EAGER) else base
     ops = patched_ops(projections)
-    why = cannot_force(backend, ops, platform) if backend else None
+    # What AUTOSEL_BACKEND says: "triton" for every op, "gemm.mm=torch" (variant "autosel:gemm.mm=torch") for one.
+    force = None if base in (MEASURED, MEASURED_EAGER) else base.removeprefix(f"{MEASURED}:")
+    pinned_op, pinned = force.split("=") if force and "=" in force else ("", None)
+    wanted = {pinned_op: pinned} if pinned else {op: force for op in ops} if force else {}
+    if pinned_op not in ("", *ops):
+        return Patched(name, model, skipped=f"the patch does not call {pinned_op} (gemm.mm needs --projections)")
+    why = next(filter(None, (cannot_force(backend, [op], platform) for op, backend in wanted.items())), None)
     if why:
         return Patched(name, model, skipped=why)
-    with forced(backend):
+    with forced(force):
         try:
             handle = patch_model(model, mode=mode, projections=projections,
                                  graph_from_tokens=graph_from_tokens if base == MEASURED else None)
@@ -170,12 +179,12 @@ def patch_variant(name: str, model, *, mode: str, projections: bool, platform,
             return Patched(name, model, skipped=f"patch_model raised {type(exc).__name__}: {exc}")
     resolved = {op: resolved_backends(op, fn, platform) for op, fn in handle.kernels.items()}
     unpatched = [kind for kind in KINDS if (kind != "gemm" or projections) and not handle.counts[kind]]
-    wrong = {op: got for op, got in resolved.items() if backend and got != [backend]}
+    wrong = {op: got for op, got in resolved.items() if op in wanted and got != [wanted[op]]}
     if unpatched or wrong or sorted(resolved) != sorted(ops):
         handle.undo()
         return Patched(name, model, resolved=resolved, skipped=(
             f"the patch is not the variant: kinds left unpatched {unpatched} ({handle.skipped}); ops resolved to "
-            f"another backend than {backend}: {wrong}"))
+            f"another backend than {force}: {wrong}"))
     return Patched(name, model, handle, resolved)
 
 
@@ -568,10 +577,13 @@ def main(argv: list[str] | None = None) -> None:
         if getattr(args, name) is not None and getattr(args, name) <= 0:
             parser.error(f"--{name.replace('_', '-')} {getattr(args, name):g}: give a number above 0")
     backends = tuple(filter(None, args.backends.split(",")))
-    unknown = [b for b in backends if b.split("#")[0] not in BACKENDS and not b.startswith(f"{MEASURED}#")]
+    unknown = [b for b in backends if b.split("#")[0] not in BACKENDS and not b.startswith(f"{MEASURED}#")
+               and not re.fullmatch(rf"{MEASURED}:({'|'.join(map(re.escape, OPS.values()))})=({'|'.join(BACKENDS)})"
+                                    r"(#\w+)?", b)]
     if unknown:
         parser.error(f"--backends: unknown {', '.join(unknown)}; known: {', '.join(BACKENDS)}, a copy NAME#2 of one, "
-                     f"or {MEASURED}#2 (a copy of autosel's measured variant)")
+                     f"{MEASURED}#2 (a copy of autosel's measured variant), or {MEASURED}:OP=BACKEND (autosel with "
+                     f"one op forced, e.g. {MEASURED}:gemm.mm=torch)")
     tiny = args.tiny
     plan = Plan(model="tiny-llama" if tiny else args.model, layers=args.layers or (2 if tiny else 4),
                 device=args.device, dtype=args.dtype,
