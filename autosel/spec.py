@@ -289,6 +289,10 @@ class OpDefinition:
     `activations`: the indices of the positional arguments that, in a model, the ops before this one have just
     written (its activations, not its weights or caches). Graph-mode timing writes them before each timed call and
     takes the writes' own time off, so they are where a model leaves them (docs/TUNING.md section 2).
+    `weights`: the indices of the positional arguments that a model reads from memory at every call: a layer's
+    own weights, which the rest of a step evicts from the L2 before the layer runs again. Graph-mode timing gives
+    each captured call the next of enough copies of them to exceed the L2, so a weight that would fit there is not
+    timed from it. Worth declaring where the weight is megabytes (gemm.mm's b), not for a norm's vector.
     """
 
     op: str
@@ -303,6 +307,7 @@ class OpDefinition:
     signature: str = ""
     traced: str | Callable[[str, Callable[..., Any]], Callable[..., Any]] | None = None
     activations: tuple[int, ...] = (0,)
+    weights: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if not isinstance(self.op, str) or not self.op:
@@ -327,10 +332,16 @@ class OpDefinition:
                 isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in indices)):
             raise TypeError(f"route_key for op {self.op!r} must be the index of a positional argument whose shape "
                             f"decides the bucket (0 for the first), two such indices, or None; got {self.route_key!r}")
-        if not (isinstance(self.activations, tuple) and all(
-                isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in self.activations)):
-            raise TypeError(f"activations for op {self.op!r} must be a tuple of positional argument indices, such "
-                            f"as (0,) for the first; got {self.activations!r}")
+        for name, example in (("activations", "(0,) for the first"), ("weights", "(1,) for the second")):
+            indices = getattr(self, name)
+            if not (isinstance(indices, tuple) and all(
+                    isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in indices)):
+                raise TypeError(f"{name} for op {self.op!r} must be a tuple of positional argument indices, such "
+                                f"as {example}; got {indices!r}")
+        if set(self.activations) & set(self.weights):
+            raise ValueError(f"op {self.op!r}: argument(s) {sorted(set(self.activations) & set(self.weights))} are "
+                             "both activations (written just before the call) and weights (read from memory); "
+                             "name each argument in one of the two")
         if not (self.reference is None or isinstance(self.reference, KernelBackend) or callable(self.reference)):
             raise TypeError(f"reference for op {self.op!r} must be a backend name, a KernelBackend, a function or "
                             f"None (its torch backend), got {self.reference!r}")

@@ -272,6 +272,9 @@ class CudaGraphTimer(SamplingTimer):
 
     method = "cuda:graph-replay, activations written"
     writes_activations = True
+    # An op's weights (OpDefinition.weights) cycled through copies that exceed the L2 (50 MB on the H100/H200), as
+    # a model step reads each layer's weights from memory (docs/TUNING.md section 2, since stop 37).
+    weight_bytes = 128 << 20
     blocks = 10
 
     def __init__(self, replay_ms: float = 2.5) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+import itertools
 import json
 import logging
 import math
@@ -271,6 +272,7 @@ class Tuner:
         rotate_bytes = getattr(self.timer, "rotate_bytes", 0)
         split = getattr(self.timer, "host_and_device_us", None)
         writes = getattr(self.timer, "writes_activations", False)
+        weight_bytes = getattr(self.timer, "weight_bytes", 0)
         settled: set[tuple[str, int]] = set()  # (backend, shape index) pairs no later round times
         routes: dict[tuple, tuple] = {}  # with a route_key: the route's argument shapes -> their bucket
         for round_index in range(self.rounds):
@@ -286,7 +288,8 @@ class Tuner:
                 if round_index > 0 and len(timed) < 2:  # the shape's winner is settled
                     continue
                 if writes:
-                    calls = {c.backend: _after_writing(c.fn, definition.activations, base) for c in timed}
+                    calls = {c.backend: _after_writing(c.fn, definition.activations, base, definition.weights,
+                                                       weight_bytes) for c in timed}
                     calls[WRITES] = _after_writing(None, definition.activations, base)
                 else:
                     calls = {c.backend: checks.rotating_call(c.fn, base, rotate_bytes) for c in timed}
@@ -375,19 +378,28 @@ class Tuner:
 WRITES = "(activations written)"  # the writes alone, timed with the candidates of a timer that writes_activations
 
 
-def _after_writing(fn: Callable[..., Any] | None, activations: Sequence[int], base: Sequence[Any]) -> Callable[[], Any]:
+def _after_writing(fn: Callable[..., Any] | None, activations: Sequence[int], base: Sequence[Any],
+                   weights: Sequence[int] = (), weight_bytes: int = 0) -> Callable[[], Any]:
     """A call of fn on its own copy of base that first writes the copy's activations (OpDefinition.activations)
     from copies of their values, as the ops before it write them in a model; with fn None, the writes alone. An
-    in-place kernel so finds its inputs as made at every call."""
+    in-place kernel so finds its inputs as made at every call. With `weights` (OpDefinition.weights) and
+    weight_bytes, each call takes the next of its own copies of those arguments, enough to hold weight_bytes, so
+    that they are read from memory as a model reads a layer's weights."""
     import torch
 
     args = checks.clone_args(base)
     pairs = [(args[i], args[i].clone()) for i in activations if i < len(args) and isinstance(args[i], torch.Tensor)]
+    weights = [i for i in weights if i < len(args) and isinstance(args[i], torch.Tensor)]
+    copies = [args]
+    if fn is not None and weights and weight_bytes:
+        copies = [tuple(own[weights.index(i)] if i in weights else arg for i, arg in enumerate(args))
+                  for own in checks.rotating_copies([args[i] for i in weights], weight_bytes)]
+    cycle = itertools.cycle(copies)
 
     def call():
         for arg, value in pairs:
             arg.copy_(value)
-        return None if fn is None else fn(*args)
+        return None if fn is None else fn(*next(cycle))
     return call
 
 

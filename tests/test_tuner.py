@@ -192,6 +192,36 @@ def test_activations_must_be_a_tuple_of_argument_indices(activations):
         OpDefinition("x.y", shapes=[], make_inputs=lambda shape, device: (), activations=activations)
 
 
+def test_graph_timing_gives_each_call_the_next_copy_of_the_ops_weights():
+    # Replayed on one weight, a GEMM whose weight fits in the H200's L2 read it from there: triton's mm ran 0.77x
+    # cuBLAS's time at 12 tokens of 4096 x 4096, 0.87x with the weight cycled past the L2 as a model step reads
+    # it, and the two ranked 2816 x 5120 at 8-16 tokens oppositely (docs/H200.md, "Stop 37").
+    from autosel.tuner import _after_writing
+
+    base = (torch.zeros(4), torch.ones(1024), 2.0)  # an activation, a weight of 4 KB, a number
+    seen = []
+    call = _after_writing(lambda x, w, k: seen.append((x.data_ptr(), w.data_ptr(), k)), (0,), base, (1,), 3 * 4096)
+    for _ in range(7):
+        call()
+    weights = [w for _, w, _ in seen]
+    assert len({x for x, _, _ in seen}) == 1  # one activation buffer, written before every call
+    assert len(set(weights)) == 3 and weights == weights[:3] * 2 + weights[:1]  # three copies, in turn
+    assert base[1].data_ptr() not in weights and {k for _, _, k in seen} == {2.0}
+    seen.clear()
+    once = _after_writing(lambda x, w, k: seen.append(w.data_ptr()), (0,), base)  # no weights declared: one copy
+    once(), once()
+    assert len(set(seen)) == 1
+
+
+@pytest.mark.parametrize("weights, error, said", [
+    ((0, 1.5), TypeError, r"weights for op 'x.y' must be a tuple of positional argument indices, such as \(1,\)"),
+    ((0,), ValueError, r"op 'x.y': argument\(s\) \[0\] are both activations .* and weights"),
+])
+def test_weights_must_be_argument_indices_other_than_the_activations(weights, error, said):
+    with pytest.raises(error, match=said):
+        OpDefinition("x.y", shapes=[], make_inputs=lambda shape, device: (), weights=weights)
+
+
 def test_the_writes_are_taken_off_each_sample_of_their_block():
     from autosel.tuner import WRITES, _after_writing, _less_writes
 

@@ -9,13 +9,13 @@ from autosel.ops.common import DTYPES, ShapesByDevice, dtype_name, dtype_of, sta
 from autosel.spec import OpDefinition
 
 # Llama-3-8B's projections (N, K): qkv (6144, 4096), o (4096, 4096), gate_up (28672, 4096), down (4096, 14336);
-# M is the token count, rounded up to a power of two in the bucket. o at 16 and 32 tokens: on the H200 in graph mode
-# triton's 16-row tile ran 0.78-0.85x cuBLAS's time at 9-16 tokens of it, and 1.19-1.77x at 18-32 (docs/H200.md,
-# "Stop 36"), so 16 tunes the bucket of 9-16 tokens and 32 keeps the nearest-bucket rule from carrying its winner
-# to 17-32. A bucket names its weight (_weight), so neither decides for another weight's calls.
+# M is the token count, rounded up to a power of two in the bucket. o at 16, 32 and 64 tokens: which of triton and
+# cuBLAS wins o in graph mode on the H200 turns between these buckets (docs/H200.md, "Stop 36" and "Stop 37"), so
+# each is tuned rather than given its neighbour's winner by the nearest-bucket rule (64 goes to 32 on a tie). A
+# bucket names its weight (_weight), so none decides for another weight's calls.
 SHAPES = ShapesByDevice(
     gpu=tuple({"m": m, "n": n, "k": k} for m, n, k in [
-        (1, 6144, 4096), (1, 28672, 4096), (16, 4096, 4096), (16, 4096, 14336), (32, 4096, 4096), (64, 6144, 4096),
+        (1, 6144, 4096), (1, 28672, 4096), (16, 4096, 4096), (16, 4096, 14336), (32, 4096, 4096), (64, 4096, 4096), (64, 6144, 4096),
         (128, 4096, 4096), (512, 28672, 4096), (1024, 4096, 14336), (4096, 6144, 4096), (8192, 4096, 4096),
         (16384, 4096, 14336),
     ]),
@@ -71,6 +71,6 @@ mm_bucket.traced = _mm_traced
 
 SPECS = standard_specs("gemm.mm", "mm")
 DEFINITIONS = [OpDefinition("gemm.mm", shapes=SHAPES, make_inputs=mm_inputs, shape_of=mm_shape, bucket=mm_bucket,
-                            route_key=(0, 1),
+                            route_key=(0, 1), weights=(1,),
                             signature="(a[M, K], b[N, K]) -> new [M, N] = a @ b.T (nn.Linear layout); " + DTYPES,
                             traced="autosel.ops.opaque:mm")]

@@ -576,6 +576,7 @@ def _mm_kernel(
     tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=(rows[:, None] < M) & (cols[None, :] < N))
 
 
+@functools.cache  # one object per config, however many token ranges try it
 def _mm_config(block_m: int, block_n: int, block_k: int, num_warps: int, num_stages: int) -> triton.Config:
     return triton.Config(
         {"BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_K": block_k, "GROUP_M": 8},
@@ -583,27 +584,42 @@ def _mm_config(block_m: int, block_n: int, block_k: int, num_warps: int, num_sta
     )
 
 
-# Chosen from a sweep on an H200 (bf16): 256x128 for prefill-sized M, 64/32-row tiles for mid-size M,
-# 16-row tiles with long K steps for decode. In fp32 the largest tiles overflow shared memory; the
+# Chosen from sweeps on an H200 (bf16), per token count, since the autotuner times every config it is given at
+# every new (M, N, K): 256x128 tiles for prefill-sized M; for decode, tiles as tall as M with 32 or 64 columns and
+# long K steps, so that at 17-64 tokens about one program per SM reads its slice of the weight once (stop 36's
+# 16-row tiles read it twice from 17 tokens on, and 1.2-1.6x cuBLAS's time became 0.88-1.00x at 17-32 tokens of
+# three of Llama-3-8B's weights; docs/H200.md, "Stop 37"). In fp32 the largest tiles overflow shared memory; the
 # autotuner times such configs as infinitely slow, and the smaller ones fit.
-_MM_CONFIGS = [
-    _mm_config(256, 128, 64, 8, 3),
-    _mm_config(128, 128, 64, 4, 4),
-    _mm_config(64, 64, 64, 4, 4),
-    _mm_config(32, 64, 128, 4, 4),
-    _mm_config(16, 64, 256, 4, 3),
-    _mm_config(16, 32, 256, 4, 4),
-]
+_MM_CONFIGS_BY_ROWS = (  # (up to this many rows, the configs tried)
+    (16, (_mm_config(16, 64, 256, 4, 3), _mm_config(16, 32, 256, 4, 4), _mm_config(16, 32, 256, 2, 4))),
+    (32, (_mm_config(32, 32, 256, 4, 4), _mm_config(32, 32, 128, 4, 4), _mm_config(16, 32, 256, 2, 4),
+          _mm_config(32, 64, 128, 4, 4))),
+    (64, (_mm_config(64, 32, 128, 4, 4), _mm_config(64, 32, 256, 4, 3), _mm_config(16, 32, 256, 2, 4),
+          _mm_config(128, 128, 64, 4, 4))),
+    (None, (_mm_config(256, 128, 64, 8, 3), _mm_config(128, 128, 64, 4, 4), _mm_config(64, 64, 64, 4, 4),
+            _mm_config(64, 32, 128, 4, 4))),
+)
+_MM_CONFIGS = list(dict.fromkeys(c for _, configs in _MM_CONFIGS_BY_ROWS for c in configs))
+
+
+def _mm_configs_for(configs: list, named_args: dict, **kwargs) -> list:
+    """The autotuner's configs for a call of named_args["M"] rows (triton.autotune's early_config_prune)."""
+    rows = named_args["M"]
+    chosen = next(c for most, c in _MM_CONFIGS_BY_ROWS if most is None or rows <= most)
+    return [c for c in configs if c in chosen]
+
+
 # Small tiles under the interpreter so tiny test shapes still cross several blocks and K steps.
 _MM_INTERPRET_META = {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16, "GROUP_M": 2}
 
 
-def _short_autotune(configs: list, key: list[str]):
+def _short_autotune(configs: list, key: list[str], prune=None):
     """triton.autotune with shorter benchmarks per config (5 ms warm-up, 20 ms, not 25 and 100) and, where this
     Triton has it, its choice per key cached on disk: an autosel tune calls the mm at ten new shapes, and the
-    default autotuning took 11 s of a warm whole-library tune on the H200 (docs/H200.md)."""
+    default autotuning took 11 s of a warm whole-library tune on the H200 (docs/H200.md). `prune`: its
+    early_config_prune, the configs worth timing for a call."""
     options = inspect.signature(triton.autotune).parameters
-    extra = {}
+    extra = {"prune_configs_by": {"early_config_prune": prune}} if prune else {}
     if "do_bench" in options:
         extra["do_bench"] = lambda fn, quantiles: triton.testing.do_bench(fn, warmup=5, rep=20, quantiles=quantiles)
     if "cache_results" in options:
@@ -611,7 +627,7 @@ def _short_autotune(configs: list, key: list[str]):
     return triton.autotune(configs=configs, key=key, **extra)
 
 
-_mm_tuned = _mm_kernel if _INTERPRET else _short_autotune(_MM_CONFIGS, ["M", "N", "K"])(_mm_kernel)
+_mm_tuned = _mm_kernel if _INTERPRET else _short_autotune(_MM_CONFIGS, ["M", "N", "K"], _mm_configs_for)(_mm_kernel)
 
 
 def mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:

@@ -83,6 +83,7 @@ def test_rope(cases, n_tokens, n_q_heads, n_kv_heads, head_size, rotary_dim, is_
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("m, n, k", [(1, 4096, 4096), (257, 1000, 999)])
+# One call in each token range of the autotuner's configs (triton_kernels._MM_CONFIGS_BY_ROWS).
+@pytest.mark.parametrize("m, n, k", [(1, 4096, 4096), (24, 4096, 4096), (50, 1000, 999), (257, 1000, 999)])
 def test_mm(cases, m, n, k, dtype):
     cases.check_mm(m, n, k, dtype, "cuda")
