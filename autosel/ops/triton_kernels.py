@@ -587,8 +587,8 @@ def _mm_config(block_m: int, block_n: int, block_k: int, num_warps: int, num_sta
 # Chosen from sweeps on an H200 (bf16), per token count, since the autotuner times every config it is given at
 # every new (M, N, K): 256x128 tiles for prefill-sized M; for decode, tiles as tall as M with 32 or 64 columns and
 # long K steps, so that at 17-64 tokens about one program per SM reads its slice of the weight once (stop 36's
-# 16-row tiles read it twice from 17 tokens on, and 1.2-1.6x cuBLAS's time became 0.88-1.00x at 17-32 tokens of
-# three of Llama-3-8B's weights; docs/H200.md, "Stop 37"). In fp32 the largest tiles overflow shared memory; the
+# 16-row tiles read it twice from 17 tokens on: 0.99-1.35x cuBLAS's time at 17-32 tokens of Llama-3-8B's weights
+# became 0.88-1.12x; docs/H200.md, "Stop 37"). In fp32 the largest tiles overflow shared memory; the
 # autotuner times such configs as infinitely slow, and the smaller ones fit.
 _MM_CONFIGS_BY_ROWS = (  # (up to this many rows, the configs tried)
     (16, (_mm_config(16, 64, 256, 4, 3), _mm_config(16, 32, 256, 4, 4), _mm_config(16, 32, 256, 2, 4))),
