@@ -344,6 +344,13 @@ class Tuner:
                                             f"the best candidate's time (threshold {self.drop_factor:g}x)")
                 self._emit("dropped", op, candidate.backend, candidate.reason)
 
+    def _method(self, definition: OpDefinition) -> str:
+        """How the op was timed, as its evidence names it: the timer's method, and whether each call read the op's
+        weights from memory (OpDefinition.weights under a timer with weight_bytes)."""
+        if definition.weights and getattr(self.timer, "weight_bytes", 0):
+            return f"{self.timer.method}, {WEIGHTS_FROM_MEMORY}"
+        return self.timer.method
+
     def _decide(self, definition, candidates, shapes, buckets, *, mode, platform_key, versions, tune_s,
                 autosel_version) -> tuple[Decision, list[Decision]]:
         op = definition.op
@@ -351,10 +358,11 @@ class Tuner:
         if not measured:
             reasons = "; ".join(f"{c.backend}: {c.reason}" for c in candidates)
             raise NoCandidateError(f"op {op!r}: no candidate passed the checks ({reasons})")
-        timings = {c.backend: [summarize(c.samples[i], self.timer.method, c.rounds.get(i), c.splits.get(i))
+        method = self._method(definition)
+        timings = {c.backend: [summarize(c.samples[i], method, c.rounds.get(i), c.splits.get(i))
                                if c.samples.get(i) else None for i in range(len(shapes))] for c in candidates}
         stats = {c.backend: timings[c.backend] for c in measured}  # registration order: the policy's tie-break
-        common = dict(mode=mode, platform_key=platform_key, versions=dict(versions), method=self.timer.method,
+        common = dict(mode=mode, platform_key=platform_key, versions=dict(versions), method=method,
                       tune_s=tune_s, autosel_version=autosel_version, checked_with=definition.checked_with,
                       created_at=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))
         verdict = self.policy.judge(stats)
@@ -375,6 +383,7 @@ class Tuner:
         return decision, per_bucket
 
 
+WEIGHTS_FROM_MEMORY = "weights from memory"  # the method's suffix where each timed call took its own weight copy
 WRITES = "(activations written)"  # the writes alone, timed with the candidates of a timer that writes_activations
 
 

@@ -213,6 +213,29 @@ def test_graph_timing_gives_each_call_the_next_copy_of_the_ops_weights():
     assert len(set(seen)) == 1
 
 
+def test_evidence_names_a_timing_that_read_the_weights_from_memory_and_keeps_its_rule(toy):
+    from autosel.policy import GRAPH_RULE, rule_for
+
+    _, kernels = toy
+
+    class GraphLike(CpuTimer):  # CudaGraphTimer's method and attributes, on this CPU
+        method = "cuda:graph-replay, activations written"
+        writes_activations = True
+        weight_bytes = 1 << 10
+
+    candidates = [KernelSpec(OP, B(b), "toy_kernels:head_in_place") for b in ("torch", "triton")]
+    methods = []
+    for weights in ((1,), ()):
+        definition = OpDefinition(OP, shapes=[{"n": 1}], make_inputs=kernels.big_activation, weights=weights)
+        decision = Tuner(timer=GraphLike(blocks=3), device="cpu").tune(
+            definition, candidates, reference=kernels.head_in_place, shapes=[{"n": 1}], mode="graph",
+            platform_key="cpu/test", versions={})
+        methods.append(decision.method)
+        assert rule_for(decision.method) is GRAPH_RULE  # the graph rule, not the 3% of an unknown method
+    assert methods == ["cuda:graph-replay, activations written, weights from memory",
+                       "cuda:graph-replay, activations written"]
+
+
 @pytest.mark.parametrize("weights, error, said", [
     ((0, 1.5), TypeError, r"weights for op 'x.y' must be a tuple of positional argument indices, such as \(1,\)"),
     ((0,), ValueError, r"op 'x.y': argument\(s\) \[0\] are both activations .* and weights"),
