@@ -49,8 +49,10 @@ class Rule:
 # 0.953. 1.2x lies between the clusters; a launch through Python (a torch without the DLPack C exchange API: 1.8-2x)
 # is still passed over (docs/TUNING.md section 4). In graph mode the host's time is gone.
 GRAPH_RULE = Rule(0.06)
+# A timing method's suffix where each timed call read the op's weights from memory (OpDefinition.weights, stop 37).
+WEIGHTS_FROM_MEMORY = "weights from memory"
 RULES = {"cuda:graph-replay, activations written": GRAPH_RULE,
-         "cuda:graph-replay, activations written, weights from memory": GRAPH_RULE,  # since stop 37, gemm.mm
+         f"cuda:graph-replay, activations written, {WEIGHTS_FROM_MEMORY}": GRAPH_RULE,  # since stop 37, gemm.mm
          "cuda:back-to-back": Rule(0.10, heavy_host=1.2),
          "cpu:torch.utils.benchmark": Rule(0.05, may_lose=1),
          # graph replay as stored before stop 34 (one input replayed as it was), and before its blocks took turns

@@ -15,7 +15,7 @@ from typing import Any, Callable, Sequence
 from autosel import checks
 from autosel.decisions import OP_LEVEL_BUCKET, CandidateResult, Decision, ShapeResult, bucket_text, format_lead
 from autosel.errors import NoCandidateError, TuningError
-from autosel.policy import DEFAULT_POLICY, Policy, Verdict, relative_scores, shape_text
+from autosel.policy import DEFAULT_POLICY, WEIGHTS_FROM_MEMORY, Policy, Verdict, relative_scores, shape_text
 from autosel.spec import KernelSpec, OpDefinition
 from autosel.timing import Timer, measure_together, summarize, synchronize
 
@@ -383,7 +383,6 @@ class Tuner:
         return decision, per_bucket
 
 
-WEIGHTS_FROM_MEMORY = "weights from memory"  # the method's suffix where each timed call took its own weight copy
 WRITES = "(activations written)"  # the writes alone, timed with the candidates of a timer that writes_activations
 
 

@@ -15,6 +15,7 @@ from autosel.decisions import OP_LEVEL_BUCKET, Decision, DecisionKey, parse_buck
 from autosel.dispatch import BucketTable
 from autosel.errors import NoCandidateError, TuningError
 from autosel.platforms import PlatformInfo, capturing_cuda_graph, version_vector
+from autosel.policy import WEIGHTS_FROM_MEMORY
 from autosel.registry import load_plugins, registry
 from autosel.spec import KernelBackend, KernelSpec, OpDefinition, spec_list
 
@@ -108,7 +109,8 @@ _near_said: set[tuple] = set()  # near-match rows this process has said it uses
 def outdated(db, decision: Decision, layer, names: list[str], definition) -> str:
     """Why a stored op-level decision whose winner can run here is not this machine's answer now, or "": it never
     timed a backend eligible here (registered or installed since), its bucket rows run one that is not (gone
-    since), or it was checked with other tolerances or another reference than the op's now (`definition`)."""
+    since), it was checked with other tolerances or another reference than the op's now (`definition`), or, in
+    graph mode on CUDA, timed without reading the op's declared weights from memory."""
     if untimed := decision.untimed(names):
         return f"never timed {', '.join(untimed)}, eligible here since it was made"
     gone = sorted({row.winner for row in db.buckets(decision, layer)} - set(names))
@@ -116,6 +118,10 @@ def outdated(db, decision: Decision, layer, names: list[str], definition) -> str
         return f"has bucket rows that run {', '.join(gone)}, not eligible here since it was made"
     if definition is not None and decision.checked_with and decision.checked_with != definition.checked_with:
         return f"was checked with {decision.checked_with}; the op is checked with {definition.checked_with} now"
+    if (definition is not None and definition.weights and decision.mode == "graph"
+            and decision.method.startswith("cuda:") and WEIGHTS_FROM_MEMORY not in decision.method):
+        return ("was timed replaying one copy of its weights, which the L2 can hold; graph timing reads them from "
+                "memory since stop 37 (docs/TUNING.md section 2)")
     return ""
 
 

@@ -156,3 +156,24 @@ def test_the_near_match_is_the_closest_row_that_selection_s_rule_accepts():
     assert [(e.decision.versions.get("torch"), e.status, e.near) for e in entries] == [
         (None, "stale", False), ("1.0.0", "stale", False), ("0.9.0", "in use", True)]
     assert entries[2].detail == "near match: versions differ: torch 0.9.0 -> (none)"
+
+
+def test_a_graph_decision_timed_on_one_copy_of_the_ops_weights_is_stale():
+    # Replayed on one weight that fits in the L2, triton and cuBLAS ranked 2816 x 5120 at 8-16 tokens oppositely
+    # to a model step, which reads the weight from memory (docs/H200.md, "Stop 37").
+    registry = KernelRegistry()
+    for spec in SPECS:
+        registry.register(spec)
+    registry.define(OpDefinition("toy.op", shapes=[{"n": 1}], make_inputs=lambda shape, device: (), weights=(1,)))
+    graph = replace(row("*", "torch"), mode="graph", method="cuda:graph-replay, activations written")
+
+    def status(decision: Decision, on: KernelRegistry = registry) -> tuple[str, str]:
+        [entry] = Inventory(CPU, on).entries([(decision, Layer("user.db", "user"))])
+        return entry.status, entry.detail
+
+    assert status(graph) == ("stale", "was timed replaying one copy of its weights, which the L2 can hold; graph "
+                                      "timing reads them from memory since stop 37 (docs/TUNING.md section 2): "
+                                      "`autosel tune` times the eligible backends again")
+    assert status(replace(graph, method=graph.method + ", weights from memory"))[0] == "in use"
+    assert status(replace(graph, mode="eager", method="cuda:back-to-back"))[0] == "in use"  # eager rotates copies
+    assert status(graph, checked(0.02))[0] == "in use"  # an op that declares no weights
