@@ -346,8 +346,9 @@ class Tuner:
 
     def _method(self, definition: OpDefinition) -> str:
         """How the op was timed, as its evidence names it: the timer's method, and whether each call read the op's
-        weights from memory (OpDefinition.weights under a timer with weight_bytes)."""
-        if definition.weights and getattr(self.timer, "weight_bytes", 0):
+        weights from memory (OpDefinition.weights under a timer that writes_activations, with weight_bytes)."""
+        if definition.weights and getattr(self.timer, "writes_activations", False) and getattr(
+                self.timer, "weight_bytes", 0):
             return f"{self.timer.method}, {WEIGHTS_FROM_MEMORY}"
         return self.timer.method
 
