@@ -287,6 +287,12 @@ class CudaGraphTimer(SamplingTimer):
         return graph_sampler(fn, replay_ms=self.replay_ms)
 
 
+def reads_weights(timer) -> bool:
+    """Whether the tuner gives each call timed by `timer` (an instance or its class) the next of its own copies of
+    the op's weights (OpDefinition.weights): graph replays, which also write the activations first."""
+    return bool(getattr(timer, "writes_activations", False) and getattr(timer, "weight_bytes", 0))
+
+
 def timer_for(device: str, mode: str) -> Timer:
     """The timer matching how the kernel will run: `device` is a torch device string, `mode` eager or graph."""
     if device == "cpu":

@@ -17,7 +17,7 @@ from autosel.decisions import OP_LEVEL_BUCKET, CandidateResult, Decision, ShapeR
 from autosel.errors import NoCandidateError, TuningError
 from autosel.policy import DEFAULT_POLICY, WEIGHTS_FROM_MEMORY, Policy, Verdict, relative_scores, shape_text
 from autosel.spec import KernelSpec, OpDefinition
-from autosel.timing import Timer, measure_together, summarize, synchronize
+from autosel.timing import Timer, measure_together, reads_weights, summarize, synchronize
 
 log = logging.getLogger(__name__)
 
@@ -346,9 +346,8 @@ class Tuner:
 
     def _method(self, definition: OpDefinition) -> str:
         """How the op was timed, as its evidence names it: the timer's method, and whether each call read the op's
-        weights from memory (OpDefinition.weights under a timer that writes_activations, with weight_bytes)."""
-        if definition.weights and getattr(self.timer, "writes_activations", False) and getattr(
-                self.timer, "weight_bytes", 0):
+        weights from memory (OpDefinition.weights, under a timer that reads_weights)."""
+        if definition.weights and reads_weights(self.timer):
             return f"{self.timer.method}, {WEIGHTS_FROM_MEMORY}"
         return self.timer.method
 

@@ -16,6 +16,7 @@ from autosel.dispatch import BucketTable
 from autosel.errors import NoCandidateError, TuningError
 from autosel.platforms import PlatformInfo, capturing_cuda_graph, version_vector
 from autosel.policy import WEIGHTS_FROM_MEMORY
+from autosel.timing import CudaGraphTimer, reads_weights
 from autosel.registry import load_plugins, registry
 from autosel.spec import KernelBackend, KernelSpec, OpDefinition, spec_list
 
@@ -118,7 +119,7 @@ def outdated(db, decision: Decision, layer, names: list[str], definition) -> str
         return f"has bucket rows that run {', '.join(gone)}, not eligible here since it was made"
     if definition is not None and decision.checked_with and decision.checked_with != definition.checked_with:
         return f"was checked with {decision.checked_with}; the op is checked with {definition.checked_with} now"
-    if (definition is not None and definition.weights and decision.mode == "graph"
+    if (definition is not None and definition.weights and reads_weights(CudaGraphTimer) and decision.mode == "graph"
             and decision.method.startswith("cuda:") and WEIGHTS_FROM_MEMORY not in decision.method):
         return ("was timed replaying one copy of its weights, which the L2 can hold; graph timing reads them from "
                 "memory since stop 37 (docs/TUNING.md section 2)")
