@@ -30,7 +30,6 @@ import datetime
 import json
 import logging
 import os
-import re
 import statistics
 import time
 from collections import Counter
@@ -577,9 +576,8 @@ def main(argv: list[str] | None = None) -> None:
         if getattr(args, name) is not None and getattr(args, name) <= 0:
             parser.error(f"--{name.replace('_', '-')} {getattr(args, name):g}: give a number above 0")
     backends = tuple(filter(None, args.backends.split(",")))
-    unknown = [b for b in backends if b.split("#")[0] not in BACKENDS and not b.startswith(f"{MEASURED}#")
-               and not re.fullmatch(rf"{MEASURED}:({'|'.join(map(re.escape, OPS.values()))})=({'|'.join(BACKENDS)})"
-                                    r"(#\w+)?", b)]
+    known = {*BACKENDS, *(f"{MEASURED}:{op}={backend}" for op in OPS.values() for backend in BACKENDS)}
+    unknown = [b for b in backends if b.split("#")[0] not in known and not b.startswith(f"{MEASURED}#")]
     if unknown:
         parser.error(f"--backends: unknown {', '.join(unknown)}; known: {', '.join(BACKENDS)}, a copy NAME#2 of one, "
                      f"{MEASURED}#2 (a copy of autosel's measured variant), or {MEASURED}:OP=BACKEND (autosel with "
