@@ -47,9 +47,9 @@ def _mm_key(a, b, tokens_key) -> tuple:
 def _weight(n, k) -> str:
     """The weight's shape as a bucket component that is a name, not a number: the nearest-bucket rule
     (autosel.dispatch) moves along the token count only, never to another weight. Which GEMM kernel wins
-    turns between weights a few percent apart (on the H200, graph mode: triton 0.78-0.85x cuBLAS's time at
-    9-16 tokens of 4096 x 4096, 1.15-1.9x at 7-21 tokens of 5120 x 3072, 4608 x 3584 and 2816 x 5120;
-    docs/H200.md, "Stop 36"), so a tuned weight says nothing of its neighbours."""
+    turns between weights a few percent apart (on the H200, graph replays of one weight: triton 0.78-0.85x
+    cuBLAS's time at 9-16 tokens of 4096 x 4096, 1.15-1.9x at 7-21 tokens of 5120 x 3072, 4608 x 3584 and
+    2816 x 5120; docs/H200.md, "Stop 36"), so a tuned weight says nothing of its neighbours."""
     return f"{n}x{k}"
 
 
