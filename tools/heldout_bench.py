@@ -36,9 +36,10 @@ window of 200-299 rows at widths in blocks of 8192; set24 in stop 33 after call 
 stores, before any run of it, with the gated activations at input + output of about the L2's size; set25 in stop
 34 likewise, before the graph-mode timing that writes each call's inputs first; set26 in stop 35 before any run of
 it, with four decode-sized token counts (where eager rmsnorm's winners differed on set25); set27 in stop 36 before
-any run of it, with Falcon-7B's widths that are no multiple of 128 (hidden 4544):
+any run of it, with Falcon-7B's widths that are no multiple of 128 (hidden 4544); set28 in stop 38 before any run
+of it, with Gemma-2-9B's GEMMs and four token counts of 50-97:
 
-    python tools/heldout_bench.py --out DIR --shapes set27
+    python tools/heldout_bench.py --out DIR --shapes set28
 
 Writes DIR/heldout.md (the tables) and DIR/heldout.json (every median).
 """
@@ -327,11 +328,19 @@ SET26 = _held_out(TOKENS_26, rmsnorm=(3968, 6528), fused=(3328, 8960), silu=(473
 TOKENS_27 = (55, 86, 118, 183, 333, 875, 1340, 2230, 4330, 9660)
 SET27 = _held_out(TOKENS_27, rmsnorm=(4544, 5888), fused=(3456, 7936), silu=(3200, 15360), gelu=(4352, 13312),
                   rope=((24, 4), (40, 4)), mm=((4672, 4544), (4544, 18176)))
+# set28: made in stop 38 before any run of it, on stop 37's code (gemm.mm timed with its weights read from memory,
+# triton's mm configs per token range). Token counts none of sets 1-27's, four of them 50-97 (decode batches; every
+# count under 50 but 32 is taken); widths none of the op's earlier sets': rmsnorm 2112 and 10752, fused add + rmsnorm
+# 2816 and 9984, silu 5760 and 16384, gelu 3584 and 9728, rope 12 / 3 and 36 / 6 heads, Gemma-2-9B's GEMMs qkv
+# (8192, 3584) and down (3584, 14336).
+TOKENS_28 = (50, 54, 63, 97, 162, 415, 1015, 2570, 5420, 11950)
+SET28 = _held_out(TOKENS_28, rmsnorm=(2112, 10752), fused=(2816, 9984), silu=(5760, 16384), gelu=(3584, 9728),
+                  rope=((12, 3), (36, 6)), mm=((8192, 3584), (3584, 14336)))
 SETS = {"set1": SET1, "set2": SET2, "set3": SET3, "set4": SET4, "set5": SET5, "set6": SET6, "set7": SET7, "set8": SET8,
         "set9": SET9, "set10": SET10, "set11": SET11, "set12": SET12, "set13": SET13,
         "set14": SET14, "set15": SET15, "set16": SET16, "set17": SET17, "set18": SET18, "set19": SET19,
         "set20": SET20, "set21": SET21, "set22": SET22, "set23": SET23,
-        "set24": SET24, "set25": SET25, "set26": SET26, "set27": SET27}
+        "set24": SET24, "set25": SET25, "set26": SET26, "set27": SET27, "set28": SET28}
 
 
 def table_for(op: str, mode: str) -> BucketTable:
