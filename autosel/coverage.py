@@ -3,16 +3,13 @@ per bucket), so an image build can refuse to ship an empty or mismatched DB (`au
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass, replace
 from typing import Sequence
 
-from autosel.decisions import OP_LEVEL_BUCKET, Decision, bucket_text, parse_bucket, versions_hash
+from autosel.decisions import OP_LEVEL_BUCKET, Decision, versions_hash
 from autosel.db import closest
 from autosel.inventory import near_detail, version_diff
 from autosel.platforms import PlatformInfo, installed_version, key_fields, modes_for_device, near_rank
-
-log = logging.getLogger(__name__)
 
 # Versions that only the target machine can tell (its driver, the runtime torch finds there): not compared
 # when checking a DB for another platform than this machine.
@@ -67,6 +64,8 @@ def _with_buckets(found: Coverage, decision: Decision, layer, db, usable, defini
     rows = db.buckets(decision, layer)
     bad = [row for row in rows if not usable(row.winner)]
     found = replace(found, buckets=len(rows))
+    # Rows keyed otherwise than the bucket function keys their shapes today never get here: selection passes their
+    # decision over (tuning.outdated), and so does check, with or without --buckets.
     if buckets and definition is not None and definition.bucket is not None:
         if not rows:
             return replace(found, ok=False, detail=found.detail + "; but no bucket rows beside it (tuned before "
@@ -75,27 +74,7 @@ def _with_buckets(found: Coverage, decision: Decision, layer, db, usable, defini
             names = ", ".join(f"{row.bucket} ({row.winner})" for row in bad)
             return replace(found, ok=False, detail=found.detail + f"; but bucket rows name backends not usable there: "
                            f"{names}")
-        stale = [f"{row.bucket} is now {now}" for row in rows if (now := _keyed_today(row, definition)) is not None]
-        if stale:
-            return replace(found, ok=False, detail=found.detail + f"; but bucket rows are keyed otherwise than the op's "
-                           f"bucket function keys their own shapes today, so no call looks them up ({'; '.join(stale)}):"
-                           f" re-tune it (`autosel tune --force --op {found.op}`)")
     return found
-
-
-def _keyed_today(row: Decision, definition) -> str | None:
-    """The bucket the op's bucket function gives a row's first shape today, where that is not the row's (the
-    function changed since the tune: gemm.mm's in stop 36); None when it is the row's, or cannot be told (inputs
-    built on the "meta" device, shapes without data, that the op's make_inputs or bucket function refuses)."""
-    shape = next((s.shape for c in row.candidates for s in c.shapes), None)
-    if shape is None:
-        return None
-    try:
-        key = tuple(definition.bucket(*definition.make_inputs(shape, "meta")))
-    except Exception as exc:  # a user op's functions may not take meta tensors (or torch may be missing)
-        log.debug("op %r: bucket of %s not told on meta tensors: %s", row.op, shape, exc)
-        return None
-    return bucket_text(key) if key != parse_bucket(row.bucket) else None
 
 
 def _here(op, mode, specs, definition, db, platform, match, buckets) -> Coverage:

@@ -11,7 +11,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Callable, NamedTuple
 
 from autosel import config, platforms
-from autosel.decisions import OP_LEVEL_BUCKET, Decision, DecisionKey, parse_bucket, versions_hash
+from autosel.decisions import OP_LEVEL_BUCKET, Decision, DecisionKey, bucket_text, parse_bucket, versions_hash
 from autosel.dispatch import BucketTable
 from autosel.errors import NoCandidateError, TuningError
 from autosel.platforms import PlatformInfo, capturing_cuda_graph, version_vector
@@ -110,11 +110,17 @@ _near_said: set[tuple] = set()  # near-match rows this process has said it uses
 def outdated(db, decision: Decision, layer, names: list[str], definition) -> str:
     """Why a stored op-level decision whose winner can run here is not this machine's answer now, or "": it never
     timed a backend eligible here (registered or installed since), its bucket rows run one that is not (gone
-    since), it was checked with other tolerances or another reference than the op's now (`definition`), or, in
-    graph mode on CUDA, timed without reading the op's declared weights from memory."""
+    since), it was checked with other tolerances or another reference than the op's now (`definition`), in
+    graph mode on CUDA it was timed without reading the op's declared weights from memory, or its bucket rows are
+    keyed otherwise than the op's bucket function keys their own shapes today (the function changed since, as
+    gemm.mm's did in stop 36: no call looks its older rows up). That last one builds each row's inputs on the meta
+    device, so it is judged last: 2-25 ms for a built-in op's table on a CPU, once per op and mode in get_kernel
+    (its first call), plus torch's import of torch._dynamo (about 1.5 s) at the first arithmetic on meta tensors in a
+    process that had not imported it."""
     if untimed := decision.untimed(names):
         return f"never timed {', '.join(untimed)}, eligible here since it was made"
-    gone = sorted({row.winner for row in db.buckets(decision, layer)} - set(names))
+    rows = db.buckets(decision, layer)
+    gone = sorted({row.winner for row in rows} - set(names))
     if gone:
         return f"has bucket rows that run {', '.join(gone)}, not eligible here since it was made"
     if definition is not None and decision.checked_with and decision.checked_with != definition.checked_with:
@@ -123,7 +129,32 @@ def outdated(db, decision: Decision, layer, names: list[str], definition) -> str
             and decision.method.startswith("cuda:") and WEIGHTS_FROM_MEMORY not in decision.method):
         return ("was timed replaying one copy of its weights, which the L2 can hold; graph timing reads them from "
                 "memory since stop 37 (docs/TUNING.md section 2)")
+    if definition is not None and definition.bucket is not None:
+        for row in rows:
+            if (now := _keyed_today(row, definition)) is not None:
+                return (f"has bucket rows keyed otherwise than the op's bucket function has keyed their shapes since "
+                        f"it was made (such as {row.bucket}, now {now})")
     return ""
+
+
+def _keyed_today(row: Decision, definition: OpDefinition) -> str | None:
+    """The bucket the op's bucket function gives a row's first shape today, where that is not the row's (the
+    function changed since the tune: gemm.mm's in stop 36); None when it is the row's, or cannot be told (inputs
+    built on the "meta" device, shapes without data, that the op's make_inputs or bucket function refuses; a
+    bucket that is no bucket key, which selection ignores too)."""
+    shape = next((s.shape for c in row.candidates for s in c.shapes), None)
+    if shape is None:
+        return None
+    try:
+        stored = parse_bucket(row.bucket)
+    except ValueError:  # no bucket key: table_of leaves the row out too
+        return None
+    try:
+        key = tuple(definition.bucket(*definition.make_inputs(shape, "meta")))
+    except Exception as exc:  # a user op's functions may not take meta tensors (or torch may be missing)
+        log.debug("op %r: bucket of %s not told on meta tensors: %s", row.op, shape, exc)
+        return None
+    return bucket_text(key) if key != stored else None
 
 
 def lookup_stored(db, key: DecisionKey, eligible: list[KernelSpec], *, match: str = "exact",

@@ -1404,17 +1404,35 @@ def bucket_row(n: int, winner: str, bucket: str | None = None) -> Decision:
     return replace(row, bucket=bucket or f"[{1 << (n - 1).bit_length()}]", candidates=candidates)
 
 
-def test_check_with_buckets_refuses_rows_its_bucket_function_no_longer_keys_so(reg):
+OLD_KEYS = ("has bucket rows keyed otherwise than the op's bucket function has keyed their shapes since it was made "
+            "(such as [1000], now [1024])")
+
+
+@pytest.mark.parametrize("args", [[], ["--buckets"]], ids=["plain", "buckets"])
+def test_check_refuses_rows_its_bucket_function_no_longer_keys_so(reg, args):
     # gemm.mm's bucket key changed in stop 36 ([16, 6144, 4096] became [16, "6144x4096"]): rows under the old key
-    # are never looked up, and their buckets run the op-level winner without a word.
+    # are never looked up, and their buckets run the op-level winner without a word. Only --buckets said so (and
+    # to re-tune with --force): selection took the decision as stored.
     bucketed(reg)
     tuning.database(settings_for(None, full=False)).record(
         decision(), [bucket_row(16384, "torch"), bucket_row(1000, "triton", bucket="[1000]")])
-    result = run("check", "--require", "toy.double", "--buckets")
+    result = run("check", "--require", "toy.double", *args)
     assert result.exit_code == 1
-    assert ("but bucket rows are keyed otherwise than the op's bucket function keys their own shapes today, so no "
-            "call looks them up ([1000] is now [1024]): re-tune it (`autosel tune --force --op toy.double`)") in \
-        result.stderr
+    assert (f"toy.double (eager): the stored eager decision (triton, user DB {os.environ['AUTOSEL_DB']}) {OLD_KEYS}: "
+            "re-tune the op (selection keeps it only where nothing can be timed") in result.stderr
+
+
+def test_tune_times_again_a_table_keyed_before_its_bucket_function_changed_and_show_says_why(reg):
+    # `autosel tune` called it stored and `autosel show` in use, while no call looked its old-keyed rows up.
+    bucketed(reg)
+    tuning.database(settings_for(None, full=False)).record(
+        decision(), [bucket_row(16384, "torch"), bucket_row(1000, "triton", bucket="[1000]")])
+    shown = json.loads(run("show", "--json").stdout)["decisions"]
+    assert [(d["status"], d["status_detail"]) for d in shown if d["bucket"] == "*"] == [
+        ("stale", f"{OLD_KEYS}: `autosel tune` times the eligible backends again")]
+    tuned = json.loads(run("tune", "--json").stdout)["outcomes"][0]
+    assert tuned["status"] == "tuned" and [b["bucket"] for b in tuned["buckets"]] == ["[65536]", "[16384]"]
+    assert json.loads(run("tune", "--json").stdout)["outcomes"][0]["status"] == "stored"  # keyed today now
 
 
 def test_check_with_buckets_does_not_judge_rows_of_an_op_whose_inputs_refuse_meta_tensors(reg):

@@ -572,6 +572,73 @@ def test_a_decision_checked_with_other_tolerances_than_the_ops_now_is_tuned_agai
     assert stored.checked_with.startswith("rtol=None, atol=0.01,")  # tuned again under the op's check now
 
 
+def keyed(op: str, bucket: str, winner: str, shape: dict, backends: tuple[str, ...]) -> "Decision":
+    """A row of `op` (eager mode, this machine) timed at `shape` and stored under `bucket`, whatever the op's
+    bucket function keys that shape today."""
+    from autosel import platforms
+    from autosel.decisions import CandidateResult, Decision, Measurement, ShapeResult
+
+    platform = platforms.current_platform()
+    eligible = [s for s in tuning.registry.get(op) if s.is_available(platform)]
+    timing = (ShapeResult(shape=shape, timing=Measurement(median_us=10.0, p20_us=9.0, p80_us=11.0, samples=20,
+                                                          method="planted")),)
+    return Decision(op=op, mode="eager", bucket=bucket, winner=winner, platform_key=platform.key,
+                    versions=platforms.version_vector(platform, eligible), margin=0.05, method="planted",
+                    candidates=tuple(CandidateResult(b, "ok", score=1.0, shapes=timing) for b in backends))
+
+
+GEMM_16 = {"m": 16, "n": 6144, "k": 4096}
+
+
+@pytest.mark.parametrize("bucket, shape, reason", [
+    ("[16, 6144, 4096]", GEMM_16, "has bucket rows keyed otherwise than the op's bucket function has keyed their "
+                                  'shapes since it was made (such as [16, 6144, 4096], now [16, "6144x4096"])'),
+    ('[16, "6144x4096"]', GEMM_16, ""),  # keyed today
+    ("[16, 6144, 4096]", {"tokens": 16}, ""),  # a shape gemm.mm's make_inputs cannot read: cannot be told
+    ("not a key", GEMM_16, ""),  # no bucket key: selection ignores the row too
+], ids=["before-stop-36", "today", "unreadable-shape", "no-key"])
+def test_a_decision_with_bucket_rows_its_bucket_function_keys_otherwise_today_is_outdated(reg, bucket, shape,
+                                                                                         reason):
+    # gemm.mm's bucket key changed in stop 36: rows tuned before were never looked up, their buckets silently ran
+    # the op-level winner, and `autosel tune` called the decision stored; only `autosel check --buckets` noticed.
+    from autosel.ops.gemm import DEFINITIONS, SPECS
+
+    for spec in SPECS:
+        reg.register(spec)
+    backends = ("torch", "torch_compile")
+    decision = keyed("gemm.mm", "*", "torch", GEMM_16, backends)
+    layer = tuning.database().record(decision, [keyed("gemm.mm", bucket, "torch_compile", shape, backends)])
+    assert tuning.outdated(tuning.database(), decision, layer, list(backends), DEFINITIONS[0]) == reason
+
+
+def test_a_stored_table_keyed_before_its_bucket_function_changed_is_tuned_again(reg, monkeypatch, caplog):
+    # Its rows were never looked up and its buckets ran the op-level winner; get_kernel took the table as stored.
+    import logging
+
+    import toy_kernels
+
+    reg.register(KernelSpec("toy.split", B.TORCH, "toy_kernels:slow"))
+    reg.register(KernelSpec("toy.split", B.JIT, "toy_kernels:overhead"))
+    reg.define(OpDefinition("toy.split", shapes=toy_kernels.SPLIT_SHAPES, make_inputs=toy_kernels.inputs,
+                            bucket=toy_kernels.bucket))
+    backends = ("torch", "jit")
+    tuning.database().record(keyed("toy.split", "*", "torch", {"n": 16}, backends), [
+        keyed("toy.split", "[20]", "jit", {"n": 16}, backends),  # 16 elements: toy_kernels.bucket keys them [16]
+        keyed("toy.split", "[1048576]", "jit", {"n": 1 << 20}, backends)])
+    reason = ("has bucket rows keyed otherwise than the op's bucket function has keyed their shapes since it was made "
+              "(such as [20], now [16])")
+    monkeypatch.setenv("AUTOSEL_TUNE", "off")
+    monkeypatch.setattr(tuning, "_untimed_said", set())
+    monkeypatch.setattr(tuning, "_announced", set())
+    caplog.set_level(logging.WARNING, logger="autosel")
+    assert selector.get_kernel("toy.split").table.winners == {(20,): "jit", (1 << 20,): "jit"}  # kept, and said
+    assert f"the stored decision (torch) {reason}; it is kept, since nothing can be timed now" in caplog.text
+    monkeypatch.delenv("AUTOSEL_TUNE")
+    selector.clear_cache()
+    assert selector.get_kernel("toy.split").table.winners == {(16,): "torch", (1 << 20,): "jit"}
+    assert f"op 'toy.split' (eager mode)'s stored decision {reason}, so its backends" in caplog.text
+
+
 def test_an_op_without_shapes_keeps_a_decision_that_misses_only_a_newer_backend(reg, monkeypatch):
     # It raised "multiple backends ... no representative shapes", though a usable row was stored.
     toy(reg, B.TORCH, B.CUTE_DSL)

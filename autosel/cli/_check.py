@@ -45,8 +45,7 @@ def _platform_key(ctx, param, value: str | None) -> str | None:
 @click.option("--platform", "platform_key", metavar="KEY", callback=_platform_key,
               help="The target's platform key (default: this machine's), for an image built without its GPU.")
 @click.option("--buckets", is_flag=True,
-              help="Also require the per-bucket rows beside each decision of an op that declares buckets, keyed as "
-                   "its bucket function keys their shapes today.")
+              help="Also require the per-bucket rows beside each decision of an op that declares buckets.")
 @db_option()
 @json_option("what was found per op and mode")
 def check(required, modes, platform_key, buckets, db, as_json):
