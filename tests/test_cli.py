@@ -621,8 +621,25 @@ def test_show_warns_of_a_bad_variable_it_does_not_read_and_goes_on(reg, tmp_path
     result = run("show", "--db", tmp_path / "empty.db")
     assert result.exit_code == 0 and "run `autosel tune`" in result.stdout
     assert result.stderr.startswith(f"Warning: {name}={value!r} is not valid; allowed values: ")
-    assert result.stderr.endswith("`autosel show` reads the DBs only and goes on, but get_kernel and `autosel tune` "
+    assert result.stderr.endswith("`autosel show` does not read it and goes on, but get_kernel and `autosel tune` "
                                   "stop on it\n")
+
+
+@pytest.mark.parametrize("command", [("export", "--out", "e.jsonl"), ("prune", "--dry-run"), ("prune",)],
+                         ids=" ".join)
+def test_export_and_prune_warn_of_a_bad_match_setting_they_do_not_read_and_go_on(reg, tmp_path, monkeypatch,
+                                                                                 command):
+    # `AUTOSEL_MATCH=model autosel export` exited 1, where README says export warns of a variable it does not read;
+    # prune alike, and the warning said prune "reads the DBs only" (it removes rows).
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("AUTOSEL_DB", str(tmp_path / "mine.db"))
+    tuning.database(settings_for(None, full=False)).record(decision())
+    monkeypatch.setenv("AUTOSEL_MATCH", "model")
+    result = run(*command)
+    assert result.exit_code == 0, result.output
+    assert result.stderr == (f"Warning: AUTOSEL_MATCH='model' is not valid; allowed values: exact, device, arch; "
+                             f"`autosel {command[0]}` does not read it and goes on, but get_kernel and `autosel tune` "
+                             "stop on it\n")
 
 
 READ_ONLY_COMMANDS = [("show",), ("doctor",), ("report", "--out", "r.html"), ("export", "--out", "e.jsonl"),

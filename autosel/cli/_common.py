@@ -147,8 +147,8 @@ def echo_json(data: Any) -> None:
 
 def settings_for(db: str | None, *, full: bool, match: bool = True, warn: bool = True) -> config.Settings:
     """Settings with --db as the user layer. Commands that only read DBs look at AUTOSEL_DB/AUTOSEL_DB_PATH and
-    AUTOSEL_MATCH (which rows count as in use) only, so a bad AUTOSEL_TUNE does not stop `autosel show`: it warns
-    (unless not warn: doctor reports it)."""
+    AUTOSEL_MATCH (which rows count as in use; not match: export and prune, which never ask) only, so a bad
+    AUTOSEL_TUNE does not stop `autosel show`: it warns (unless not warn: doctor reports it)."""
     env = dict(os.environ)
     if db:
         env["AUTOSEL_DB"] = db
@@ -162,7 +162,7 @@ def settings_for(db: str | None, *, full: bool, match: bool = True, warn: bool =
             config.log_level(env)
         except ConfigError as exc:
             if warn:
-                click.echo(f"Warning: {exc}; `autosel {click.get_current_context().info_name}` reads the DBs only "
+                click.echo(f"Warning: {exc}; `autosel {click.get_current_context().info_name}` does not read it "
                            "and goes on, but get_kernel and `autosel tune` stop on it", err=True)
     if full and settings.forced_per_op:  # parsing cannot know the registry: a misspelt op forced nothing, silently
         from autosel import tuning

@@ -50,7 +50,7 @@ def export(out, fmt, ops, db, all_layers, force, as_json):
     fmt = _format_of(out, fmt)
     output_file(out)  # a FIFO or a device is refused as such, not as "exists; pass --force"
     refuse_overwrite(out, force)
-    settings = settings_for(db, full=False)
+    settings = settings_for(db, full=False, match=False)  # which rows are in use is not asked
     stored = read_db(settings, db, default_too=True).decisions()  # the user DB is the source: unread is an error
     tuning.load_plugins()
     check_globs(ops, set(tuning.registry.ops()) | {d.op for d, _ in stored}, "registered op or stored decision")
@@ -160,7 +160,7 @@ def prune(db, dry_run, as_json):
     """
     from autosel import platforms, tuning
 
-    settings = settings_for(db, full=False)
+    settings = settings_for(db, full=False, match=False)  # which rows are in use is not asked
     require_file(settings, db)  # else the write below would create it, and its folders, to remove nothing
     platform = platforms.current_platform()
     tuning.load_plugins()
