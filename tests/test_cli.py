@@ -988,6 +988,29 @@ def test_export_after_a_tune_that_reused_shipped_decisions_points_at_all_layers(
     assert run("export", "--db", build, "--out", tmp_path / "b.jsonl").exit_code == 0
 
 
+@pytest.mark.parametrize("db", [False, True])
+def test_export_with_only_other_platforms_shipped_rows_does_not_say_a_tune_copies_them(reg, tmp_path, monkeypatch,
+                                                                                       db):
+    # On a machine the package ships no DB for, it said "run `autosel tune --db FILE`, which copies them into
+    # FILE": a tune here never copies another platform's decisions, it times the ops.
+    from autosel.db import TuningDB
+
+    toy(reg, B.TORCH, B.TRITON)
+    first, shipped, user = tmp_path / "first.db", tmp_path / "shipped.db", tmp_path / "mine.db"
+    store(decision(platform=OTHER_CPU), db=first)
+    assert run("export", "--db", first, "--out", shipped).exit_code == 0
+    monkeypatch.setenv("AUTOSEL_DB_PATH", str(shipped))
+    monkeypatch.setenv("AUTOSEL_DB", str(user))
+    TuningDB.open(user, include_package=False).close()
+    out = tmp_path / "decisions.jsonl"
+    result = run("export", "--out", out, "--op", "toy.*", *["--db", user] * db)
+    assert result.exit_code == 1 and not out.exists()
+    assert result.stderr == (
+        f"Error: no decisions for toy.* in the user DB {user}, so {out} was not written; the shipped DBs hold 1 made "
+        f"for other platforms ({shipped}), which a tune here does not use: pass --all-layers to export them too, or "
+        f"run `autosel tune{' --db ' + str(user) if db else ''}` first\n")
+
+
 def test_export_of_an_op_glob_matching_nothing_names_the_known_ops(reg, tmp_path):
     # It said "run `autosel tune` first", which tunes nothing for a misspelt op.
     toy(reg, B.TORCH, B.TRITON)

@@ -59,8 +59,11 @@ def export(out, fmt, ops, db, all_layers, force, as_json):
         nothing = f"no decisions{' for ' + ', '.join(ops) if ops else ''}"
         if all_layers:
             raise click.ClickException(f"{nothing} in any layer, so {out} was not written; run `autosel tune` first")
-        raise click.ClickException(f"{nothing} in the user DB {settings.db}, so {out} was not written; "
-                                   + _elsewhere([layer.path for d, layer in stored if matches(d.op, ops)], db))
+        from autosel import platforms
+
+        raise click.ClickException(f"{nothing} in the user DB {settings.db}, so {out} was not written; " + _elsewhere(
+            [(layer.path, d.platform_key) for d, layer in stored if matches(d.op, ops)],
+            platforms.current_platform().key, db))
     layers = list(dict.fromkeys(layer.path for _, layer in pairs))  # the user layer first, as selection reads them
     chosen = first_tables([[d for d, layer in pairs if layer.path == path] for path in layers])
     if not chosen:
@@ -73,13 +76,19 @@ def export(out, fmt, ops, db, all_layers, force, as_json):
         click.echo(f"Exported {rows} decision(s) to {out} ({fmt}).")
 
 
-def _elsewhere(shipped: list[str], db: str | None) -> str:
-    """What to do when the user DB holds none of the decisions to export, given the shipped layers' paths, one per
-    matching row: a tune reuses shipped decisions and copies them only into a --db, so a tune into the default
-    user DB puts nothing there."""
-    if not shipped:
-        return f"run `autosel tune{' --db ' + db if db else ''}` first"
-    held = f"the shipped DBs hold {len(shipped)} ({', '.join(dict.fromkeys(shipped))})"
+def _elsewhere(shipped: list[tuple[str, str]], here: str, db: str | None) -> str:
+    """What to do when the user DB holds none of the decisions to export, given (shipped layer's path, platform key)
+    of each matching row and this machine's key: a tune reuses shipped decisions of this platform and copies them
+    only into a --db, so a tune into the default user DB puts nothing there; other platforms' it never uses."""
+    tune = f"run `autosel tune{' --db ' + db if db else ''}` first"
+    usable = [path for path, key in shipped if key == here]
+    if not usable:
+        if not shipped:
+            return tune
+        other = ", ".join(dict.fromkeys(path for path, _ in shipped))
+        return (f"the shipped DBs hold {len(shipped)} made for other platforms ({other}), which a tune here does not "
+                f"use: pass --all-layers to export them too, or {tune}")
+    held = f"the shipped DBs hold {len(usable)} ({', '.join(dict.fromkeys(usable))})"
     if db:
         return (f"{held}: pass --all-layers to export them too, or run `autosel tune --db {db}` first, which copies "
                 "them into it")
