@@ -9,15 +9,16 @@ from autosel.ops.common import DTYPES, ShapesByDevice, dtype_name, dtype_of, sta
 from autosel.spec import OpDefinition
 
 # Llama-3-8B's projections (N, K): qkv (6144, 4096), o (4096, 4096), gate_up (28672, 4096), down (4096, 14336);
-# M is the token count, rounded up to a power of two in the bucket. o at 16, 32 and 64 tokens: which of triton and
-# cuBLAS wins o in graph mode on the H200 turns between these buckets (docs/H200.md, "Stop 36" and "Stop 37"), so
-# each is tuned rather than given its neighbour's winner by the nearest-bucket rule (64 goes to 32 on a tie). A
+# M is the token count, rounded up to a power of two in the bucket. o at 4, 16, 32 and 64 tokens: which of triton and
+# cuBLAS wins o in graph mode on the H200 turns between these buckets (docs/H200.md, "Stop 36" to "Stop 38"), so
+# each is tuned rather than given its neighbour's winner by the nearest-bucket rule (64 goes to 32 on a tie; 1-4
+# tokens had no tuned bucket within a factor of two and ran the op-level cuBLAS, 1.09x triton's time at 4). A
 # bucket names its weight (_weight), so none decides for another weight's calls.
 SHAPES = ShapesByDevice(
     gpu=tuple({"m": m, "n": n, "k": k} for m, n, k in [
-        (1, 6144, 4096), (1, 28672, 4096), (16, 4096, 4096), (16, 4096, 14336), (32, 4096, 4096), (64, 4096, 4096),
-        (64, 6144, 4096), (128, 4096, 4096), (512, 28672, 4096), (1024, 4096, 14336), (4096, 6144, 4096),
-        (8192, 4096, 4096), (16384, 4096, 14336),
+        (1, 6144, 4096), (1, 28672, 4096), (4, 4096, 4096), (16, 4096, 4096), (16, 4096, 14336), (32, 4096, 4096),
+        (64, 4096, 4096), (64, 6144, 4096), (128, 4096, 4096), (512, 28672, 4096), (1024, 4096, 14336),
+        (4096, 6144, 4096), (8192, 4096, 4096), (16384, 4096, 14336),
     ]),
     cpu=tuple({"m": m, "n": n, "k": k} for m, n, k in [(1, 4096, 4096), (16, 6144, 4096), (64, 4096, 4096)]),
 )
