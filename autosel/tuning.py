@@ -114,9 +114,9 @@ def outdated(db, decision: Decision, layer, names: list[str], definition) -> str
     graph mode on CUDA it was timed without reading the op's declared weights from memory, or its bucket rows are
     keyed otherwise than the op's bucket function keys their own shapes today (the function changed since, as
     gemm.mm's did in stop 36: no call looks its older rows up). That last one builds each row's inputs on the meta
-    device, so it is judged last: 2-25 ms for a built-in op's table on a CPU, once per op and mode in get_kernel
-    (its first call), plus torch's import of torch._dynamo (about 1.5 s) at the first arithmetic on meta tensors in a
-    process that had not imported it."""
+    device, so it is judged last: 2-25 ms for a built-in op's table on a CPU at the op's first get_kernel (a shape is
+    keyed once a process: the other mode's table reuses it), plus torch's import of torch._dynamo (about 1.5 s) at
+    the first arithmetic on meta tensors in a process that had not imported it."""
     if untimed := decision.untimed(names):
         return f"never timed {', '.join(untimed)}, eligible here since it was made"
     rows = db.buckets(decision, layer)
@@ -149,12 +149,20 @@ def _keyed_today(row: Decision, definition: OpDefinition) -> str | None:
         stored = parse_bucket(row.bucket)
     except ValueError:  # no bucket key: table_of leaves the row out too
         return None
-    try:
-        key = tuple(definition.bucket(*definition.make_inputs(shape, "meta")))
-    except Exception as exc:  # a user op's functions may not take meta tensors (or torch may be missing)
-        log.debug("op %r: bucket of %s not told on meta tensors: %s", row.op, shape, exc)
-        return None
-    return bucket_text(key) if key != stored else None
+    cached = (definition.make_inputs, definition.bucket, json.dumps(shape, sort_keys=True))
+    if cached not in _meta_keys:
+        try:
+            _meta_keys[cached] = tuple(definition.bucket(*definition.make_inputs(shape, "meta")))
+        except Exception as exc:  # a user op's functions may not take meta tensors (or torch may be missing)
+            log.debug("op %r: bucket of %s not told on meta tensors: %s", row.op, shape, exc)
+            _meta_keys[cached] = None
+    key = _meta_keys[cached]
+    return bucket_text(key) if key is not None and key != stored else None
+
+
+# Each shape's bucket as _keyed_today last told it, by the op's functions: an op's eager and graph tables share their
+# shapes, and near matches (AUTOSEL_MATCH) judge several platforms' rows of them.
+_meta_keys: dict[tuple, tuple | None] = {}
 
 
 def lookup_stored(db, key: DecisionKey, eligible: list[KernelSpec], *, match: str = "exact",
