@@ -349,6 +349,7 @@ _recorded: set[tuple[str, str, str]] = set()
 _record_lock = threading.Lock()
 _broken_paths: set[str] = set()  # a file that cannot be written: recording stops for every op
 _broken_ops: dict[str, Any] = {}  # op -> its shape_of that failed: that op alone stops (until shape_of changes)
+_no_shape_of_said: set[str] = set()  # ops whose missing shape_of was warned of: once, not at every get_kernel
 
 
 def by_tokens(eager: Callable[..., Any], graph: Callable[..., Any], threshold: int) -> Callable[..., Any]:
@@ -377,8 +378,10 @@ def recording(op: str, fn: Callable[..., Any], path, mode: str, shape_of: Callab
     torch.compile traces are not recorded (is_compiling() is True while it traces, so the file writes never enter
     the graph and fullgraph=True holds); eager calls are."""
     if shape_of is None:
-        log.warning("AUTOSEL_RECORD: op %r declares no shape_of (register_op(..., shape_of=fn): the call's "
-                    "arguments -> its shape dict), so its calls are not recorded", op)
+        if op not in _no_shape_of_said:
+            _no_shape_of_said.add(op)
+            log.warning("AUTOSEL_RECORD: op %r declares no shape_of (register_op(..., shape_of=fn): the call's "
+                        "arguments -> its shape dict), so its calls are not recorded", op)
         return fn
     import torch
 

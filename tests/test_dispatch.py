@@ -296,6 +296,7 @@ def fresh_record(monkeypatch):
     monkeypatch.setattr(dispatch, "_recorded", set())
     monkeypatch.setattr(dispatch, "_broken_paths", set())
     monkeypatch.setattr(dispatch, "_broken_ops", {})
+    monkeypatch.setattr(dispatch, "_no_shape_of_said", set())
 
 
 def kernel(x):
@@ -315,6 +316,20 @@ def test_recording_keeps_the_kernels_name_and_skips_calls_that_raised(tmp_path, 
     assert not path.exists()
     assert fn(3) == 6 and fn(3) == 6 and fn(4) == 8
     assert [json.loads(line)["shape"] for line in path.read_text().splitlines()] == [{"n": 3}, {"n": 4}]
+
+
+def test_an_op_without_shape_of_is_warned_of_once_however_many_kernels_resolve_it(tmp_path, fresh_record, caplog):
+    # The README's engine example warned "declares no shape_of" twice: once per get_kernel that resolved the op
+    # (the winner, then backend="torch").
+    import logging
+
+    caplog.set_level(logging.WARNING, logger="autosel")
+    path = tmp_path / "shapes.jsonl"
+    assert recording("x.double", kernel, path, "eager", None) is kernel
+    assert recording("x.double", kernel, path, "graph", None) is kernel
+    assert recording("x.other", kernel, path, "eager", None) is kernel
+    said = [r.getMessage() for r in caplog.records if "declares no shape_of" in r.getMessage()]
+    assert [m.split("'")[1] for m in said] == ["x.double", "x.other"]
 
 
 @pytest.mark.parametrize("where", ["a folder", "a missing folder"])
