@@ -246,7 +246,7 @@ def open_user(path: Path) -> list[OpenFile]:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        return _readonly(path, f"cannot create folder {path.parent} ({exc.strerror or exc})")
+        return _readonly(path, f"cannot create folder {path.parent} ({db_tools.why_unwritable(path, exc)})")
     problem = None
     for attempt in range(2):
         inode, conn = _inode(path), None

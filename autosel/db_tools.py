@@ -324,6 +324,17 @@ def output_file(out: Path) -> Path:
                         "(a regular file, or one that does not exist yet)")
 
 
+def why_unwritable(path: Path, exc: BaseException) -> str:
+    """Why `path` could not be written, from the error that said so: where one of the folders it needs exists as a
+    file, that (the system says only "File exists" or "Not a directory"), else the error's own text."""
+    for folder in Path(path).parents:
+        if folder.exists():
+            if not folder.is_dir():
+                return f"{folder} is a file, not a folder"
+            break
+    return getattr(exc, "strerror", None) or str(exc)
+
+
 def export_decisions(rows: Iterable[Decision], out: Path, *, fmt: str, overwrite: bool = False) -> int:
     """Write decisions, from one source, to a new file: whole tuning tables (first_tables). Returns how many rows
     were written. A symlink at `out` is written through (its target is replaced, the link stays)."""
@@ -340,7 +351,8 @@ def export_decisions(rows: Iterable[Decision], out: Path, *, fmt: str, overwrite
         target.parent.mkdir(parents=True, exist_ok=True)
         tmp.unlink(missing_ok=True)
     except OSError as exc:
-        raise DatabaseError(f"cannot write {out} ({exc.strerror or exc}); choose a writable output path") from exc
+        raise DatabaseError(f"cannot write {out} ({why_unwritable(target, exc)}); choose a writable output path"
+                            ) from exc
     try:
         if fmt == "jsonl":
             with open(tmp, "w", encoding="utf-8") as f:
@@ -360,8 +372,8 @@ def export_decisions(rows: Iterable[Decision], out: Path, *, fmt: str, overwrite
         with suppress(OSError):
             tmp.unlink(missing_ok=True)
         if isinstance(exc, (OSError, sqlite3.OperationalError)):  # a folder one may list but not write to, a full disk
-            raise DatabaseError(f"cannot write {out} ({getattr(exc, 'strerror', None) or exc}); choose a writable "
-                                "output path") from exc
+            raise DatabaseError(f"cannot write {out} ({why_unwritable(target, exc)}); choose a writable output path"
+                                ) from exc
         raise
     return len(ordered)
 

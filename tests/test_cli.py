@@ -935,6 +935,21 @@ def test_an_output_folder_that_cannot_be_written_is_one_error_line(reg, tmp_path
     assert "Traceback" not in result.stderr
 
 
+@pytest.mark.parametrize("command", ["export", "merge", "report"])
+def test_an_output_under_a_file_says_that_file_is_no_folder(reg, tmp_path, command):
+    # It said "cannot write .../x (File exists)" or "(Not a directory)": true of the system call, not of the path.
+    store(decision())
+    source = tmp_path / "in.jsonl"
+    assert run("export", "--out", source).exit_code == 0
+    (tmp_path / "afile").write_text("mine")
+    out = tmp_path / "afile" / "sub" / "out.jsonl"
+    result = run(*{"export": ["export"], "merge": ["merge", source], "report": ["report", "--all"]}[command], "--out", out)
+    assert result.exit_code == 1
+    assert result.stderr.startswith(f"Error: cannot write {out} ({tmp_path / 'afile'} is a file, not a folder); "
+                                    "choose a writable")
+    assert (tmp_path / "afile").read_text() == "mine"
+
+
 def test_export_with_nothing_to_export_writes_nothing(reg, tmp_path):
     out = tmp_path / "empty.jsonl"
     result = run("export", "--out", out)

@@ -228,6 +228,17 @@ def test_a_file_that_is_not_autosel_s_is_never_moved_or_changed(tmp_path, conten
     assert sorted(p.name for p in tmp_path.iterdir()) == ["mine.jsonl"] and path.read_bytes() == content
 
 
+def test_a_user_db_under_a_file_says_that_file_is_no_folder(tmp_path):
+    # It said "cannot create folder .../sub (File exists)": true of the system call, not of the path.
+    (tmp_path / "afile").write_text("mine")
+    with pytest.warns(RuntimeWarning, match="kept in memory") as record:
+        TuningDB.open(tmp_path / "afile" / "sub" / "u.db", include_package=False).close()
+    [warning] = runtime_warnings(record)
+    folder, file = tmp_path / "afile" / "sub", tmp_path / "afile"
+    assert f"cannot create folder {folder} ({file} is a file, not a folder)" in warning
+    assert (tmp_path / "afile").read_text() == "mine"
+
+
 def test_a_db_warning_points_at_the_callers_line_not_autosel_s(tmp_path):
     # Python showed autosel/db_files.py's own line and source (`warn_once(path, "readonly", f"tuning DB ...`).
     path = tmp_path / "mine.jsonl"

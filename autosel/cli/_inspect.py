@@ -353,7 +353,9 @@ def report(out, ops, db, include_all, force):
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(page, encoding="utf-8")
     except OSError as exc:
-        raise click.ClickException(f"cannot write {out} ({exc.strerror or exc}); choose a writable path") from None
+        from autosel.db_tools import why_unwritable
+
+        raise click.ClickException(f"cannot write {out} ({why_unwritable(out, exc)}); choose a writable path") from None
     bucket_rows = sum(e.decision.bucket != OP_LEVEL_BUCKET for e in chosen)
     click.echo(f"Wrote {out}: {len(chosen) - bucket_rows} decision(s)"
                + (f" and {bucket_rows} bucket row(s)." if bucket_rows else "."))
