@@ -322,7 +322,7 @@ def peek_user(path: Path) -> list[OpenFile]:
 
     try:
         if not path.exists():
-            folder = next((p for p in path.parents if p.exists()), None)
+            folder = db_tools.nearest_existing(path)
             if folder is not None and not folder.is_dir():  # tune would fail to create the folder: say so now
                 return unread(f"cannot be created: {folder} is not a folder")
             return unread("does not exist yet (the first tune creates it)",

@@ -324,14 +324,17 @@ def output_file(out: Path) -> Path:
                         "(a regular file, or one that does not exist yet)")
 
 
+def nearest_existing(path: Path) -> Path | None:
+    """The closest of `path`'s parents that exists: the folder a new file there goes into, or a file in the way."""
+    return next((folder for folder in Path(path).parents if folder.exists()), None)
+
+
 def why_unwritable(path: Path, exc: BaseException) -> str:
     """Why `path` could not be written, from the error that said so: where one of the folders it needs exists as a
     file, that (the system says only "File exists" or "Not a directory"), else the error's own text."""
-    for folder in Path(path).parents:
-        if folder.exists():
-            if not folder.is_dir():
-                return f"{folder} is a file, not a folder"
-            break
+    folder = nearest_existing(path)
+    if folder is not None and not folder.is_dir():
+        return f"{folder} is a file, not a folder"
     return getattr(exc, "strerror", None) or str(exc)
 
 
