@@ -1,8 +1,8 @@
 """The `autosel` command line; the only package that prints or exits (exit 0 ok, 1 error, 2 usage).
 
 The group `main` lives here; what the commands share (options, settings, DB access, tables) in _common; the commands
-in _tune (tune), _inspect (show, doctor, report), _files (export, merge, prune) and _check (check), imported at the
-end so that they register on `main`.
+in _tune (tune), _inspect (show, doctor, report), _files (export, merge, prune), _check (check) and _bench (the bench
+group), imported at the end so that they register on `main`.
 """
 
 from __future__ import annotations
@@ -108,7 +108,7 @@ def _verbose_option() -> click.Option:
                         help=VERBOSE_HELP)
 
 
-from autosel.cli import _check, _files, _inspect, _tune  # noqa: E402,F401  (registers the commands)
+from autosel.cli import _bench, _check, _files, _inspect, _tune  # noqa: E402,F401  (registers the commands)
 
 for _command in main.commands.values():
     _command.params.append(_verbose_option())

@@ -1,20 +1,19 @@
 """The hot path's cost on this machine, with torch imported: what a bucket dispatcher adds to a call over
-calling its winner directly (also behind autosel.by_tokens), and what a warm get_kernel(op) costs. Interleaved repeats, medians, one run.
+calling its winner directly (also behind autosel.by_tokens), and what a warm get_kernel(op) costs. Interleaved
+repeats, medians. Kernels here return at once, so the figures are autosel's own cost, not a kernel's.
 
-    python tools/dispatch_bench.py               # table in Markdown (docs/BENCHMARKS.md has one)
-    python tools/dispatch_bench.py --repeats 41
-
-Kernels here return at once, so the figures are autosel's own cost, not a kernel's.
+    autosel bench hot-path                 # writes results/hot_path-<platform>-<date>.json
+    autosel bench hot-path --repeats 41
 """
 
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
 import sys
 import tempfile
 import timeit
+from typing import Callable
 
 import torch
 
@@ -40,16 +39,37 @@ def per_call_ns(fn, number: int) -> float:
     return timeit.timeit(fn, number=number) / number * 1e9
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--repeats", type=int, default=21)
-    parser.add_argument("--number", type=int, default=20000, help="calls per timed block")
-    args = parser.parse_args()
-    if args.repeats < 2:
-        parser.error(f"--repeats {args.repeats}: give 2 or more (the p10-p90 spread needs two repeats)")
-    if args.number < 1:
-        parser.error(f"--number {args.number}: give 1 or more calls per timed block")
+def run(*, repeats: int = 21, number: int = 20000, on_repeat: Callable[[int], None] = lambda done: None) -> dict:
+    """Time every case `repeats` times, interleaved (every case once per repeat); return the result file's body."""
+    if repeats < 2:
+        raise ValueError(f"repeats={repeats}: give 2 or more (the p10-p90 spread needs two repeats)")
+    if number < 1:
+        raise ValueError(f"number={number}: give 1 or more calls per timed block")
+    cases = _cases()
+    samples: dict[str, list[float]] = {name: [] for name in cases}
+    for done in range(repeats):
+        for name, fn in cases.items():
+            samples[name].append(per_call_ns(fn, number))
+        on_repeat(done + 1)
+    med = {name: statistics.median(v) for name, v in samples.items()}
+    rows = []
+    for name, values in samples.items():
+        deciles = statistics.quantiles(values, n=10)
+        rows.append([name, round(med[name]), f"{deciles[0]:.0f}-{deciles[-1]:.0f}"])
+    added = []
+    for op in ("rmsnorm", "rope", "mm"):
+        direct = next(v for n, v in med.items() if n.startswith("direct") and op in n)
+        added += [[name.removeprefix("dispatcher, "), round(via - direct)] for name, via in med.items()
+                  if name.startswith("dispatcher") and op in name]
+    return {"repeats": repeats, "number": number, "python": sys.version.split()[0],
+            "samples_ns": {k: [round(x, 1) for x in v] for k, v in samples.items()},
+            "tables": [{"title": f"{repeats} interleaved repeats of {number} calls; medians in ns per call.",
+                        "columns": ["case", "ns per call", "p10-p90"], "rows": rows},
+                       {"title": "Added by the dispatcher over the direct call of its winner:",
+                        "columns": ["dispatcher", "ns per call"], "rows": added}]}
 
+
+def _cases() -> dict[str, Callable[[], object]]:
     os.environ["AUTOSEL_DB"] = os.path.join(tempfile.mkdtemp(), "bench.db")
     x, w = torch.randn(8, 4096), torch.randn(4096)
     positions, q, k, cache = torch.arange(8), torch.randn(8, 4096), torch.randn(8, 1024), torch.randn(4096, 128)
@@ -65,13 +85,12 @@ def main() -> int:
     mm_routed = dispatcher(mm_table, {"torch": noop, "triton": noop}, mm_bucket, route_key=(0, 1))  # as built in
     graph_norm = dispatcher(table, {"torch": noop, "triton": noop}, rows_bucket, route_key=0)
     prefill_norm = autosel.by_tokens(norm_routed, graph_norm, 1024)  # eager below 1024 tokens, graph from there
-    autosel.register_kernel(KernelSpec("bench.single", KernelBackend.TORCH, "tools.dispatch_bench:noop"))
-    sys.modules.setdefault("tools.dispatch_bench", sys.modules[__name__])
+    autosel.register_kernel(KernelSpec("bench.single", KernelBackend.TORCH, "autosel.bench.hot_path:noop"))
     selector.get_kernel("bench.single")  # warm
     selector.get_kernel("layernorm.rmsnorm", "torch")
     selector.get_kernel("bench.single", mode="eager")
 
-    cases = {
+    return {
         "direct call of the winner (rmsnorm args)": lambda: noop(x, w, 1e-6),
         "dispatcher, rmsnorm bucket (tokens, hidden)": lambda: norm(x, w, 1e-6),
         "dispatcher, rmsnorm routed by x.shape (route_key=0, built in)": lambda: norm_routed(x, w, 1e-6),
@@ -87,25 +106,3 @@ def main() -> int:
         "warm get_kernel(op, mode='eager') (no capture check)": lambda: selector.get_kernel("bench.single", mode="eager"),
         "the per-call capture check get_kernel made before": old_capture_check,
     }
-    samples: dict[str, list[float]] = {name: [] for name in cases}
-    for _ in range(args.repeats):  # interleaved: every case once per repeat
-        for name, fn in cases.items():
-            samples[name].append(per_call_ns(fn, args.number))
-    med = {name: statistics.median(v) for name, v in samples.items()}
-    print(f"torch {torch.__version__}, Python {sys.version.split()[0]}, {args.repeats} interleaved repeats of "
-          f"{args.number} calls; medians in ns per call\n")
-    print("| case | ns per call | p10-p90 |\n|---|---|---|")
-    for name, values in samples.items():
-        q10, q90 = statistics.quantiles(values, n=10)[0], statistics.quantiles(values, n=10)[-1]
-        print(f"| {name} | {med[name]:.0f} | {q10:.0f}-{q90:.0f} |")
-    print("\n| added by the dispatcher (over the direct call) | ns per call |\n|---|---|")
-    for op in ("rmsnorm", "rope", "mm"):
-        direct = next(v for n, v in med.items() if n.startswith("direct") and op in n)
-        for name, via in med.items():
-            if name.startswith("dispatcher") and op in name:
-                print(f"| {name.removeprefix('dispatcher, ')} | {via - direct:.0f} |")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,0 +1,115 @@
+"""Result files: one JSON file per benchmark run, with the provenance that lets anyone reproduce the figure
+(the command line, the commit, autosel's version, the platform key and version vector, the date).
+
+Every benchmark writes through write_result(); the benchmarks page (autosel.bench.page) reads them back with
+read_results(). A file made by hand from figures measured before these files existed says so in "carried".
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import autosel
+from autosel.errors import AutoselError
+
+#: The folder of the repository's own result files, and the default of `autosel bench ... --results`.
+RESULTS_DIR = Path("results")
+#: The keys every result file has; "kind" names the benchmark, "carried" is only in files carried over.
+PROVENANCE = ("kind", "command", "commit", "autosel_version", "platform_key", "versions", "date", "results")
+
+
+class ResultFileError(AutoselError):
+    """A result file that cannot be read back: not JSON, or without the provenance keys."""
+
+
+def source_commit() -> str | None:
+    """The commit of the autosel source tree that runs, with "-dirty" where it has uncommitted changes;
+    None where autosel is installed from a wheel (no git checkout around it)."""
+    root = Path(autosel.__file__).resolve().parent.parent
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True,
+                                check=True, timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", "autosel"], cwd=root,
+                               capture_output=True, text=True, check=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return commit + ("-dirty" if dirty else "")
+
+
+def command_line(argv: list[str] | None = None) -> str:
+    """The command as a user would type it again: `autosel bench ...` for the console script or `-m autosel`."""
+    argv = list(sys.argv if argv is None else argv)
+    if argv and Path(argv[0]).name in ("autosel", "__main__.py"):
+        argv[0] = "autosel"
+    return shlex.join(argv)
+
+
+def provenance(kind: str, *, platform=None, command: str | None = None) -> dict[str, Any]:
+    """The provenance of a run made now on `platform` (detected when None)."""
+    if platform is None:
+        from autosel.platforms import current_platform
+
+        platform = current_platform()
+    return {"kind": kind, "command": command if command is not None else command_line(),
+            "commit": source_commit(), "autosel_version": autosel.__version__, "platform_key": platform.key,
+            "versions": platform.version_map,
+            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
+
+
+def slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9]+", "-", text).strip("-").lower()
+
+
+def write_result(kind: str, results: dict[str, Any], *, folder: Path = RESULTS_DIR, platform=None,
+                 command: str | None = None) -> Path:
+    """Write one run's results with its provenance to FOLDER/<kind>-<platform>-<date>.json and return the path.
+    A file of that name is never overwritten: a second run within the same second gets a numbered name."""
+    record = {**provenance(kind, platform=platform, command=command), "results": results}
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    stem = f"{slug(kind)}-{slug(record['platform_key'])}-{record['date'][:19].replace(':', '')}"
+    path, n = folder / f"{stem}.json", 1
+    while path.exists():
+        n += 1
+        path = folder / f"{stem}-{n}.json"
+    path.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
+    return path
+
+
+def read_result(path: Path) -> dict[str, Any]:
+    try:
+        record = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise ResultFileError(f"{path}: not a readable result file ({exc}); remove it or write it again with "
+                              f"`autosel bench ...`") from exc
+    missing = [k for k in PROVENANCE if k not in record] if isinstance(record, dict) else list(PROVENANCE)
+    if missing:
+        raise ResultFileError(f"{path}: no {', '.join(missing)}; a result file has {', '.join(PROVENANCE)} "
+                              f"(write it with autosel.bench.results.write_result)")
+    return record
+
+
+def read_results(folder: Path = RESULTS_DIR) -> list[dict[str, Any]]:
+    """Every result file in FOLDER, each with its file name under "file", in name order."""
+    return [{**read_result(p), "file": p.name} for p in sorted(Path(folder).glob("*.json"))]
+
+
+def current(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The newest record of each (kind, platform key): the figures that stand."""
+    newest: dict[tuple[str, str], dict[str, Any]] = {}
+    for r in records:
+        key = (r["kind"], r["platform_key"])
+        if key not in newest or r["date"] > newest[key]["date"]:
+            newest[key] = r
+    return sorted(newest.values(), key=lambda r: (r["kind"], r["platform_key"]))
+
+
+class BenchError(AutoselError):
+    """A benchmark asked to measure nothing, or something this machine cannot run; nothing was timed."""
