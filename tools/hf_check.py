@@ -1,7 +1,7 @@
 """Random weights at real model dimensions, a few layers: the patched model's logits and greedy tokens against
 transformers' own (issue 18 item 2), and both against the same weights run in float32.
 
-Writes hf_check.md (one row per model) and hf_check.json under --out.
+Writes hf_check.md (one row per model), hf_check.json and a result file (autosel.bench.results) under --out.
 
     python tools/hf_check.py --out "$OUT"                                   # on the H200: cuda, bf16, measured kernels
     python tools/hf_check.py --device cpu --backend torch --out /tmp/hf     # on a CPU
@@ -16,8 +16,9 @@ from pathlib import Path
 
 import torch
 import transformers
-from hf_models import MODELS, build  # tools/hf_models.py, beside this file
 
+from autosel.bench.models import MODELS, build
+from autosel.bench.results import write_result
 from autosel.checks import TOLERANCES
 from autosel.errors import IntegrationError
 from autosel.integrations.transformers import patch_model
@@ -113,6 +114,10 @@ def main(argv: list[str] | None = None) -> None:
                      f"| {r['argmax_agree']:.4f} "
                      f"| {r['err_vs_fp32_patched']:.3g} / {r['err_vs_fp32_transformers']:.3g} | {tokens} |")
     (args.out / "hf_check.md").write_text("\n".join(lines) + "\n")
+    header = lines[2].strip("|").split(" | ")
+    table = [line.strip("| ").split(" | ") for line in lines[4:]]
+    write_result("model_check", {"rows": rows, "tables": [{"columns": [h.strip() for h in header], "rows": table}]},
+                 folder=args.out)
     print("\n".join(lines))
 
 

@@ -124,3 +124,110 @@ def heldout(ops: tuple[str, ...], modes: tuple[str, ...], seed: int, folder: Pat
     with progress_bar("held-out shapes", None) as advance:
         result = bench_heldout.run(seed=seed, ops=ops, modes=modes, on_step=advance)
     _written(write_result("heldout", result, folder=folder))
+
+
+@bench.command("stability")
+@op_option("Only ops matching this glob (repeatable); default every op with several backends here.")
+@click.option("--budget-s", type=click.FloatRange(min=0, min_open=True), default=60.0, show_default=True,
+              help="Time budget per op and mode in each tune, in seconds.")
+@click.option("--keep", type=click.Path(file_okay=False, path_type=Path),
+              help="Keep the two tunes' DBs (tune1.db, tune2.db) in this folder; default a temporary one.")
+@results_option()
+def stability(ops: tuple[str, ...], budget_s: float, keep: Path | None, folder: Path) -> None:
+    """Tune twice from scratch and count the decisions the two tunes made alike, with each tune's wall time.
+
+    Neither tune reads or writes your DBs: each tunes into an empty DB of its own.
+
+    \b
+    Example:
+      autosel bench stability --op 'activation.*' --budget-s 20"""
+    from autosel.bench import stability as bench_stability
+    from autosel.bench.results import write_result
+
+    with progress_bar("tune 1", None) as advance:
+        def on_event(event):
+            if event.kind in ("started", "chosen"):
+                advance(f"{event.op} {event.mode} {event.kind}")
+
+        result = bench_stability.run(ops=ops, budget_s=budget_s, keep=keep, on_event=on_event,
+                                     on_tune=lambda index: advance(f"tune {index}"))
+    _written(write_result("tuning", result, folder=folder))
+
+
+def _numbers(ctx, param, value: str | None) -> tuple[int, ...]:
+    try:
+        found = tuple(int(x) for x in value.split(",")) if value else ()
+    except ValueError:
+        raise click.BadParameter(f"{value!r}: give whole numbers separated by commas, e.g. 512,2048") from None
+    if any(n <= 0 for n in found):
+        raise click.BadParameter(f"{value!r}: give numbers above 0")
+    return found
+
+
+@bench.command("model")
+@click.option("--model", default="llama-3-8b", show_default=True,
+              type=click.Choice(["llama-3-8b", "qwen3-8b", "qwen3-32b", "llama-3-70b-tp8", "qwen2.5-32b-tp8"]),
+              help="Published dimensions to build with random weights (a -tp8 model: one of 8 ranks' share).")
+@click.option("--layers", type=click.IntRange(min=1), help="Decoder layers (default 4; --tiny 2).")
+@click.option("--device", help="Torch device (default cuda where there is one, else cpu).")
+@click.option("--dtype", default="bfloat16", show_default=True, type=click.Choice(["bfloat16", "float16", "float32"]))
+@click.option("--tiny", is_flag=True, help="Tiny dimensions and few tokens: the benchmark's logic in seconds.")
+@click.option("--prefill-tokens", callback=_numbers, help="Prompt lengths, e.g. 512,2048,8192 (the default; --tiny 16,64).")
+@click.option("--decode-batches", callback=_numbers, help="Decode batch sizes, e.g. 1,8,64 (the default; --tiny 1,4).")
+@click.option("--kv", type=click.IntRange(min=1), help="Tokens already in the KV cache (default 512; --tiny 32).")
+@click.option("--backends", default="torch,torch_compile,triton,flashinfer,sgl_kernel", show_default=True,
+              help="The fixed backends to force, one variant each; NAME#2 a second copy; autosel:OP=BACKEND autosel "
+                   "with one op forced.")
+@click.option("--rounds", type=click.IntRange(min=1), help="Timed rounds (default 10; --tiny 3).")
+@click.option("--block-ms", type=click.FloatRange(min=0, min_open=True),
+              help="About how long one round's block of steps of one variant takes (default 25; --tiny 2).")
+@click.option("--projections", is_flag=True, help="Also route the projections through gemm.mm.")
+@click.option("--no-graph", is_flag=True, help="Call decode steps eagerly on CUDA too.")
+@click.option("--prefill-mode", type=click.Choice(["eager", "graph"]), default="eager", show_default=True,
+              help="The decisions autosel's prefill runs on.")
+@click.option("--graph-from-tokens", type=click.IntRange(min=1), metavar="N",
+              help="Eager prefill: calls of N tokens or more run the graph decisions.")
+@click.option("--compile", is_flag=True, help="Every variant's step under torch.compile, transformers' too.")
+@click.option("--plot", is_flag=True, help="Also write a PNG beside the result file (needs matplotlib).")
+@click.option("--plot-from", type=click.Path(dir_okay=False, exists=True, path_type=Path), metavar="JSON",
+              help="Only write the PNG of this result file (needs matplotlib).")
+@results_option()
+def model(plot: bool, plot_from: Path | None, folder: Path, device: str | None, backends: str, no_graph: bool,
+          **options) -> None:
+    """Time a transformers model's prefill and decode steps: unpatched, autosel's picks, each backend forced.
+
+    Needs transformers (pip install 'autosel[hf]'). Run `autosel tune` first, or the first patched step tunes.
+
+    \b
+    Example:
+      autosel bench model --device cpu --tiny"""
+    import json
+
+    from autosel.bench.results import read_result, write_result
+
+    if plot_from is not None:
+        _plot(read_result(plot_from)["results"], plot_from.with_suffix(".png"))
+        return
+    import torch
+
+    from autosel.bench import model as bench_model
+
+    plan = bench_model.make_plan(device=device or ("cuda" if torch.cuda.is_available() else "cpu"),
+                                 backends=tuple(filter(None, backends.split(","))), graph=not no_graph,
+                                 **options)
+    with progress_bar(f"{plan.model} on {plan.device}", None):
+        result = bench_model.run(plan)
+    path = write_result("model_step", json.loads(json.dumps(result)), folder=folder)
+    _written(path)
+    if plot:
+        _plot(result, path.with_suffix(".png"))
+
+
+def _plot(result: dict, png: Path) -> None:
+    from autosel.bench.model import plot
+
+    try:
+        plot(result, png)
+    except ImportError:
+        raise click.ClickException("the plot needs matplotlib (pip install matplotlib)") from None
+    _written(png)

@@ -1,6 +1,6 @@
-"""The model configurations tools/hf_check.py and tools/hf_bench.py build with random weights: the published ones
-at real dimensions, one tensor-parallel rank's share of two, and a tiny Llama for running the tools' logic on a CPU
-in seconds."""
+"""The model configurations `autosel bench model` and tools/hf_check.py build with random weights: the published ones
+at real dimensions, one tensor-parallel rank's share of two, and a tiny Llama for running the benchmark's logic on
+a CPU in seconds."""
 
 from __future__ import annotations
 
@@ -22,8 +22,8 @@ MODELS = {
         head_dim=128, max_position_embeddings=40960, rms_norm_eps=1e-6, tie_word_embeddings=False,
         rope_parameters={"rope_type": "default", "rope_theta": 1000000.0})),
     # One tensor-parallel rank's share of a published model (its heads and intermediate size over the ranks, the hidden
-    # size whole, no all-reduce): the narrow gated rows and few heads a serving engine's rank runs, where autosel's
-    # kernels were tuned in stops 27-29. Llama-3-70B at 8 ranks: 8 / 1 heads, intermediate 3584; Qwen2.5-32B at 8:
+    # size whole, no all-reduce): the narrow gated rows and few heads a serving engine's rank runs, which autosel's
+    # Triton kernels' tiles were chosen for (docs/KERNELS.md). Llama-3-70B at 8 ranks: 8 / 1 heads, intermediate 3584; Qwen2.5-32B at 8:
     # 5 / 1 heads, intermediate 3456.
     "llama-3-70b-tp8": ("LlamaConfig", "LlamaForCausalLM", dict(
         vocab_size=128256, hidden_size=8192, intermediate_size=28672 // 8, num_attention_heads=64 // 8,
@@ -33,7 +33,7 @@ MODELS = {
         vocab_size=152064, hidden_size=5120, intermediate_size=27648 // 8, num_attention_heads=40 // 8,
         num_key_value_heads=8 // 8, head_dim=128, max_position_embeddings=32768, rms_norm_eps=1e-6,
         tie_word_embeddings=False, rope_parameters={"rope_type": "default", "rope_theta": 1000000.0})),
-    # Not a published model: Llama's structure at dimensions a CPU runs in milliseconds (the tools' --tiny).
+    # Not a published model: Llama's structure at dimensions a CPU runs in milliseconds (`autosel bench model --tiny`).
     "tiny-llama": ("LlamaConfig", "LlamaForCausalLM", dict(
         vocab_size=256, hidden_size=128, intermediate_size=256, num_attention_heads=4, num_key_value_heads=2,
         head_dim=32, max_position_embeddings=512, rms_norm_eps=1e-5,

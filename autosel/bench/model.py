@@ -1,5 +1,5 @@
-"""Prefill and decode steps of a Llama-3-8B-sized model (random weights, a few layers) timed per variant:
-transformers unpatched, autosel's measured decisions, and each backend forced (issue 18 item 3).
+"""The model step: prefill and decode steps of a Llama-3-8B-sized model (random weights, a few layers) timed per
+variant: transformers unpatched, autosel's measured decisions, and each backend forced.
 
 A prefill step is one eager forward of a prompt (batch 1, the last position's logits, as generate's prefill). A
 decode step is one new token per sequence against a static KV cache (transformers' StaticCache) already holding
@@ -14,20 +14,18 @@ autosel's measured decisions with that one op forced: what autosel adds at OP ov
 whole step (not a fixed backend either). --compile runs every variant's step, unpatched transformers' too,
 under torch.compile (inductor, default mode, static shapes; decode steps are captured after it compiled): whether
 patching a model one compiles still pays, against inductor fusing transformers' own norms, rope and activations.
-Writes hf_bench.md, hf_bench.json and (with matplotlib) hf_bench.png under --out.
+Writes a result file (autosel.bench.results); --plot adds a PNG of it (matplotlib).
 
-    python tools/hf_bench.py --out "$OUT"                                  # on the H200
-    python tools/hf_bench.py --device cpu --tiny --out /tmp/hfb            # the tool's logic on a CPU, in seconds
-    python tools/hf_bench.py --plot-from /tmp/hfb/hf_bench.json            # the PNG from a run's json (matplotlib)
+    autosel bench model                                     # Llama-3-8B's dimensions, 4 layers, on the GPU
+    autosel bench model --device cpu --tiny                 # the benchmark's logic on a CPU, in seconds
+    autosel bench model --plot-from results/model_step-....json    # the PNG from a result file (matplotlib)
 """
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import copy
 import datetime
-import json
 import logging
 import os
 import statistics
@@ -39,17 +37,18 @@ from typing import Any, Callable
 
 import torch
 import transformers
-from hf_models import MODELS, build  # tools/hf_models.py, beside this file
 
 import autosel
 from autosel import config, platforms, selector, tuning
+from autosel.bench.results import BenchError
+from autosel.bench.models import MODELS, build
 from autosel.checks import TOLERANCES
 from autosel.decisions import OP_LEVEL_BUCKET
 from autosel.integrations.transformers import KINDS, OPS, patch_model
 from autosel.inventory import Inventory
 from autosel.registry import registry
 
-log = logging.getLogger("hf_bench")
+log = logging.getLogger(__name__)
 
 UNPATCHED, MEASURED = "transformers", "autosel"
 MEASURED_EAGER = "autosel-eager"  # with --graph-from-tokens: autosel's prefill on the eager decisions alone, beside it
@@ -520,77 +519,53 @@ def plot(result: dict, path: Path) -> None:
     plt.close(figure)
 
 
-def write(result: dict, out: Path) -> None:
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "hf_bench.json").write_text(json.dumps(result, indent=1))
-    (out / "hf_bench.md").write_text(report(result))
-    try:
-        plot(result, out / "hf_bench.png")
-    except ImportError:
-        log.warning("matplotlib is not installed here: no hf_bench.png; write it elsewhere with "
-                    "python tools/hf_bench.py --plot-from %s", out / "hf_bench.json")
+def tables(result: dict) -> list[dict]:
+    """Per phase, each variant's median step time at each size over unpatched transformers' (above 1: faster)
+    and over the best fixed backend's, for the benchmarks page; report() has every detail."""
+    out = []
+    for phase, data in result["phases"].items():
+        rows = []
+        for name in data["variants"]:
+            cells = []
+            for s in data["sizes"]:
+                r = s["results"].get(name)
+                if r is None or "failed" in r:
+                    cells.append("failed" if r else "-")
+                    continue
+                speedup, ratio = r["speedup_vs_transformers"], r["ratio_to_best_fixed"]
+                cells.append(f"{r['median_ms']:.4g} ms" + ("" if speedup is None else f", {speedup:.3f}x tf")
+                             + ("" if ratio is None else f", {ratio:.3f} of best fixed"))
+            rows.append([name, *cells])
+        out.append({"title": f"{phase.capitalize()} ({data['mode']} decisions"
+                             f"{', replayed from a CUDA graph' if data['graph'] else ''}): median step time, "
+                             "unpatched transformers' time over it (x tf), and it over the fastest forced backend's.",
+                    "columns": ["variant", *(s["label"] for s in data["sizes"])], "rows": rows})
+    return out
 
 
-def numbers(text: str) -> tuple[int, ...]:
-    return tuple(int(x) for x in text.split(","))
-
-
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default="llama-3-8b", choices=sorted(MODELS))
-    parser.add_argument("--layers", type=int)
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
-    parser.add_argument("--tiny", action="store_true", help="tiny dimensions and few tokens: the logic in seconds")
-    parser.add_argument("--prefill-tokens", type=numbers, help="default 512,2048,8192 (tiny: 16,64)")
-    parser.add_argument("--decode-batches", type=numbers, help="default 1,8,64 (tiny: 1,4)")
-    parser.add_argument("--kv", type=int, help="tokens already in the KV cache; default 512 (tiny: 32)")
-    parser.add_argument("--backends", default=",".join(BACKENDS), help="the fixed backends to force")
-    parser.add_argument("--rounds", type=int, help="default 10 (tiny: 3)")
-    parser.add_argument("--block-ms", type=float, help="default 25 (tiny: 2)")
-    parser.add_argument("--projections", action="store_true", help="also route the projections through gemm.mm")
-    parser.add_argument("--no-graph", action="store_true", help="call decode steps eagerly on cuda too")
-    parser.add_argument("--prefill-mode", choices=("eager", "graph"), default="eager",
-                        help="the decisions autosel's prefill runs on: eager (back-to-back calls, launch time "
-                             "counts) or graph (device time alone, as when big GEMMs keep the GPU behind the host)")
-    parser.add_argument("--graph-from-tokens", type=int, metavar="N",
-                        help="eager prefill: calls of N tokens or more run the graph decisions (patch_model's "
-                             "graph_from_tokens)")
-    parser.add_argument("--compile", action="store_true",
-                        help="every variant's step under torch.compile, transformers' too (inductor's fusions)")
-    parser.add_argument("--out", type=Path)
-    parser.add_argument("--plot-from", type=Path, metavar="JSON", help="only write the PNG beside this hf_bench.json")
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    if args.plot_from:
-        if not args.plot_from.is_file():
-            parser.error(f"--plot-from {args.plot_from}: no such file; give the hf_bench.json a run wrote")
-        try:
-            plot(json.loads(args.plot_from.read_text()), args.plot_from.with_suffix(".png"))
-        except ImportError:
-            parser.error("--plot-from needs matplotlib (pip install matplotlib)")
-        return
-    if args.out is None:
-        parser.error("--out is required (or --plot-from JSON)")
-    for name in ("layers", "kv", "rounds", "block_ms"):  # refused, not read as "the default" by the `or`s below
-        if getattr(args, name) is not None and getattr(args, name) <= 0:
-            parser.error(f"--{name.replace('_', '-')} {getattr(args, name):g}: give a number above 0")
-    backends = tuple(filter(None, args.backends.split(",")))
+def make_plan(*, model: str, layers: int | None, device: str, dtype: str, tiny: bool, prefill_tokens, decode_batches,
+              kv: int | None, backends: tuple[str, ...], rounds: int | None, block_ms: float | None,
+              projections: bool, graph: bool, prefill_mode: str, graph_from_tokens: int | None,
+              compile: bool) -> Plan:
+    """The plan from the command's options; --tiny fills what is not given with dimensions a CPU runs in seconds.
+    Raises BenchError naming an unknown variant."""
     known = {*BACKENDS, *(f"{MEASURED}:{op}={backend}" for op in OPS.values() for backend in BACKENDS)}
     unknown = [b for b in backends if b.split("#")[0] not in known and not b.startswith(f"{MEASURED}#")]
     if unknown:
-        parser.error(f"--backends: unknown {', '.join(unknown)}; known: {', '.join(BACKENDS)}, a copy NAME#2 of one, "
-                     f"{MEASURED}#2 (a copy of autosel's measured variant), or {MEASURED}:OP=BACKEND (autosel with "
-                     f"one op forced, e.g. {MEASURED}:gemm.mm=torch)")
-    tiny = args.tiny
-    plan = Plan(model="tiny-llama" if tiny else args.model, layers=args.layers or (2 if tiny else 4),
-                device=args.device, dtype=args.dtype,
-                prefill_tokens=args.prefill_tokens or ((16, 64) if tiny else (512, 2048, 8192)),
-                decode_batches=args.decode_batches or ((1, 4) if tiny else (1, 8, 64)),
-                kv=args.kv or (32 if tiny else 512), backends=backends,
-                rounds=args.rounds or (3 if tiny else 10), block_ms=args.block_ms or (2 if tiny else 25),
-                projections=args.projections, graph=not args.no_graph, prefill_mode=args.prefill_mode,
-                graph_from_tokens=args.graph_from_tokens, compile=args.compile)
+        raise BenchError(f"--backends: unknown {', '.join(unknown)}; known: {', '.join(BACKENDS)}, a copy NAME#2 of "
+                         f"one, {MEASURED}#2 (a copy of autosel's measured variant), or {MEASURED}:OP=BACKEND "
+                         f"(autosel with one op forced, e.g. {MEASURED}:gemm.mm=torch)")
+    return Plan(model="tiny-llama" if tiny else model, layers=layers or (2 if tiny else 4), device=device, dtype=dtype,
+                prefill_tokens=tuple(prefill_tokens) or ((16, 64) if tiny else (512, 2048, 8192)),
+                decode_batches=tuple(decode_batches) or ((1, 4) if tiny else (1, 8, 64)),
+                kv=kv or (32 if tiny else 512), backends=backends,
+                rounds=rounds or (3 if tiny else 10), block_ms=block_ms or (2 if tiny else 25),
+                projections=projections, graph=graph, prefill_mode=prefill_mode,
+                graph_from_tokens=graph_from_tokens, compile=compile)
+
+
+def run(plan: Plan) -> dict:
+    """The whole run as the result file's body: bench()'s JSON, its tables and its wall time."""
     if plan.compile:  # one code object for every variant's step: each variant and size is a compile of its own
         name = "recompile_limit" if hasattr(torch._dynamo.config, "recompile_limit") else "cache_size_limit"
         needed = 4 * len(plan.variants) * len(plan.sizes("prefill") + plan.sizes("decode"))
@@ -598,9 +573,5 @@ def main(argv: list[str] | None = None) -> None:
     began = time.perf_counter()
     result = bench(plan)
     result["wall_s"] = round(time.perf_counter() - began, 1)
-    write(result, args.out)
-    print(report(result))
-
-
-if __name__ == "__main__":
-    main()
+    result["tables"] = tables(result)
+    return result

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Fetch flashinfer and sgl-kernel from PyPI and trim them into .gpu/ so they travel to the GPU machine.
 #
-# Run here (internet to PyPI, no GPU), from anywhere:   tools/fetch_gpu_packages.sh
+# Run here (internet to PyPI, no GPU), from anywhere:   dev/fetch_gpu_packages.sh
 # Then carry `.gpu` in the device `run` call and start the GPU command with this one-line preamble
 # (run from the repo root; it installs into /tmp/site and puts that on PYTHONPATH):
 #
@@ -129,9 +129,9 @@ fi
 
 # --- the preamble ------------------------------------------------------------------------------
 # .gpu/fi_aot.tar.gz (optional, not made here): <module>/<module>.so files that flashinfer compiled
-# on an H200 in an earlier run: `BENCH=heldout bash tools/gpu_run.sh` leaves them in $OUT/fi_aot.tar.gz; copy it
-# here. Unpacked into flashinfer/data/aot/, flashinfer loads them as AOT modules and never calls nvcc (call 22-1's
-# cold tune took 215 s without them, stop 20's 105-118 s with them: docs/H200.md).
+# on an H200 in an earlier run: `BENCH=heldout bash dev/gpu_run.sh` leaves them in $OUT/fi_aot.tar.gz; copy it
+# here. Unpacked into flashinfer/data/aot/, flashinfer loads them as AOT modules and never calls nvcc (a cold tune on
+# the H200 took 215 s without them and 105-118 s with them; commits 158cbd4 and cd41e1a).
 cat > "$out/activate.sh" <<'EOF'
 # Source from the repo root on the GPU machine: . .gpu/activate.sh
 mkdir -p /tmp/site && for t in .gpu/*.tar.xz; do tar -xJf "$t" -C /tmp/site; done && { [ ! -f .gpu/fi_aot.tar.gz ] || { mkdir -p /tmp/site/flashinfer/data/aot && tar -xzf .gpu/fi_aot.tar.gz -C /tmp/site/flashinfer/data/aot; }; } && python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .gpu/whl/*.whl && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH} FLASHINFER_USE_CUDA_NORM=1 FLASHINFER_WORKSPACE_BASE=${FLASHINFER_WORKSPACE_BASE:-/tmp/fiws}
