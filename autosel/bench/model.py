@@ -415,7 +415,7 @@ def kernels_text(variant: dict) -> str:
 def report(result: dict) -> str:
     plan, v = result["plan"], result["versions"]
     clock = "CUDA events, from an idle GPU" if plan["device"].startswith("cuda") else "time.perf_counter"
-    lines = [f"# hf_bench: {plan['model']}, {plan['layers']} layers, {plan['dtype']}, {result['device_name']}", "",
+    lines = [f"# Model step: {plan['model']}, {plan['layers']} layers, {plan['dtype']}, {result['device_name']}", "",
              ", ".join(f"{k} {val}" for k, val in v.items() if val), "",
              f"Platform key `{result['platform']}`; AUTOSEL_MATCH={result['match']}; DB layers: "
              + "; ".join(f"{layer['kind']} {layer['path']} ({layer['rows']} rows)" for layer in result["db_layers"]), "",

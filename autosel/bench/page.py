@@ -36,8 +36,6 @@ KINDS = {
                        "picks patched in, over the same model with each backend forced everywhere and over the "
                        "unpatched model.", "autosel bench model"),
     "startup": Kind("Cold start", "The time from a fresh process to the first kernel call.", "autosel bench startup"),
-    "reliability": Kind("Reliability", "The tuning DB under concurrent writers, kills and foreign files.",
-                        "python tools/db_stress.py"),
 }
 
 #: What no result file covers yet, by design of the status table: listed until a file of that kind exists.
@@ -55,7 +53,7 @@ def family(platform_key: str) -> str:
 
 def device_name(platform_key: str) -> str:
     parts = platform_key.split("/")
-    return parts[2] if len(parts) > 2 and parts[0] != "cpu" else "CPU"
+    return parts[2].replace("_", " ") if len(parts) > 2 and parts[0] != "cpu" else "CPU"
 
 
 def _cell(value: Any) -> str:
@@ -88,7 +86,8 @@ def status(records: list[dict[str, Any]]) -> list[str]:
 
 def section(record: dict[str, Any]) -> list[str]:
     results = record["results"]
-    head = (f"### {device_name(record['platform_key'])}: `{record['platform_key']}`\n\n"
+    subject = f", {results['subject']}" if results.get("subject") else ""
+    head = (f"### {device_name(record['platform_key'])}{subject}\n\n- platform `{record['platform_key']}`\n"
             f"- command: `{record['command']}`\n- commit {record['commit'] or 'unknown'}, autosel "
             f"{record['autosel_version']}, {record['date']}; versions: "
             + ", ".join(f"{k} {v}" for k, v in sorted(record["versions"].items())) + f"\n- file: "
@@ -114,7 +113,8 @@ def render(records: list[dict[str, Any]]) -> str:
              "comes from a result file in [results/](../results/) that names the command, commit, versions and "
              "platform that made it; only the newest run of each benchmark on each platform is shown (git "
              "history keeps the others). Run the same benchmarks on your own machine with the commands below; "
-             "each writes a result file you can compare with these.", "", "## Status", "",
+             "each writes a result file you can compare with these. How the tuning DB holds up under concurrent writers, "
+             "kills and foreign files is on its own page, [RELIABILITY.md](RELIABILITY.md).", "", "## Status", "",
              *status(records), ""]
     kinds = list(KINDS) + sorted({r["kind"] for r in standing} - set(KINDS))
     for kind in kinds:

@@ -102,13 +102,14 @@ def read_results(folder: Path = RESULTS_DIR) -> list[dict[str, Any]]:
 
 
 def current(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The newest record of each (kind, platform key): the figures that stand."""
-    newest: dict[tuple[str, str], dict[str, Any]] = {}
+    """The newest record of each (kind, platform key, subject): the figures that stand. A benchmark whose runs
+    measure different things on one platform (the model step of two models) names each in results["subject"]."""
+    newest: dict[tuple[str, str, str], dict[str, Any]] = {}
     for r in records:
-        key = (r["kind"], r["platform_key"])
+        key = (r["kind"], r["platform_key"], str(r["results"].get("subject", "")))
         if key not in newest or r["date"] > newest[key]["date"]:
             newest[key] = r
-    return sorted(newest.values(), key=lambda r: (r["kind"], r["platform_key"]))
+    return sorted(newest.values(), key=lambda r: (r["kind"], r["platform_key"], str(r["results"].get("subject", ""))))
 
 
 class BenchError(AutoselError):

@@ -43,6 +43,27 @@ def progress_bar(description: str, total: int | None) -> Iterator:
         yield advance
 
 
+def command_line() -> str:
+    """This command as typed again: `autosel bench NAME` and every option whose value is not its default, so the
+    result file names the command that reproduces it however autosel was started."""
+    import shlex
+
+    ctx = click.get_current_context()
+    words = ["autosel", *ctx.command_path.split()[1:]]
+    for param in ctx.command.params:
+        value = ctx.params.get(param.name)
+        if not isinstance(param, click.Option) or param.name == "verbose" or value in (None, False, ()) \
+                or value == param.default or (isinstance(param.default, str) and str(value) == param.default):
+            continue
+        flag = param.opts[0]
+        if param.is_flag:
+            words.append(flag)
+        else:
+            for item in value if param.multiple else (value,):
+                words += [flag, ",".join(map(str, item)) if isinstance(item, tuple) else str(item)]
+    return shlex.join(words)
+
+
 def _written(path: Path) -> None:
     click.echo(f"wrote {path}")
 
@@ -75,7 +96,7 @@ def hot_path(repeats: int, number: int, folder: Path) -> None:
 
     with progress_bar("hot path", repeats) as advance:
         result = bench_hot_path.run(repeats=repeats, number=number, on_repeat=lambda done: advance())
-    _written(write_result("hot_path", result, folder=folder))
+    _written(write_result("hot_path", result, folder=folder, command=command_line()))
 
 
 @bench.command("page")
@@ -123,7 +144,7 @@ def heldout(ops: tuple[str, ...], modes: tuple[str, ...], seed: int, folder: Pat
 
     with progress_bar("held-out shapes", None) as advance:
         result = bench_heldout.run(seed=seed, ops=ops, modes=modes, on_step=advance)
-    _written(write_result("heldout", result, folder=folder))
+    _written(write_result("heldout", result, folder=folder, command=command_line()))
 
 
 @bench.command("stability")
@@ -151,7 +172,7 @@ def stability(ops: tuple[str, ...], budget_s: float, keep: Path | None, folder: 
 
         result = bench_stability.run(ops=ops, budget_s=budget_s, keep=keep, on_event=on_event,
                                      on_tune=lambda index: advance(f"tune {index}"))
-    _written(write_result("tuning", result, folder=folder))
+    _written(write_result("tuning", result, folder=folder, command=command_line()))
 
 
 def _numbers(ctx, param, value: str | None) -> tuple[int, ...]:
@@ -217,8 +238,11 @@ def model(plot: bool, plot_from: Path | None, folder: Path, device: str | None, 
                                  **options)
     with progress_bar(f"{plan.model} on {plan.device}", None):
         result = bench_model.run(plan)
-    path = write_result("model_step", json.loads(json.dumps(result)), folder=folder)
+    path = write_result("model_step", json.loads(json.dumps(result)), folder=folder,
+                        command=command_line())
     _written(path)
+    path.with_suffix(".md").write_text(bench_model.report(result), encoding="utf-8")  # every variant's detail
+    _written(path.with_suffix(".md"))
     if plot:
         _plot(result, path.with_suffix(".png"))
 

@@ -1,5 +1,6 @@
-"""tools/hf_bench.py on a tiny Llama on the CPU: a row per variant, every variant's timed step matches
-transformers', forced variants run the forced backend, and forcing does not leak into the measured variant."""
+"""autosel.bench.model (`autosel bench model`) on a tiny Llama on the CPU: a row per variant, every variant's timed
+step matches transformers', forced variants run the forced backend, and forcing does not leak into the measured
+variant; tools/hf_check.py beside it."""
 
 from __future__ import annotations
 
@@ -17,9 +18,8 @@ OPS = ("layernorm.rmsnorm", "layernorm.fused_add_rmsnorm", "embeddings.rope", "a
 
 
 @pytest.fixture
-def hf_bench(monkeypatch):
-    monkeypatch.syspath_prepend(str(TOOLS))  # the tool imports hf_models from beside itself
-    return importlib.import_module("hf_bench")
+def hf_bench():
+    return importlib.import_module("autosel.bench.model")
 
 
 def store(winner: str) -> None:
@@ -57,12 +57,15 @@ def test_tiny_run_has_a_row_per_variant_matching_transformers(hf_bench, tmp_path
         assert size["best_fixed"] == "torch" and size["results"]["torch"]["ratio_to_best_fixed"] == 1.0
     assert [(d["op"], d["layer"], d["winner"], d["tuned_by_this_run"]) for d in result["decisions"]] == [
         (op, "user", "torch", False) for op in sorted(OPS)]
-    hf_bench.write(result, tmp_path)
-    text = (tmp_path / "hf_bench.md").read_text()
+    text = hf_bench.report(result)
     assert text.count("| flashinfer | - | - | - | - | skipped: layernorm.rmsnorm's flashinfer kernel") == 2
     assert "| rmsnorm torch, fused_add_rmsnorm torch, rope torch, silu_and_mul torch |" in text
     if importlib.util.find_spec("matplotlib") is not None:
-        assert (tmp_path / "hf_bench.png").stat().st_size > 0
+        hf_bench.plot(result, tmp_path / "step.png")
+        assert (tmp_path / "step.png").stat().st_size > 0
+    [prefill, decode] = hf_bench.tables(result)
+    assert [row[0] for row in prefill["rows"]] == ["transformers", "autosel", "torch", "triton", "flashinfer"]
+    assert prefill["rows"][-1] == ["flashinfer", "-"] and decode["columns"] == ["variant", "batch 2"]
 
 
 def test_graph_from_tokens_adds_autosel_on_the_eager_decisions_and_a_variant_can_run_twice(hf_bench):
@@ -86,7 +89,7 @@ def test_forcing_one_variant_does_not_leak_into_the_next(hf_bench, monkeypatch):
     # get_kernel's cache is keyed by its arguments, not by AUTOSEL_BACKEND: without clearing it around each
     # patch, the variant patched after a forced one got the forced kernels (and the reverse).
     from autosel.platforms import current_platform
-    from hf_models import build
+    from autosel.bench.models import build
 
     store("torch_compile")  # resolved, never called here: nothing compiles
     monkeypatch.setenv("AUTOSEL_BACKEND", "torch")  # a force set outside the tool: the measured variant ignores it
@@ -106,7 +109,7 @@ def test_forcing_one_variant_does_not_leak_into_the_next(hf_bench, monkeypatch):
 def test_a_variant_can_force_one_op_and_keep_autosels_decisions_for_the_rest(hf_bench):
     # "autosel:OP=BACKEND": what autosel adds at one op over hard-coding that op's backend, in a whole step.
     from autosel.platforms import current_platform
-    from hf_models import build
+    from autosel.bench.models import build
 
     store("torch_compile")  # resolved, never called here: nothing compiles
     model, platform = build("tiny-llama", 1, "cpu", torch.float32), current_platform()
@@ -145,9 +148,8 @@ def test_a_variant_whose_step_fails_is_a_row_and_the_others_are_still_timed(hf_b
     assert prefill["best_fixed"] is None and prefill["results"]["transformers"]["speedup_vs_transformers"] == 1.0
     [decode] = result["phases"]["decode"]["sizes"]
     assert decode["best_fixed"] == "torch" and all(r["matches"] for r in decode["results"].values())
-    hf_bench.write(result, tmp_path)
     assert "| torch | failed | - | - | - | rmsnorm torch, fused_add_rmsnorm torch, rope torch, silu_and_mul torch; " \
-           "failed at 8 tokens: RuntimeError: boom |" in (tmp_path / "hf_bench.md").read_text()
+           "failed at 8 tokens: RuntimeError: boom |" in hf_bench.report(result)
 
 
 def test_a_variant_keeps_its_colour_in_every_phase_of_the_plot(hf_bench):
@@ -177,25 +179,28 @@ def test_compile_runs_every_variants_step_compiled_and_still_matching_transforme
 @pytest.mark.parametrize("args, said", [
     (["--backends", "triton,nosuch,torch#2,autosel#2"], "--backends: unknown nosuch; known: torch, torch_compile, "),
     (["--backends", "autosel:gemm.mm=torch,autosel:gemm.mm=nosuch"], "--backends: unknown autosel:gemm.mm=nosuch;"),
-    (["--rounds", "0"], "--rounds 0: give a number above 0"),
-    (["--kv", "0"], "--kv 0: give a number above 0"),
-    (["--block-ms", "0"], "--block-ms 0: give a number above 0"),
-    (["--plot-from", "nosuch.json"], "--plot-from nosuch.json: no such file; give the hf_bench.json a run wrote"),
+    (["--rounds", "0"], "Invalid value for '--rounds': 0 is not in the range x>=1."),
+    (["--kv", "0"], "Invalid value for '--kv': 0 is not in the range x>=1."),
+    (["--block-ms", "0"], "Invalid value for '--block-ms': 0.0 is not in the range x>0."),
+    (["--prefill-tokens", "8,x"], "'8,x': give whole numbers separated by commas"),
+    (["--plot-from", "nosuch.json"], "File 'nosuch.json' does not exist."),
 ])
-def test_hf_bench_refuses_a_usage_mistake_before_it_runs(hf_bench, monkeypatch, capsys, args, said):
+def test_bench_model_refuses_a_usage_mistake_before_it_runs(hf_bench, monkeypatch, tmp_path, args, said):
     # Used to break: a misspelt backend ran the whole benchmark, 0 rounds (or kv, block-ms) ran the default, and a
     # missing --plot-from file was a FileNotFoundError traceback.
+    from click.testing import CliRunner
+
+    from autosel.cli import main
+
     monkeypatch.setattr(hf_bench, "bench", lambda plan: pytest.fail("ran"))
-    with pytest.raises(SystemExit) as exit_:
-        hf_bench.main(["--tiny", "--device", "cpu", "--out", "unused", *args])
-    assert exit_.value.code == 2 and said in capsys.readouterr().err
+    result = CliRunner().invoke(main, ["bench", "model", "--tiny", "--device", "cpu", "--results", str(tmp_path), *args])
+    assert result.exit_code in (1, 2) and said in result.output and not list(tmp_path.iterdir())
 
 
-@pytest.mark.parametrize("tool", ["hf_bench", "hf_check"])
-def test_the_help_gives_the_whole_description(monkeypatch, capsys, tool):
+def test_hf_check_help_gives_the_whole_description(monkeypatch, capsys):
     # Used to break: --help showed the docstring's first line, which stops mid-sentence.
     monkeypatch.syspath_prepend(str(TOOLS))
-    module = importlib.import_module(tool)
+    module = importlib.import_module("hf_check")
     with pytest.raises(SystemExit):
         module.main(["--help"])
     assert module.__doc__.split("\n\n")[0] in capsys.readouterr().out
@@ -221,9 +226,9 @@ def test_hf_check_says_in_one_line_why_a_backend_cannot_run(monkeypatch, tmp_pat
 @pytest.mark.parametrize("name, q_heads, intermediate", [("llama-3-70b-tp8", 64 // 8, 28672 // 8),
                                                           ("qwen2.5-32b-tp8", 40 // 8, 27648 // 8)])
 def test_a_tensor_parallel_rank_model_has_its_share_of_heads_and_intermediate(hf_bench, name, q_heads, intermediate):
-    # hf_bench's model step on one rank's share: without head_dim given, transformers would make Qwen2's heads
+    # The model step on one rank's share: without head_dim given, transformers would make Qwen2's heads
     # hidden / heads = 1024 wide, and the rope and attention shapes would be no rank's.
-    from hf_models import build
+    from autosel.bench.models import build
 
     layer = build(name, 1, "meta", torch.bfloat16).model.layers[0]
     assert layer.self_attn.q_proj.out_features == q_heads * 128 and layer.self_attn.k_proj.out_features == 128
