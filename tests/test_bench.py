@@ -1,0 +1,128 @@
+"""autosel.bench.results, autosel.bench.page and the `autosel bench` commands that are not a benchmark of their own
+file (the hot path, the page): result files carry their provenance, are never overwritten, and the repository's
+benchmarks page is what its result files render."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from autosel.bench import page, results
+from autosel.cli import main
+
+ROOT = Path(__file__).parent.parent
+
+
+class Platform:
+    key = "cuda/sm_90/NVIDIA_H200/132"
+    version_map = {"torch": "2.11.0"}
+
+
+def test_a_result_file_has_its_provenance_and_a_second_run_gets_a_file_of_its_own(tmp_path):
+    first = results.write_result("hot_path", {"tables": []}, folder=tmp_path, platform=Platform(), command="autosel x")
+    second = results.write_result("hot_path", {"tables": []}, folder=tmp_path, platform=Platform(), command="autosel x")
+    assert first != second and first.exists() and second.name.startswith(first.stem)
+    record = json.loads(first.read_text())
+    assert set(results.PROVENANCE) <= set(record)
+    assert record["platform_key"] == Platform.key and record["versions"] == {"torch": "2.11.0"}
+    assert record["command"] == "autosel x" and record["commit"] and record["autosel_version"]
+    assert [r["file"] for r in results.read_results(tmp_path)] == sorted([first.name, second.name])
+
+
+@pytest.mark.parametrize("text, said", [("{", "not a readable result file"),
+                                        ('{"kind": "x", "results": {}}', "no command, commit, autosel_version")])
+def test_a_file_without_provenance_is_refused_by_name(tmp_path, text, said):
+    (tmp_path / "bad.json").write_text(text)
+    with pytest.raises(results.ResultFileError, match=said):
+        results.read_results(tmp_path)
+
+
+def test_the_command_line_names_autosel_however_it_was_started():
+    assert results.command_line(["/venv/bin/autosel", "bench", "hot-path"]) == "autosel bench hot-path"
+    assert results.command_line(["/x/autosel/__main__.py", "bench", "heldout", "--op", "a b"]) == \
+        "autosel bench heldout --op 'a b'"
+
+
+def _record(kind, key, date, subject=None, carried=None):
+    body = {"tables": [{"title": "T", "columns": ["a", "b"], "rows": [[1, 2.5]]}], "notes": ["n"]}
+    if subject:
+        body["subject"] = subject
+    record = {"kind": kind, "command": "autosel bench x", "commit": "abc", "autosel_version": "0.1.0",
+              "platform_key": key, "versions": {"torch": "2"}, "date": date, "results": body, "file": f"{date}.json"}
+    return {**record, "carried": carried} if carried else record
+
+
+def test_the_page_shows_the_newest_run_per_platform_and_subject_and_what_never_ran():
+    records = [_record("hot_path", "cpu/x86_64/X/2", "2026-01-01"), _record("hot_path", "cpu/x86_64/X/2", "2026-02-01"),
+               _record("model_step", Platform.key, "2026-01-01", subject="llama"),
+               _record("model_step", Platform.key, "2026-01-02", subject="qwen", carried="from the old page")]
+    text = page.render(records)
+    assert "2026-02-01.json" in text and "2026-01-01.json](" not in text.split("## A model step")[0]
+    assert text.count("### NVIDIA H200, ") == 2 and "carried, not re-measured: from the old page" in text
+    assert "| Hot path | never ran | never ran | CPU (2026-01-01), CPU (2026-02-01) |" in text
+    assert "| Held-out quality | never ran | never ran | never ran |" in text
+    assert "never timed on GPUs | never ran |" in text
+    assert "| 1 | 2.500 |" in text
+
+
+def test_the_repositorys_benchmarks_page_is_what_its_result_files_render(monkeypatch):
+    # CI's check, as build_tuning_db.py --check is for the shipped DBs: a figure edited by hand, or a result file
+    # added without rendering, fails here.
+    monkeypatch.chdir(ROOT)
+    result = CliRunner().invoke(main, ["bench", "page", "--check"])
+    assert result.exit_code == 0, result.output
+    assert result.output == "docs/BENCHMARKS.md matches results/\n"
+
+
+def test_page_check_fails_on_a_page_that_differs(tmp_path):
+    (tmp_path / "results").mkdir()
+    (tmp_path / "page.md").write_text("# edited by hand\n")
+    result = CliRunner().invoke(main, ["bench", "page", "--check", "--results", str(tmp_path / "results"),
+                                       "--out", str(tmp_path / "page.md")])
+    assert result.exit_code == 1 and "is not what" in result.output and "run `autosel bench page`" in result.output
+
+
+def test_bench_hot_path_writes_a_result_file_with_the_command_that_made_it(tmp_path):
+    result = CliRunner().invoke(main, ["bench", "hot-path", "--repeats", "2", "--number", "10", "--results",
+                                       str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    [record] = results.read_results(tmp_path)
+    assert record["command"] == f"autosel bench hot-path --repeats 2 --number 10 --results {tmp_path}"
+    cases, added = record["results"]["tables"]
+    assert len(cases["rows"]) == 13 and all(len(v) == 2 for v in record["results"]["samples_ns"].values())
+    assert [row[0] for row in added["rows"]][0] == "rmsnorm bucket (tokens, hidden)"
+
+
+def test_import_autosel_bench_imports_no_torch():
+    import subprocess
+    import sys
+
+    code = "import sys, autosel.bench, autosel.bench.results, autosel.bench.page; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True).stdout
+    assert out.strip() == "False"
+
+
+def _decision(winner, shape_winners, scores):
+    from types import SimpleNamespace as NS
+
+    candidates = {b: NS(score=s, shapes=[NS(timing=NS(median_us=s))] * len(shape_winners)) for b, s in scores.items()}
+    return NS(winner=winner, per_shape_winners=tuple(shape_winners), margin=0.05, candidate=candidates.get)
+
+
+def test_stability_counts_identical_decisions_and_the_disagreements_inside_the_margin():
+    from types import SimpleNamespace as NS
+
+    from autosel.bench.stability import stability
+
+    first = [NS(op="a", mode="eager", decision=_decision("x", [("s1", "x"), ("s2", "x")], {"x": 10.0, "y": 10.2})),
+             NS(op="b", mode="eager", decision=_decision("x", [("s1", "x")], {"x": 10.0, "y": 20.0})),
+             NS(op="c", mode="eager", decision=None)]
+    second = [NS(op="a", mode="eager", decision=_decision("x", [("s1", "y"), ("s2", "x")], {})),
+              NS(op="b", mode="eager", decision=_decision("y", [("s1", "y")], {})),
+              NS(op="c", mode="eager", decision=None)]
+    counts, notes = stability(first, second)
+    assert counts == {"eager": {"decisions": 5, "agree": 2, "inside_margin": 1}}
+    assert notes == ["a eager s1: x vs y (inside the margin)", "b eager *: x vs y", "b eager s1: x vs y"]
