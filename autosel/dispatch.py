@@ -42,7 +42,7 @@ def token_bucket(tokens: int) -> int:
 def token_bucket_up(tokens: int) -> int:
     """A token count rounded up to a power of two: gemm.mm's bucket. A tiled kernel's time steps up where the
     count passes a multiple of its row tile (on the H200, triton's 16-row GEMM tile: 8.2-8.6 us at 11-16 tokens
-    of 4096 x 4096, 13.2-13.7 us at 18-32; docs/H200.md, "Stop 36"), so its buckets end at powers of two and a
+    of 4096 x 4096, 13.2-13.7 us at 18-32; commit c134b65), so its buckets end at powers of two and a
     representative shape at a power of two times the bucket at its top, its slowest count."""
     tokens = int(tokens)
     return 1 << (tokens - 1).bit_length() if tokens > 1 else 1
@@ -189,7 +189,7 @@ def _trace_as_runs(dispatch: Callable[..., Any], table: BucketTable, kernels: Ma
     as TracedTokens(count) in place of its token bucket (the built-in ops' bucket functions have it). Without
     one, the compiled code is specialised on whatever the bucket function reads, as any Python code is.
 
-    A kernel torch.compile cannot trace (flashinfer's, device call 22-4, unless `traced` gives a custom op for it)
+    A kernel torch.compile cannot trace (flashinfer's, commit bb67fd6, unless `traced` gives a custom op for it)
     breaks the graph, and the call then runs `dispatch` itself; torch.compile would compile its frames
     (`eager_parts`) once per token count as new code, so they are marked to run as they are."""
     substitute = _substitute()

@@ -72,7 +72,7 @@ def modes_for_device(device_type: str) -> tuple[str, ...]:
 @functools.lru_cache(maxsize=None)
 def distribution_version(dist: str) -> str | None:
     """The installed version of a distribution, read once per process: each read scans sys.path's metadata
-    (0.28 s per version vector on the H200's host, 6.8 s of a tune, cProfile in docs/H200.md), and a package
+    (0.28 s per version vector on the H200's host, 6.8 s of a tune, cProfile: commit 6115e12), and a package
     upgraded under a running process stays the version it imported."""
     try:
         return importlib.metadata.version(dist)
@@ -305,7 +305,7 @@ def missing_bytecode(packages: tuple[str, ...] | None = None, *, dont_write: boo
     """The installed `packages` whose Python source every process compiles again: no bytecode cached for their
     __init__.py (beside it, or under PYTHONPYCACHEPREFIX) and none will be written, because Python is told not
     to (PYTHONDONTWRITEBYTECODE) or cannot write there. On the H200 machine's image that made importing torch's
-    compiler and flashinfer take 14-16 s instead of 5 s in every process (docs/H200.md, call 19-1).
+    compiler and flashinfer take 14-16 s instead of 5 s in every process (commit 90bab00).
     `packages` defaults to BYTECODE_PACKAGES, `dont_write` to this interpreter's setting."""
     import importlib.util
 

@@ -38,29 +38,28 @@ class Rule:
 # (choose): an eager call costs the larger of its host and device time, so level over the representative shapes, a
 # candidate with a heavier launch loses the launch-bound shapes routed to it. With triton first in registration order
 # and its launch then twice flashinfer's on the host (9.9-11.1 against 5.4-5.8 us), a tie made it eager rmsnorm's
-# op-level winner and held-out shapes ran at 1.25x the per-shape best against flashinfer's 1.10 (docs/H200.md call
-# 24-2). Stop 24 put triton last by name; since the norms' Triton launch went to C it is level with flashinfer's,
-# while silu_and_mul's, gelu_and_mul's and rope's Triton launches through their Python wrappers cost 1.16-1.23x
-# flashinfer's: at 1.5x their ties went to triton and set9 ran those ops' eager dispatchers at up to 1.24x the
-# per-shape best (calls 25-3, 25-4). With every Triton kernel launched from C (stop 25) triton's host part sits at
-# 0.91-1.14x flashinfer's in every op but rope (flashinfer's 1.8-1.9x there) and sgl-kernel's at 1.27-1.48x the
-# lightest (call 26-2's two tunes): the cut of stop 25, 1.13x, lay inside the first cluster, and eager fused add +
+# op-level winner and held-out shapes ran at 1.25x the per-shape best against flashinfer's 1.10 (commit 2495846).
+# With every Triton kernel launched from C triton's host part sits at 0.91-1.14x flashinfer's in every op but rope
+# (flashinfer's 1.8-1.9x there) and sgl-kernel's at 1.27-1.48x the lightest: a cut at 1.5x gave triton ties it then
+# lost at launch-bound shapes (up to 1.24x the per-shape best, commit 74efafc), and a cut of 1.13x lay inside the
+# first cluster (commit c917452), and eager fused add +
 # rmsnorm's op-level winner and all its 13 buckets changed hands between those tunes on a host ratio of 1.138 against
 # 0.953. 1.2x lies between the clusters; a launch through Python (a torch without the DLPack C exchange API: 1.8-2x)
 # is still passed over (docs/TUNING.md section 4). In graph mode the host's time is gone.
 GRAPH_RULE = Rule(0.06)
-# A timing method's suffix where each timed call read the op's weights from memory (OpDefinition.weights, stop 37).
+# A timing method's suffix where each timed call read the op's weights from memory (OpDefinition.weights).
 WEIGHTS_FROM_MEMORY = "weights from memory"
 RULES = {"cuda:graph-replay, activations written": GRAPH_RULE,
-         f"cuda:graph-replay, activations written, {WEIGHTS_FROM_MEMORY}": GRAPH_RULE,  # since stop 37, gemm.mm
+         f"cuda:graph-replay, activations written, {WEIGHTS_FROM_MEMORY}": GRAPH_RULE,  # gemm.mm, since commit f981d83
          "cuda:back-to-back": Rule(0.10, heavy_host=1.2),
          "cpu:torch.utils.benchmark": Rule(0.05, may_lose=1),
-         # graph replay as stored before stop 34 (one input replayed as it was), and before its blocks took turns
+         # graph replay as stored before activations were written (one input replayed as it was; commit 49a3813), and
+         # before its blocks took turns
          "cuda:graph-replay": GRAPH_RULE, "cuda:do_bench_cudagraph": GRAPH_RULE}
 DEFAULT_RULE = Rule(0.03)  # any other timer (tests' fake timers)
 # How much slower or faster the host may run than while it was measured. The H200 machine's host ran in two
 # states, the slow one about 1.6x slower (launch-bound calls moved up to 1.9x between processes a minute
-# apart, docs/H200.md call P, and between two tunes: docs/TUNING.md section 4). Slower: 1.6x, from the fast
+# apart, commit de5ccee, and between two tunes: docs/TUNING.md section 4). Slower: 1.6x, from the fast
 # state to the slow one. Faster: 1.25x only (1.33x and 1.43x replayed alike); a host 1.6x faster than a tune
 # in the fast state had never been seen, yet that reading kept a pick 1.5x slower at every speed measured
 # (rope, 6 of 13 runs flipped on it).

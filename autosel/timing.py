@@ -268,19 +268,19 @@ class CudaGraphTimer(SamplingTimer):
     """Replay from a CUDA graph, as decode steps run, so launch overhead does not pick the winner. The tuner has
     each replayed call write the op's activations first (writes_activations, OpDefinition.activations) and takes
     the writes' own replays off: replaying the call on inputs left as it left them put a gated activation whose
-    input and output fill the L2 1.07-1.27x behind where a model's MLP has it ahead (docs/H200.md, "Stop 34")."""
+    input and output fill the L2 1.07-1.27x behind where a model's MLP has it ahead (commit 49a3813)."""
 
     method = "cuda:graph-replay, activations written"
     writes_activations = True
     # An op's weights (OpDefinition.weights) cycled through copies that exceed the L2 (50 MB on the H100/H200), as
-    # a model step reads each layer's weights from memory (docs/TUNING.md section 2, since stop 37).
+    # a model step reads each layer's weights from memory (docs/TUNING.md section 2).
     weight_bytes = 128 << 20
     blocks = 10
 
     def __init__(self, replay_ms: float = 2.5) -> None:
         """replay_ms: each sample replays about this long. 2.5 ms, not do_bench_cudagraph's 10: waiting on
         replays was 39 s of a 179 s whole-library tune on the H200 at 10 ms (cProfile), 16 s of a 67 s one
-        at 5 ms (py-spy); whether decisions still repeat at 2.5 ms: docs/H200.md, "Tuning time in stop 15"."""
+        at 5 ms (py-spy); decisions still repeat at 2.5 ms (commit 0d49228)."""
         self.replay_ms = replay_ms
 
     def sampler(self, fn) -> Sampler:

@@ -26,9 +26,8 @@ log = logging.getLogger(__name__)
 DROP_FACTOR = 3.0
 # After the first round, a candidate this many times slower than a shape's fastest is not timed there again (it
 # is settled there): it is carried into the later rounds at its first round's ratio (policy.readings_of). A warm
-# whole tune on the H200 timed 13-14% fewer measurements (docs/H200.md, call 14-2). Replayed on five stored H200
-# tunes (1,280 decisions), 1.2x and 1.3x left every decision as judged on all rounds (tools/stability_whatif.py
-# --settled, docs/H200.md).
+# whole tune on the H200 timed 13-14% fewer measurements, and replayed on five stored H200 tunes (1,280
+# decisions) 1.2x and 1.3x left every decision as judged on all rounds (commit 8c78c9d).
 SETTLED_FACTOR = 1.3
 ROUNDS = 3
 

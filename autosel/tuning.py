@@ -113,7 +113,7 @@ def outdated(db, decision: Decision, layer, names: list[str], definition) -> str
     since), it was checked with other tolerances or another reference than the op's now (`definition`), in
     graph mode on CUDA it was timed without reading the op's declared weights from memory, or its bucket rows are
     keyed otherwise than the op's bucket function keys their own shapes today (the function changed since, as
-    gemm.mm's did in stop 36: no call looks its older rows up). That last one builds each row's inputs on the meta
+    gemm.mm's at commit c134b65: no call looks its older rows up). That last one builds each row's inputs on the meta
     device, so it is judged last: 2-25 ms for a built-in op's table on a CPU at the op's first get_kernel (a shape is
     keyed once a process: the other mode's table reuses it), plus torch's import of torch._dynamo (about 1.5 s) at
     the first arithmetic on meta tensors in a process that had not imported it."""
@@ -128,7 +128,7 @@ def outdated(db, decision: Decision, layer, names: list[str], definition) -> str
     if (definition is not None and definition.weights and reads_weights(CudaGraphTimer) and decision.mode == "graph"
             and decision.method.startswith("cuda:") and WEIGHTS_FROM_MEMORY not in decision.method):
         return ("was timed replaying one copy of its weights, which the L2 can hold; graph timing reads them from "
-                "memory since stop 37 (docs/TUNING.md section 2)")
+                "memory now (docs/TUNING.md section 2)")
     if definition is not None and definition.bucket is not None:
         for row in rows:
             if (now := _keyed_today(row, definition)) is not None:
@@ -139,7 +139,7 @@ def outdated(db, decision: Decision, layer, names: list[str], definition) -> str
 
 def _keyed_today(row: Decision, definition: OpDefinition) -> str | None:
     """The bucket the op's bucket function gives a row's first shape today, where that is not the row's (the
-    function changed since the tune: gemm.mm's in stop 36); None when it is the row's, or cannot be told (inputs
+    function changed since the tune: gemm.mm's at commit c134b65); None when it is the row's, or cannot be told (inputs
     built on the "meta" device, shapes without data, that the op's make_inputs or bucket function refuses; a
     bucket that is no bucket key, which selection ignores too)."""
     shape = next((s.shape for c in row.candidates for s in c.shapes), None)

@@ -11,7 +11,7 @@
 #
 #   mkdir -p /tmp/site && for t in .gpu/*.tar.xz; do tar -xJf "$t" -C /tmp/site; done && { [ ! -f .gpu/fi_aot.tar.gz ] || { mkdir -p /tmp/site/flashinfer/data/aot && tar -xzf .gpu/fi_aot.tar.gz -C /tmp/site/flashinfer/data/aot; }; } && python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .gpu/whl/*.whl && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH} FLASHINFER_USE_CUDA_NORM=1 FLASHINFER_WORKSPACE_BASE=${FLASHINFER_WORKSPACE_BASE:-/tmp/fiws}
 #
-# What travels (see docs/GPU_BACKENDS.md for why each piece is needed and what was left out):
+# What travels (`git show 6fb488f:docs/GPU_BACKENDS.md` says why each piece is needed and what was left out):
 #   .gpu/flashinfer-0.7.4.tar.xz      flashinfer-python 0.7.4: every Python file, plus only the CUDA
 #                                      sources/headers that the norm, rope and act_and_mul JIT modules
 #                                      include (flashinfer compiles them with nvcc at first use).

@@ -91,7 +91,7 @@ def test_every_command_has_help_with_an_example_and_is_in_the_reference(command)
     result = run(command, "--help")
     assert result.exit_code == 0
     assert "Example" in result.output and f"autosel {command} " in result.output
-    reference = (ROOT / "README.md").read_text()
+    reference = (ROOT / "docs" / "cli.md").read_text()  # generated from this help by tools/render_docs.py
     assert f"### `autosel {command}`" in reference and f"autosel {command}" in reference
 
 
@@ -1465,7 +1465,7 @@ OLD_KEYS = ("has bucket rows keyed otherwise than the op's bucket function has k
 
 @pytest.mark.parametrize("args", [[], ["--buckets"]], ids=["plain", "buckets"])
 def test_check_refuses_rows_its_bucket_function_no_longer_keys_so(reg, args):
-    # gemm.mm's bucket key changed in stop 36 ([16, 6144, 4096] became [16, "6144x4096"]): rows under the old key
+    # gemm.mm's bucket key changed at commit c134b65 ([16, 6144, 4096] became [16, "6144x4096"]): rows under the old key
     # are never looked up, and their buckets run the op-level winner without a word. Only --buckets said so (and
     # to re-tune with --force): selection took the decision as stored.
     bucketed(reg)

@@ -255,7 +255,7 @@ def test_under_torch_compile_a_dispatcher_compiles_once_per_run_of_buckets_not_p
 @pytest.mark.compile
 def test_a_kernel_torch_compile_cannot_trace_breaks_the_graph_without_recompiling_the_dispatcher_per_count():
     # On the H200 flashinfer's and autosel's Triton launches break the graph; the call then ran the dispatcher
-    # itself, whose frames torch.compile compiled again for every token count (device call 22-4).
+    # itself, whose frames torch.compile compiled again for every token count (commit bb67fd6).
     torch = pytest.importorskip("torch")
     from autosel.ops.common import rows_bucket
 

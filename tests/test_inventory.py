@@ -160,7 +160,7 @@ def test_the_near_match_is_the_closest_row_that_selection_s_rule_accepts():
 
 def test_a_graph_decision_timed_on_one_copy_of_the_ops_weights_is_stale():
     # Replayed on one weight that fits in the L2, triton and cuBLAS ranked 2816 x 5120 at 8-16 tokens oppositely
-    # to a model step, which reads the weight from memory (docs/H200.md, "Stop 37").
+    # to a model step, which reads the weight from memory (commit f981d83).
     registry = KernelRegistry()
     for spec in SPECS:
         registry.register(spec)
@@ -172,7 +172,7 @@ def test_a_graph_decision_timed_on_one_copy_of_the_ops_weights_is_stale():
         return entry.status, entry.detail
 
     assert status(graph) == ("stale", "was timed replaying one copy of its weights, which the L2 can hold; graph "
-                                      "timing reads them from memory since stop 37 (docs/TUNING.md section 2): "
+                                      "timing reads them from memory now (docs/TUNING.md section 2): "
                                       "`autosel tune` times the eligible backends again")
     assert status(replace(graph, method=graph.method + ", weights from memory"))[0] == "in use"
     assert status(replace(graph, mode="eager", method="cuda:back-to-back"))[0] == "in use"  # eager rotates copies

@@ -141,7 +141,7 @@ def test_the_built_in_bucket_keys():
 
 def test_a_gemm_bucket_decides_for_its_own_weight_only():
     # From (16, 4096 x 4096) the nearest-bucket rule carried triton to 5120 x 3072 and four other weights, where
-    # it ran 1.15-1.9x cuBLAS's time (H200, call 36-1): a weight is a name in the key, so only tokens move.
+    # it ran 1.15-1.9x cuBLAS's time (H200, commit c134b65): a weight is a name in the key, so only tokens move.
     import torch
 
     from autosel.dispatch import BucketTable
@@ -199,7 +199,7 @@ def test_every_norm_token_bucket_has_a_tuned_one_within_a_factor_of_two():
     tuned = {token_bucket(s["tokens"]) for s in DEFINITIONS["layernorm.rmsnorm"].shapes_for(gpu)}
     assert DEFINITIONS["layernorm.fused_add_rmsnorm"].shapes_for(gpu) == DEFINITIONS["layernorm.rmsnorm"].shapes_for(gpu)
     # 64 x 7168 was swapped for 4 x 7168, and 8192 x 4096 for 8192 x 5120; 4096 x 7168 was added (the eager
-    # crossover): a tuned shape more costs the two norms about 1.9 s of an H200 tune (docs/H200.md).
+    # crossover): a tuned shape more costs the two norms about 1.9 s of an H200 tune (commit b68e9eb).
     assert len(DEFINITIONS["layernorm.rmsnorm"].shapes_for(gpu)) == 13
     assert [1 << b for b in range(15) if not any(t in (1 << b, 2 << b, 1 << max(b - 1, 0)) for t in tuned)] == []
 

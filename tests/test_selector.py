@@ -599,7 +599,7 @@ GEMM_16 = {"m": 16, "n": 6144, "k": 4096}
 ], ids=["before-stop-36", "today", "unreadable-shape", "no-key"])
 def test_a_decision_with_bucket_rows_its_bucket_function_keys_otherwise_today_is_outdated(reg, bucket, shape,
                                                                                          reason):
-    # gemm.mm's bucket key changed in stop 36: rows tuned before were never looked up, their buckets silently ran
+    # gemm.mm's bucket key changed at commit c134b65: rows tuned before were never looked up, their buckets silently ran
     # the op-level winner, and `autosel tune` called the decision stored; only `autosel check --buckets` noticed.
     from autosel.ops.gemm import DEFINITIONS, SPECS
 
@@ -801,7 +801,7 @@ def test_clear_cache_during_a_lookup_does_not_store_a_stale_entry(reg, monkeypat
 @pytest.mark.compile
 def test_a_kernel_torch_compile_cannot_trace_is_one_custom_op_in_compiled_code(reg):
     # On the H200 flashinfer's calls broke the graph (fullgraph=True failed) and autosel's Triton wrappers were
-    # compiled again for every token count (device call 22-5): compiled code now calls them as torch custom ops.
+    # compiled again for every token count (commit 9a7c03d): compiled code now calls them as torch custom ops.
     import torch
 
     from autosel.ops import layernorm

@@ -394,7 +394,7 @@ def test_mm(m, n, k, dtype):
 @pytest.mark.parametrize("rows", [1, 16, 17, 32, 33, 64, 65, 8192])
 def test_mm_autotunes_a_few_configs_a_decode_batch_fits_in_one_tile_of(rows):
     # The autotuner times every config it is given at every new (M, N, K); a tile as tall as the batch reads the
-    # weight once (stop 36's 16-row tiles read it twice from 17 tokens on, at 1.2-1.6x cuBLAS's time).
+    # weight once (the 16-row tiles before read it twice from 17 tokens on, at 1.2-1.6x cuBLAS's time).
     configs = tk._mm_configs_for(tk._MM_CONFIGS, {"M": rows, "N": 4096, "K": 4096})
     assert 0 < len(configs) <= 4 and all(c in tk._MM_CONFIGS for c in configs)
     assert rows > 64 or any(c.kwargs["BLOCK_M"] >= rows for c in configs)

@@ -164,7 +164,7 @@ def test_the_chosen_event_words_a_default_kept_inside_the_noise(toy):
 
 def test_a_timer_that_writes_activations_has_every_timed_call_find_them_as_made(toy):
     # Replaying a call on inputs left as the last call left them put a gated activation whose input and output
-    # fill the L2 1.07-1.27x behind flashinfer, where a model's MLP has it ahead (docs/H200.md, "Stop 34").
+    # fill the L2 1.07-1.27x behind flashinfer, where a model's MLP has it ahead (commit 49a3813).
     _, kernels = toy
 
     class WritingTimer(CpuTimer):  # as CudaGraphTimer does, on this CPU
@@ -195,7 +195,7 @@ def test_activations_must_be_a_tuple_of_argument_indices(activations):
 def test_graph_timing_gives_each_call_the_next_copy_of_the_ops_weights():
     # Replayed on one weight, a GEMM whose weight fits in the H200's L2 read it from there: triton's mm ran 0.77x
     # cuBLAS's time at 12 tokens of 4096 x 4096, 0.87x with the weight cycled past the L2 as a model step reads
-    # it, and the two ranked 2816 x 5120 at 8-16 tokens oppositely (docs/H200.md, "Stop 37").
+    # it, and the two ranked 2816 x 5120 at 8-16 tokens oppositely (commit f981d83).
     from autosel.tuner import _after_writing
 
     base = (torch.zeros(4), torch.ones(1024), 2.0)  # an activation, a weight of 4 KB, a number
@@ -576,7 +576,7 @@ def test_a_measurement_of_fewer_rounds_keeps_its_ratio_to_the_shape_s_fastest_in
     assert verdict.shape_winners == ["a", "a"]  # at the first shape b is level with a in the third round
     stats["a"][0] = _m(100.0, (100.0, 100.0, 100.0))
     assert judge(stats, margin_floor=0.05).shape_winners == ["b", "a"]
-    # H200, gelu_and_mul eager at 1 x 28672 (call 14-1): triton, settled after 20.3 us against flashinfer's 12.0,
+    # H200, gelu_and_mul eager at 1 x 28672 (commit 8c78c9d): triton, settled after 20.3 us against flashinfer's 12.0,
     # then a round in which the host slowed every launch-bound call 1.7x. Read as 20.3 us there, triton was not
     # beaten in that round and, registered first, kept the shape; carried at its ratio it is.
     stats = {"triton": [_m(20.3, (20.3,), method="cuda:back-to-back")],
@@ -613,7 +613,7 @@ def test_a_host_in_its_fast_or_its_slow_state_gives_the_same_decision():
 
 
 def test_eager_ties_go_past_a_candidate_whose_launch_is_heavy_and_graph_ties_by_registration_order():
-    # H200 eager rmsnorm over the representative shapes after Triton's launches went to C (call 24-2): triton 31.6
+    # H200 eager rmsnorm over the representative shapes after Triton's launches went to C (commit 2495846): triton 31.6
     # us, flashinfer 31.4, level; registered first, triton took the op, then ran held-out launch-bound shapes at
     # 1.25x the per-shape best: its host part was twice flashinfer's. In eager mode such a tie goes to the lighter
     # launch; in graph mode registration order holds.
@@ -627,7 +627,7 @@ def test_eager_ties_go_past_a_candidate_whose_launch_is_heavy_and_graph_ties_by_
 
     assert judge(stats("cuda:back-to-back")).winner == "flashinfer"
     assert judge(stats("cuda:graph-replay")).winner == "triton"
-    # The norms' Triton launch from C (call 25-2): level with flashinfer's on the host, so registration order.
+    # The norms' Triton launch from C (commit 74efafc): level with flashinfer's on the host, so registration order.
     assert judge(stats("cuda:back-to-back", triton_host=5.6)).winner == "triton"
     eager = stats("cuda:back-to-back")
     eager["triton"] = [_m(25.0, (25.0, 25.1, 24.9), method="cuda:back-to-back", host=10.5, device=25.0)]
@@ -670,8 +670,8 @@ def test_a_bucket_default_is_never_passed_over_and_partial_host_parts_take_no_st
 
 
 def test_eager_ties_pass_over_a_launch_through_python_and_keep_one_1_14x():
-    # H200, stop 24: the Triton norm launched through Python cost the host 9.9-11.1 us against flashinfer's 5.4-5.8,
-    # and a tie made a 1.9x loss at launch-bound shapes: passed over. Call 26-2, eager fused add + rmsnorm, op level:
+    # H200 (commit fa1f314): the Triton norm launched through Python cost the host 9.9-11.1 us against flashinfer's 5.4-5.8,
+    # and a tie made a 1.9x loss at launch-bound shapes: passed over. Commit c917452, eager fused add + rmsnorm, op level:
     # triton (from C) 6.29 against flashinfer's 5.53 us in tune 1, 7.58 against 7.95 in tune 2; at a cut of 1.13 the
     # op and its 13 buckets changed hands between the tunes. Both tunes now keep triton, registered first.
     method = "cuda:back-to-back"

@@ -47,7 +47,7 @@ def test_shipped_text_is_canonical(text):
 
 @pytest.mark.parametrize("text", TEXTS, ids=lambda p: p.stem)
 def test_every_shipped_bucket_row_is_the_bucket_its_shapes_fall_in_today(text):
-    # A bucket function that changed (gemm.mm's weight became a name in stop 36) leaves rows under the old key,
+    # A bucket function that changed (gemm.mm's weight became a name at commit c134b65) leaves rows under the old key,
     # which no call looks up: their buckets then run the op-level winner, silently.
     pytest.importorskip("torch")
     from autosel.decisions import parse_bucket

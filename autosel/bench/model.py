@@ -317,7 +317,7 @@ def run_size(phase: str, size: int, patched: dict[str, Patched], ready: list[str
     expected = steps[UNPATCHED]().float()  # transformers' own step, run eagerly
     if plan.compile:
         # dynamic=False: a graph of its own per size, as an engine captures one per batch size (at the default the
-        # second size recompiles with dynamic shapes; call 23-2 read the same times that way, docs/BENCHMARKS.md 4i).
+        # second size recompiles with dynamic shapes, and read the same times that way: commit c07c7c4).
         steps = {name: torch.compile(step, dynamic=False) for name, step in steps.items()}
     scale = float(expected.abs().max())
     calls, results = {}, {}

@@ -94,7 +94,7 @@ def patch_model(model, *, backend: str | None = None, mode: str | None = None, f
     graph_from_tokens (eager mode only): calls of at least this many tokens run the graph-mode decisions, which
     are chosen on the device's time alone. In a long eager prefill the GPU, busy with the projections and the
     attention, is what the step waits for, and the host's launch time is hidden; in a short one it is not. On the
-    H200 with Llama-3-8B's sizes the crossover lay between 512 and 2048 tokens (docs/BENCHMARKS.md section 4f).
+    H200 with Llama-3-8B's sizes the crossover lay between 512 and 2048 tokens (commit 38b686a).
 
     Patch the model for inference, after it is on its device and in its dtype, and undo() before moving, training
     or saving it: the rope cache and the fused gate/up weight are built here on the model's device.
@@ -264,7 +264,7 @@ class RopeTable:
         if torch.compiler.is_compiling():
             # Code torch.compile traces builds the rows it needs per call and keeps them out of self.table: under
             # mode="reduce-overhead" a tensor made in the graph lives in its CUDA graphs' memory, which the next
-            # replay overwrote, so a stored table read garbage (call 22-2). Eager calls grow the stored table.
+            # replay overwrote, so a stored table read garbage (commit 28668cc). Eager calls grow the stored table.
             return self.build(rows)
         if self.table.is_cuda and torch.cuda.is_current_stream_capturing():
             raise IntegrationError(

@@ -8,11 +8,11 @@ from autosel.spec import OpDefinition
 # Intermediate sizes I: 3584 (Llama-3-70B at TP8), 14336 (Llama-3-8B), 18944 (Qwen2.5-7B),
 # 28672 (Llama-3-70B at TP1); the input is [tokens, 2*I]. (512, 28672): in eager mode flashinfer's gelu falls
 # behind triton at a few hundred to a thousand tokens of the widest rows (1.07x at 700 x 29568, 1.28x at 400 x
-# 36864), where the nearest tuned buckets all chose flashinfer; chosen on held-out sets 2 and 3, judged on set 4
-# (docs/BENCHMARKS.md section 2c). (4096, 1536) and (4096, 768), narrow rows as MoE experts have (Qwen3-235B-A22B's
-# 1536, Qwen3-30B-A3B's 768): in graph mode triton took 1.20-1.33x flashinfer's time at 1750 and 4400 tokens of
-# intermediate 1408 and no tuned bucket was within a factor of two (set13), yet at 768 triton was 1.22-1.38x the
-# faster (set14), so a bucket won at 1536 alone sent 768's rows to flashinfer (docs/BENCHMARKS.md 2l).
+# 36864), where the nearest tuned buckets all chose flashinfer (commit b68e9eb). (4096, 1536) and (4096, 768),
+# narrow rows as MoE experts have (Qwen3-235B-A22B's 1536, Qwen3-30B-A3B's 768): in graph mode triton took
+# 1.20-1.33x flashinfer's time at 1750 and 4400 tokens of intermediate 1408 and no tuned bucket was within a factor
+# of two, yet at 768 triton was 1.22-1.38x the faster, so a bucket won at 1536 alone sent 768's rows to flashinfer
+# (held-out shapes, commits d9094d1 and 1d1ea1b).
 SHAPES = ShapesByDevice(
     gpu=tuple({"tokens": t, "intermediate": i} for t, i in [
         (1, 14336), (1, 28672), (16, 18944), (128, 14336), (512, 3584), (512, 28672), (2048, 14336),

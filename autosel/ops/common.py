@@ -92,7 +92,7 @@ def pin_triton_cache_dir() -> None:
     torch.compile's inductor sets TRITON_CACHE_DIR to a directory of its own the first time it builds a Triton
     kernel in a process; kernels built before that went to Triton's default. How far a tune had got by then
     differed between a cold tune and the next one, so the next one missed much of what the cold one had cached
-    (autosel's Triton kernels, the mm's autotuning choices) and built it again (docs/H200.md, call 17-3).
+    (autosel's Triton kernels, the mm's autotuning choices) and built it again (py-spy on the H200, commit 8f85c10).
     """
     if "TRITON_CACHE_DIR" in os.environ:
         return

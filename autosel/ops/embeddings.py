@@ -15,7 +15,7 @@ def _rope(tokens: int, q_heads: int, kv_heads: int, rotary_dim: int, is_neox: bo
 # Llama-3-8B (32 q / 8 kv heads, neox), Qwen3-32B (64 / 8, neox), GLM-4 (32 / 2, half the head rotated,
 # GPT-J interleaved pairs), Llama-3-8B at tensor parallel 8 (4 / 1): a query of 512 columns is past a factor of two
 # from the others, and in graph replays flashinfer took 16-19% less time than autosel's Triton kernel at 4 / 1 heads,
-# 37 and 14500 tokens (held-out set11, docs/BENCHMARKS.md 2k), while every bucket of the wider queries is triton's.
+# 37 and 14500 tokens of held-out shapes (commit 547c865), while every bucket of the wider queries is triton's.
 SHAPES = ShapesByDevice(
     gpu=(
         _rope(1, 32, 8, 128, True), _rope(64, 32, 8, 128, True), _rope(512, 32, 8, 128, True),

@@ -10,7 +10,7 @@ from autosel.spec import OpDefinition
 
 # Llama-3-8B's projections (N, K): qkv (6144, 4096), o (4096, 4096), gate_up (28672, 4096), down (4096, 14336);
 # M is the token count, rounded up to a power of two in the bucket. o at 4, 16, 32 and 64 tokens: which of triton and
-# cuBLAS wins o in graph mode on the H200 turns between these buckets (docs/H200.md, "Stop 36" to "Stop 38"), so
+# cuBLAS wins o in graph mode on the H200 turns between these buckets (commits c134b65 and bd3f968), so
 # each is tuned rather than given its neighbour's winner by the nearest-bucket rule (64 goes to 32 on a tie; 1-4
 # tokens had no tuned bucket within a factor of two and ran the op-level cuBLAS, 1.09x triton's time at 4). A
 # bucket names its weight (_weight), so none decides for another weight's calls.
@@ -50,7 +50,7 @@ def _weight(n, k) -> str:
     (autosel.dispatch) moves along the token count only, never to another weight. Which GEMM kernel wins
     turns between weights a few percent apart (on the H200, graph replays of one weight: triton 0.78-0.85x
     cuBLAS's time at 9-16 tokens of 4096 x 4096, 1.15-1.9x at 7-21 tokens of 5120 x 3072, 4608 x 3584 and
-    2816 x 5120; docs/H200.md, "Stop 36"), so a tuned weight says nothing of its neighbours."""
+    2816 x 5120; commit c134b65), so a tuned weight says nothing of its neighbours."""
     return f"{n}x{k}"
 
 

@@ -13,11 +13,10 @@ EPS = 1e-6
 # H200 the eager winner turns from the vendors' to triton between 1500 and 6000 tokens, so 4096 tokens is timed
 # (in place of a second 1-token shape). 4 tokens (in place of 64, which 128 covers) leaves no token bucket from 1
 # to 16384 without a tuned one within a factor of two: 4 had none, and in graph mode the vendors replayed 5-15%
-# faster than triton at 3 tokens (docs/BENCHMARKS.md section 4). In eager mode the vendors fall behind triton from
+# faster than triton at 3 tokens (commit bf50a14). In eager mode the vendors fall behind triton from
 # about 4096 tokens at widths of 5120 and up (1.2-1.5x), but not at 4096 and below, where the three stay level:
 # (4096, 7168) and (8192, 5120), in place of (8192, 4096), put a tuned bucket there, so 5000 x 7168 and
-# 7000 x 5120 no longer run the vendors' pick of (4096, 4096) or (8192, 4096). Chosen on held-out sets 2 and 3
-# (in-sample for them), judged on set 4 (docs/BENCHMARKS.md section 2c).
+# 7000 x 5120 no longer run the vendors' pick of (4096, 4096) or (8192, 4096) (commit b68e9eb).
 SHAPES = ShapesByDevice(
     gpu=tuple({"tokens": t, "hidden": h} for t, h in [
         (1, 4096), (4, 7168), (16, 5120), (128, 4096), (512, 8192), (2048, 2048), (2048, 16384),

@@ -74,7 +74,7 @@ def _load_rows(x_ptrs, res_ptrs, mask, ADD_RESIDUAL: tl.constexpr, STORE_RESIDUA
 
     The norm is taken of the fp32 sum, not of the rounded one, as flashinfer's (so sgl-kernel's) fused add + rmsnorm
     and the torch reference do: with x wider than the residual, or a sum beyond the residual dtype's range, the
-    rounded sum differs by more than an ulp or is infinite (vLLM's kernel normalizes that; docs/H200.md, "Stop 25").
+    rounded sum differs by more than an ulp or is infinite (vLLM's kernel normalizes that; commit 996e828).
     """
     x = tl.load(x_ptrs, mask=mask, other=0.0).to(tl.float32)
     if ADD_RESIDUAL:
@@ -128,7 +128,7 @@ def _rmsnorm_kernel(
 _launch_rmsnorm_kernel = FastLaunch(_rmsnorm_kernel)
 # Each kernel's whole launch in C, from its tensors (triton_launch.c's norm, act_and_mul and rope), where torch lets
 # C read a tensor (its DLPack C exchange API): the wrapper's checks, views and plan cost the H200's host more than
-# the launch itself (docs/H200.md, "Stop 25"). It launches only what the Python path would launch, with the plans
+# the launch itself (commit 996e828). It launches only what the Python path would launch, with the plans
 # that path records (_remember), and returns False for everything else, which then takes the Python path. The C
 # module is one for every FastLaunch; any launcher's answers whether it can launch here (not under the interpreter)
 # and read tensors, so the first one's stands for all three kernels.
@@ -168,18 +168,18 @@ def _rmsnorm_plan(n_rows: int, n_cols: int, element_size: int, fp16: bool = Fals
     one_row = one_pass and block_m == 1
     # A program holding one whole row gets 32 bytes a thread (16 elements of 16 bits, 8 of fp32), not 16 bytes. At
     # 16 bytes (16 warps for a 16-bit block of 4096) it ran 1.1-1.4x behind 8 warps on the H200 from 600 tokens up at
-    # hidden 2304 to 4096, and at most 5% ahead at 1-64 tokens (docs/H200.md, "The Triton rmsnorm's warps"). fp32 at
+    # hidden 2304 to 4096, and at most 5% ahead at 1-64 tokens (commit c0a755f). fp32 at
     # 16 elements a thread (4 warps for a block of 2048, 8 for 4096) ran 1.01-1.33x the time of twice the warps at 1-512
-    # rows of hidden 2048 and 4096, 0.98-1.01x at 4096 rows (call 32-1).
+    # rows of hidden 2048 and 4096, 0.98-1.01x at 4096 rows (commit 2440375).
     per_thread = 16 if one_row and element_size <= 2 else 8
     plain_warps = fused_warps = _num_warps(block_m * block_n, per_thread=per_thread)
     if one_row and element_size == 2 and block_n == 8192:
-        # 8 warps (32 elements a thread), not 16. bf16 graph replays on the H200 (docs/H200.md, "Stop 30" to "Stop
-        # 32"): the plain norm at 0.97-0.99x the time of 16 warps at hidden 5120 and 6144 from 2048 rows, but
+        # 8 warps (32 elements a thread), not 16. bf16 graph replays on the H200 (commits 2440375 and ac2381e): the
+        # plain norm at 0.97-0.99x the time of 16 warps at hidden 5120 and 6144 from 2048 rows, but
         # 0.99-1.04x at 300-2047 rows and 1.03-1.11x at 1-299; fused add + rmsnorm at 0.86-1.00x at 4-128 rows of
         # hidden 4480-8192, 0.80-1.00x at 300-2047 rows of 4480-6144 (0.87-1.03x at 7168 and 8192) and 0.91-0.92x at
-        # 5120 from 2048 rows, but 1.06-1.14x at 1 row. At 200-299 rows bf16 turns with the width (calls 33-1 and
-        # 35-1): 0.93-0.99x at hidden 4480-5120, 0.95-1.05x at 5376-6144 and 1.01-1.09x at 7168-8192; fp16 does not:
+        # 5120 from 2048 rows, but 1.06-1.14x at 1 row. At 200-299 rows bf16 turns with the width (commit ac2381e):
+        # 0.93-0.99x at hidden 4480-5120, 0.95-1.05x at 5376-6144 and 1.01-1.09x at 7168-8192; fp16 does not:
         # 0.92-0.97x at 4480-7680 and 0.99-1.01x at 8192.
         if n_rows >= _ROW_8192_8_WARPS_FROM:
             plain_warps = 8
@@ -188,7 +188,7 @@ def _rmsnorm_plan(n_rows: int, n_cols: int, element_size: int, fp16: bool = Fals
     elif one_row and element_size == 2 and block_n == 16384:
         # The plain norm at 32 warps (16 elements a thread again, past _num_warps' 16): 0.91-0.98x the time of 16 at
         # 1-1024 rows of hidden 10240-16384, 0.99-1.00x at 4096 rows; fused add + rmsnorm keeps 16: 32 ran 0.96-1.11x
-        # its time from 16 rows (call 32-1).
+        # its time from 16 rows (commit 2440375).
         plain_warps = 32
     # BLOCK_M, BLOCK_N, ONE_PASS, ADD_RESIDUAL
     return ((_cdiv(n_rows, block_m),), plain_warps, (block_m, block_n, one_pass, False),
@@ -235,7 +235,7 @@ def _not_1d(weight: torch.Tensor) -> ValueError:
 def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """x / sqrt(mean(x^2) + eps) * weight over the last dim, in fp32, returned in x.dtype."""
     # In x's own layout: 0.2-0.6 us less of the H200's host time than memory_format=torch.contiguous_format, and eager
-    # rmsnorm at 1-990 tokens is host time (docs/H200.md, "Stop 35"). A dense x in another order gives an out the C
+    # rmsnorm at 1-990 tokens is host time (commit 4d8c8c8). A dense x in another order gives an out the C
     # path does not take (it launches on rows a width apart only); the Python path then makes a contiguous one.
     out = torch.empty_like(x)
     if _DIRECT is not None and not hooked() and _DIRECT.norm(
@@ -295,11 +295,11 @@ def _act_and_mul_kernel(x_ptr, out_ptr, n_out, x_stride, D: tl.constexpr, BLOCK:
     if GELU:
         act = 0.5 * a * (1.0 + tl.math.erf(a * 0.7071067811865476))
     else:
-        act = a / (1.0 + tl.exp(-a))  # one division: a * tl.sigmoid(a) ran up to 4% slower (call 29-1)
+        act = a / (1.0 + tl.exp(-a))  # one division: a * tl.sigmoid(a) ran up to 4% slower (commit 91c3466)
     tl.store(out_ptr + offs, (act * b).to(out_ptr.dtype.element_ty), mask=mask)
 
 
-# gelu's programs take 2048 elements from this many output elements, 1024 below it (call 30-1's probe).
+# gelu's programs take 2048 elements from this many output elements, 1024 below it (commit 754b853).
 _GELU_BLOCK_2048_FROM = 6_000_000
 
 
@@ -309,9 +309,9 @@ def _act_plan(n_rows: int, d: int, gelu: bool) -> tuple:
     output's n_rows * d elements over elements a program, rounded up, by 1. The layout is the C launch's (launch_rows:
     num_warps, constexprs, blocks on the second grid axis, count a program), which reads no constexpr.
 
-    Call 30-1's graph replays on the H200 (docs/H200.md, "Stop 30"; 64-12200 rows of 1344-14336 columns) put programs
-    of 1024 elements (4 warps: 8 a thread, 16-byte loads of 16 bits) at 0.92-1.01x (geometric mean 0.97) the time of
-    stop 29's plan of a row or tiles of 8 x 128 a program; level with flashinfer at 1728 columns, where flashinfer had
+    Graph replays on the H200 (commit 754b853; 64-12200 rows of 1344-14336 columns) put programs of 1024 elements
+    (4 warps: 8 a thread, 16-byte loads of 16 bits) at 0.92-1.01x (geometric mean 0.97) the time of the plan before
+    (a row or tiles of 8 x 128 a program, commit 91c3466); level with flashinfer at 1728 columns, where flashinfer had
     led by 6-8%. gelu from 7.9M elements ran 2-5% faster again in programs of 2048 (4 warps); from 4.0-4.8M level or
     5% slower, hence the threshold between. Past int32 the offsets are int64 (WIDE)."""
     n_out = n_rows * d
@@ -449,16 +449,17 @@ def _rope_plan(head_size: int, rotary_dim: int, n_q_heads: int, n_k_heads: int, 
     some idle), 4 warps for them, the key's heads in blocks of their own once they fill one, and where a token's
     heads hold fewer than 512 pairs, as many tokens a program as fill it.
 
-    Chosen on graph replays on the H200. Stop 26 (docs/H200.md) took 512 pairs over the plan before (1024 pairs, the
+    Chosen on graph replays on the H200 (commits 547c865, 1d1ea1b, 91c3466 and 33914ad). 512 pairs a program beat the
+    plan before (1024 pairs, the
     key's heads with the query's first block, 2 warps for 8 heads of 128): 0.81-1.01x its time up to 170 tokens,
     0.85-1.05x from 900 tokens on. At 8 query heads and 1 key head, key blocks of their own ran 1.4x slower at 13500
-    tokens, so a key of fewer heads than a block rides with the query's. Stop 27 filled a program with tokens: at 2 / 1
+    tokens, so a key of fewer heads than a block rides with the query's. Filling a program with tokens: at 2 / 1
     heads 0.56x, 0.67x and 0.89x the time of one token a program at 15500, 4400 and 1750 tokens, at 4 / 1 heads 0.77x,
     0.85x and 0.91x; 1.02-1.08x at 1-360 tokens of 2 / 1 heads, where a launch's latency is most of the time.
-    Programs of 1024 and 2048 pairs ran slower than 512 at most head and token counts. Stop 29 gave one head a block
-    (and 8 tokens of 128-wide heads) to head counts that leave a block part idle (call 29-1: at 3, 5, 6, 7, 10, 12 and
+    Programs of 1024 and 2048 pairs ran slower than 512 at most head and token counts. One head a block (and 8
+    tokens of 128-wide heads) for head counts that leave a block part idle: at 3, 5, 6, 7, 10, 12 and
     20 query heads 0.74-0.97x the time of the plan before up to 64 tokens, 0.79-1.07x from 500 tokens on; 5 / 1 heads
-    at 14000 tokens 0.79x, where flashinfer ran 0.82x) and to 2 and 4 heads (call 29-2: 0.73-0.82x the plan before up
+    at 14000 tokens 0.79x, where flashinfer ran 0.82x; and for 2 and 4 heads, 0.73-0.82x the plan before up
     to 500 tokens, where flashinfer ran 0.82-0.92x, and 0.92-0.98x from 2000 on). At 8 heads and more that blocks
     fill, it ran 0.86-1.05x up to 64 tokens and 0.98-1.12x from 2000 (8 / 1, 8 / 2, 16 / 2, 32 / 8, 64 / 8), so those
     keep their blocks; 24, 40 and 48 heads, which no probe timed, fill blocks of 8 and keep them too."""
@@ -586,9 +587,9 @@ def _mm_config(block_m: int, block_n: int, block_k: int, num_warps: int, num_sta
 
 # Chosen from sweeps on an H200 (bf16), per token count, since the autotuner times every config it is given at
 # every new (M, N, K): 256x128 tiles for prefill-sized M; for decode, tiles as tall as M with 32 or 64 columns and
-# long K steps, so that at 17-64 tokens about one program per SM reads its slice of the weight once (stop 36's
-# 16-row tiles read it twice from 17 tokens on: 0.99-1.35x cuBLAS's time at 17-32 tokens of Llama-3-8B's weights
-# became 0.88-1.12x; docs/H200.md, "Stop 37"). In fp32 the largest tiles overflow shared memory; the
+# long K steps, so that at 17-64 tokens about one program per SM reads its slice of the weight once (16-row tiles
+# read it twice from 17 tokens on: 0.99-1.35x cuBLAS's time at 17-32 tokens of Llama-3-8B's weights became
+# 0.88-1.12x; commit f981d83). In fp32 the largest tiles overflow shared memory; the
 # autotuner times such configs as infinitely slow, and the smaller ones fit.
 _MM_CONFIGS_BY_ROWS = (  # (up to this many rows, the configs tried)
     (16, (_mm_config(16, 64, 256, 4, 3), _mm_config(16, 32, 256, 4, 4), _mm_config(16, 32, 256, 2, 4))),
@@ -616,7 +617,7 @@ _MM_INTERPRET_META = {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16, "GROUP_M": 2}
 def _short_autotune(configs: list, key: list[str], prune=None):
     """triton.autotune with shorter benchmarks per config (5 ms warm-up, 20 ms, not 25 and 100) and, where this
     Triton has it, its choice per key cached on disk: an autosel tune calls the mm at ten new shapes, and the
-    default autotuning took 11 s of a warm whole-library tune on the H200 (docs/H200.md). `prune`: its
+    default autotuning took 11 s of a warm whole-library tune on the H200 (commit 07299d6). `prune`: its
     early_config_prune, the configs worth timing for a call."""
     options = inspect.signature(triton.autotune).parameters
     extra = {"prune_configs_by": {"early_config_prune": prune}} if prune else {}

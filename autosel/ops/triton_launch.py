@@ -6,7 +6,7 @@ and looks the compiled kernel up; then Triton's launcher parses some twenty argu
 every pointer and launches. Triton's own issues put the Python part at about 12 us per launch with many
 arguments (triton-lang/triton#6064). In eager mode a launch-bound norm or activation costs the larger of its
 host and device time, so that host time is what loses autosel's Triton kernels the small eager shapes
-(docs/H200.md, "Triton's launch, directly" and "Triton's launch in C").
+(commits fa1f314 and 996e828).
 
 FastLaunch keeps each compiled kernel Triton returns for a specialization, under the key Triton specializes
 on, and launches it directly the next time, from C: `triton_launch.c` computes the key, looks the kernel up and

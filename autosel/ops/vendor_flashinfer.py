@@ -4,13 +4,13 @@ function behind flashinfer's Python wrapper.
 PDL: flashinfer 0.7 launches these kernels with programmatic dependent launch by default on sm_90 and newer: a
 PDL kernel may start while the kernel before it finishes. In the tuner's graph replays each call follows a copy
 of itself, and the two overlap; in a model the kernel before it is a GEMM or another op, and the overlap the
-tuner measured is not there. Off, a flashinfer kernel is timed as it runs (docs/H200.md, "PDL").
+tuner measured is not there. Off, a flashinfer kernel is timed as it runs (commit b68b283).
 
 The compiled function: each of flashinfer's wrappers ends in one call of a tvm-ffi function of a JIT module
 (`get_norm_module().rmsnorm(out, input, weight, eps, enable_pdl)` and so on). Before it, on every call, the wrapper
 asks torch for the device's compute capability (the norms), checks arguments the kernel checks again and takes
 views. A launch-bound eager call costs its host time, so autosel calls the function itself, looked up once, on the
-first call (docs/H200.md, "Stop 18": 2-4.7 us less per call on the H200's host). Where this flashinfer does not
+first call (2-4.7 us less per call on the H200's host; commit 60e629d). Where this flashinfer does not
 have it where 0.7 does, the public wrapper is called, with a warning; where flashinfer runs its CuTe DSL norm
 kernels instead of the JIT module (nvidia-cutlass-dsl installed, and FLASHINFER_USE_CUDA_NORM unset), the norms go
 through the public wrapper too, so that they run what flashinfer would.

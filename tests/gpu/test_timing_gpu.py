@@ -51,8 +51,8 @@ def test_graph_replays_taking_turns_agree_with_do_bench_cudagraph_and_tell_twice
     assert 1.8 < statistics.median(times["twice"]) / once < 2.2
     # The same replay length as the timer's. do_bench_cudagraph replays its graph back to back, longer than one
     # turn of the timer's, and a 4096^3 matmul is bound by the GPU's clock under sustained load: 170 us in the
-    # timer against 194 us in do_bench_cudagraph's 10 ms replays (device call 13-5), and 170 against 192 at the
-    # timer's 2.5 ms after six minutes of tuning (call 16-1). So the two must agree within 15%, not 10%.
+    # timer against 194 us in do_bench_cudagraph's 10 ms replays (commit 23e8deb), and 170 against 192 at the
+    # timer's 2.5 ms after six minutes of tuning (commit 5d4a644). So the two must agree within 15%, not 10%.
     rep = CudaGraphTimer().replay_ms
     assert 0.85 < once / (do_bench_cudagraph(lambda: a @ a, rep=rep, return_mode="median") * 1e3) < 1.15
 
