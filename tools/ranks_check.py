@@ -13,7 +13,8 @@ select_kernel and get_kernel on every rank, AUTOSEL_CHECK_RANKS=1, in three scen
 
 The DBs shipped in the package are left out (they would answer instead of a tune). Each rank writes
 DIR/rank<N>.json (what it runs: op, mode, op-level winner, bucket winners, kernel, error; the divergence warnings
-it logged) and DIR/rank<N>-divergence.log; rank 0 gathers them, prints one table, and exits 1 on any
+it logged) and DIR/rank<N>-divergence.log; rank 0 gathers them, prints one table, writes it as a result file
+(autosel.bench.results) into DIR, and exits 1 on any
 disagreement, or when a rank other than 0 that should have logged a difference (all of `fresh`: nothing stored
 there; all of `differs`) did not.
 """
@@ -26,6 +27,7 @@ import fnmatch
 import json
 import logging
 import os
+import shlex
 import sys
 from pathlib import Path
 
@@ -33,6 +35,7 @@ import torch
 import torch.distributed as dist
 
 from autosel import db, platforms, selector, tuning
+from autosel.bench.results import write_result
 from autosel.decisions import Decision, bucket_text
 from autosel.platforms import version_vector
 
@@ -198,6 +201,9 @@ def main() -> int:
             for r in [header, ["-" * w for w in widths], *rows]:
                 print("  ".join(str(c).ljust(w) for c, w in zip(r, widths)).rstrip())
             print(f"{failures} failing row(s) of {len(rows)}; per-rank JSON and divergence logs in {args.out}")
+            write_result("ranks_check", {"subject": f"{size} ranks, {dist.get_backend()}", "failures": failures,
+                                         "tables": [{"columns": header, "rows": rows}]}, folder=args.out,
+                         platform=platform, command="torchrun --nproc-per-node " + shlex.join([str(size), *sys.argv]))
             code = 1 if failures else 0
     dist.destroy_process_group()
     return code

@@ -35,6 +35,12 @@ KINDS = {
     "model_step": Kind("A model step", "The time of a transformers model's prefill and decode step with autosel's "
                        "picks patched in, over the same model with each backend forced everywhere and over the "
                        "unpatched model.", "autosel bench model"),
+    "model_check": Kind("A patched model's accuracy", "A patched transformers model's logits and greedy tokens against "
+                        "transformers' own, and both against float32, at real model dimensions with random weights.",
+                        "python tools/hf_check.py --out DIR"),
+    "ranks_check": Kind("Many ranks run rank 0's decisions", "Every contested op selected on two ranks under "
+                        "torchrun: whether each rank runs rank 0's whole table, and warns where its own DB disagrees.",
+                        "torchrun --nproc-per-node 2 tools/ranks_check.py --out DIR"),
     "startup": Kind("Cold start", "The time from a fresh process to the first kernel call.", "autosel bench startup"),
 }
 
@@ -74,7 +80,9 @@ def status(records: list[dict[str, Any]]) -> list[str]:
     for kind in kinds:
         cells = []
         for fam in GPU_FAMILIES:
-            ran = sorted({f"{device_name(r['platform_key'])} ({r['date'][:10]}{', carried' if r.get('carried') else ''})"
+            ran = sorted({f"{device_name(r['platform_key'])}"
+                          f"{', ' + r['results']['subject'] if r['results'].get('subject') else ''}"
+                          f" ({r['date'][:10]}{', carried' if r.get('carried') else ''})"
                           for r in records if r["kind"] == kind and family(r["platform_key"]) == fam})
             cells.append(", ".join(ran) or "never ran")
         rows.append([KINDS[kind].title if kind in KINDS else kind, *cells])
