@@ -33,7 +33,8 @@ def test_a_seeds_shapes_are_no_representative_shape_and_each_op_costs_what_20_no
     shapes = bench.held_out_shapes(seed)
     assert sorted(shapes) == sorted(bench.OPS)
     for op, found in shapes.items():
-        representative = [*registry.definition(op).shapes(GpuPlatform()), *registry.definition(op).shapes(CpuPlatform())]
+        definition = registry.definition(op)
+        representative = [*definition.shapes(GpuPlatform()), *definition.shapes(CpuPlatform())]
         assert not [s for s in found if s in representative], op
         assert len({json.dumps(s, sort_keys=True) for s in found}) == len(found), op
         assert len(found) == (20 if op.startswith("layernorm.") else 10), op
@@ -97,7 +98,8 @@ def test_a_backend_the_tune_rejected_is_listed_but_not_the_per_shape_best(bench)
     assert [r["best"] for r in rows] == ["flashinfer", "triton"]
     assert summary["dispatcher"] == pytest.approx(((31 / 28) ** 0.5, 31 / 28))
     assert summary["sgl_kernel"][1] == pytest.approx(60 / 28)
-    assert bench.summarize(rows, table)["dispatcher"][1] == pytest.approx(13 / 8)  # nothing rejected: sgl_kernel is best
+    # nothing rejected: sgl_kernel is the best
+    assert bench.summarize(rows, table)["dispatcher"][1] == pytest.approx(13 / 8)
 
 
 def test_the_dispatcher_over_the_best_fixed_backend_round_by_round(bench):

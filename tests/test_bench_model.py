@@ -193,7 +193,8 @@ def test_bench_model_refuses_a_usage_mistake_before_it_runs(hf_bench, monkeypatc
     from autosel.cli import main
 
     monkeypatch.setattr(hf_bench, "bench", lambda plan: pytest.fail("ran"))
-    result = CliRunner().invoke(main, ["bench", "model", "--tiny", "--device", "cpu", "--results", str(tmp_path), *args])
+    result = CliRunner().invoke(main, ["bench", "model", "--tiny", "--device", "cpu", "--results", str(tmp_path),
+                                       *args])
     assert result.exit_code in (1, 2) and said in result.output and not list(tmp_path.iterdir())
 
 

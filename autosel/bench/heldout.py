@@ -201,8 +201,9 @@ def run(*, seed: int = 0, ops: tuple[str, ...] = (), modes: tuple[str, ...] = ()
         best_fixed = min(fixed, key=lambda k: fixed[k][0])
         rounds = per_round(rows, best_fixed)
         steady = steady_wins(rows, best_fixed, rejected)
-        summary_rows.append([op, mode, len(rows), round(summary["dispatcher"][0], 3), round(summary["dispatcher"][1], 2),
-                             best_fixed, round(fixed[best_fixed][0], 3), round(fixed[best_fixed][1], 2), len(steady)])
+        summary_rows.append([op, mode, len(rows), round(summary["dispatcher"][0], 3),
+                             round(summary["dispatcher"][1], 2), best_fixed, round(fixed[best_fixed][0], 3),
+                             round(fixed[best_fixed][1], 2), len(steady)])
         results.append({"op": op, "mode": mode, "seconds": round(time.perf_counter() - began, 1), "table": {
             "default": table.default, "winners": [[list(k), v] for k, v in table.winners.items()]},
             "rows": rows, "rejected": rejected, "summary": {k: list(v) for k, v in summary.items()},

@@ -103,6 +103,7 @@ def _cases() -> dict[str, Callable[[], object]]:
         "dispatcher, mm routed by (a.shape, b.shape) (route_key=(0, 1), built in)": lambda: mm_routed(a, b),
         "warm get_kernel(op)": lambda: selector.get_kernel("bench.single"),
         "warm get_kernel(op, 'torch')": lambda: selector.get_kernel("layernorm.rmsnorm", "torch"),
-        "warm get_kernel(op, mode='eager') (no capture check)": lambda: selector.get_kernel("bench.single", mode="eager"),
+        "warm get_kernel(op, mode='eager') (no capture check)":
+            lambda: selector.get_kernel("bench.single", mode="eager"),
         "the per-call capture check get_kernel made before": old_capture_check,
     }

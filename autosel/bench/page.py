@@ -121,7 +121,8 @@ def render(records: list[dict[str, Any]]) -> str:
              "comes from a result file in [results/](../results/) that names the command, commit, versions and "
              "platform that made it; only the newest run of each benchmark on each platform is shown (git "
              "history keeps the others). Run the same benchmarks on your own machine with the commands below; "
-             "each writes a result file you can compare with these. How the tuning DB holds up under concurrent writers, "
+             "each writes a result file you can compare with these. How the tuning DB holds up under concurrent "
+             "writers, "
              "kills and foreign files is on its own page, [RELIABILITY.md](RELIABILITY.md).", "", "## Status", "",
              *status(records), ""]
     kinds = list(KINDS) + sorted({r["kind"] for r in standing} - set(KINDS))

@@ -193,7 +193,8 @@ def _numbers(ctx, param, value: str | None) -> tuple[int, ...]:
 @click.option("--device", help="Torch device (default cuda where there is one, else cpu).")
 @click.option("--dtype", default="bfloat16", show_default=True, type=click.Choice(["bfloat16", "float16", "float32"]))
 @click.option("--tiny", is_flag=True, help="Tiny dimensions and few tokens: the benchmark's logic in seconds.")
-@click.option("--prefill-tokens", callback=_numbers, help="Prompt lengths, e.g. 512,2048,8192 (the default; --tiny 16,64).")
+@click.option("--prefill-tokens", callback=_numbers,
+              help="Prompt lengths, e.g. 512,2048,8192 (the default; --tiny 16,64).")
 @click.option("--decode-batches", callback=_numbers, help="Decode batch sizes, e.g. 1,8,64 (the default; --tiny 1,4).")
 @click.option("--kv", type=click.IntRange(min=1), help="Tokens already in the KV cache (default 512; --tiny 32).")
 @click.option("--backends", default="torch,torch_compile,triton,flashinfer,sgl_kernel", show_default=True,
