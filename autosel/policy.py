@@ -1,7 +1,7 @@
 """The decision rule as a value: what a challenger must win by, in which readings, to replace the default.
 
-The tuner is handed a Policy (Tuner(policy=...)); replays of stored evidence (tools/stability_bench.py
---replay, tools/stability_whatif.py) build other Policy values instead of overwriting module globals.
+The tuner is handed a Policy (Tuner(policy=...)); replays of stored evidence under another rule build other
+Policy values instead of overwriting module globals.
 """
 
 from __future__ import annotations
@@ -149,7 +149,7 @@ def noise(m: Measurement) -> float:
 
     The drift between rounds (m.drift) is stored as evidence but kept out of the margin: estimated from
     three round medians it is itself so noisy that it moved the threshold more than it steadied decisions
-    (tools/stability_bench.py on a 2-core CPU: 24 of 28 decisions identical with it; 26, 25 and 27 of 28
+    (two tunes on a 2-core CPU, `autosel bench stability`: 24 of 28 decisions identical with it; 26, 25 and 27 of 28
     in three runs without it).
     """
     return 2 * relative_standard_error(m)

@@ -16,7 +16,7 @@ python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .
 # transformers and its dependencies (tools/hf_check.py, autosel bench model), when carried in .hfw: downloaded here by
 #   pip download --only-binary=:all: --python-version 3.12 --platform manylinux2014_x86_64 --platform any \
 #       -d .hfw transformers==5.24.0     (then remove numpy, filelock, fsspec, typing_extensions, click, hf_xet,
-#       pygments, rich, markdown_it_py, mdurl: the image has them or hf_bench does not need them, and the carry limit
+#       pygments, rich, markdown_it_py, mdurl: the image has them or `autosel bench model` does not need them, and the carry limit
 #       is 64 MiB with the working tree and .gpu)
 if [ -d .hfw ]; then python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .hfw/*.whl || return 1; fi
 export PYTHONPATH=/tmp/site

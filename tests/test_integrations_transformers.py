@@ -187,7 +187,7 @@ def test_forwards_call_the_kernels_resolved_at_patch_time_in_the_mode_given(monk
         logits(model)
     ops = ("layernorm.rmsnorm", "layernorm.fused_add_rmsnorm", "embeddings.rope", "activation.silu_and_mul", "gemm.mm")
     assert sorted(asked) == sorted((op, "torch", "graph") for op in ops)
-    assert sorted(patched.kernels) == sorted(ops)  # what tools/hf_bench.py reads the resolved backends from
+    assert sorted(patched.kernels) == sorted(ops)  # what autosel.bench.model reads the resolved backends from
     assert calls == {"layernorm.rmsnorm": 7, "layernorm.fused_add_rmsnorm": 2, "embeddings.rope": 2,
                      "activation.silu_and_mul": 2, "gemm.mm": 13}
 

@@ -243,7 +243,7 @@ def _nothing_to_tune(tuning, platform, ops: tuple[str, ...], named: list[str] | 
 @click.option("--force", is_flag=True, help="Re-tune ops that already have a stored decision.")
 @click.option("--budget-s", type=Seconds(), default=120.0, show_default=True,
               help="Seconds of timing per op and mode; not the wall time: each candidate's checks and first compile "
-                   "come on top (a first torch.compile takes about 20 s on a CPU).")
+                   "come on top (torch.compile's first compile of each kernel among them).")
 @click.option("--isolate", is_flag=True,
               help="Check each candidate first in a child process, so a crash or hang becomes a rejection reason.")
 @click.option("--isolate-timeout-s", type=Seconds(), default=300.0, show_default=True,

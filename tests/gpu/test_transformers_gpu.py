@@ -17,7 +17,7 @@ torch = pytest.importorskip("torch")
 def _unsupported_transformers() -> str | None:
     """Why the installed transformers cannot run these tests (None when it can), read without importing it. The
     H200 image has transformers 5.17, whose Llama the integration rightly refuses to patch (tested on the CPU):
-    there these tests need the carried 5.24 (.hfw, tools/gpu_env.sh); without it they failed on that refusal."""
+    there these tests need the carried 5.24 (.hfw, dev/gpu_env.sh); without it they failed on that refusal."""
     if importlib.util.find_spec("transformers") is None:
         return "transformers is not installed (pip install -e '.[hf]')"
     # Imported only here, on a GPU machine: at collection elsewhere it would import triton in compiled mode
