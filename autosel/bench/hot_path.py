@@ -61,12 +61,15 @@ def run(*, repeats: int = 21, number: int = 20000, on_repeat: Callable[[int], No
         direct = next(v for n, v in med.items() if n.startswith("direct") and op in n)
         added += [[name.removeprefix("dispatcher, "), round(via - direct)] for name, via in med.items()
                   if name.startswith("dispatcher") and op in name]
-    return {"repeats": repeats, "number": number, "python": sys.version.split()[0],
+    load = [round(x, 2) for x in os.getloadavg()] if hasattr(os, "getloadavg") else None
+    return {"repeats": repeats, "number": number, "python": sys.version.split()[0], "load_average": load,
             "samples_ns": {k: [round(x, 1) for x in v] for k, v in samples.items()},
             "tables": [{"title": f"{repeats} interleaved repeats of {number} calls; medians in ns per call.",
                         "columns": ["case", "ns per call", "p10-p90"], "rows": rows},
                        {"title": "Added by the dispatcher over the direct call of its winner:",
-                        "columns": ["dispatcher", "ns per call"], "rows": added}]}
+                        "columns": ["dispatcher", "ns per call"], "rows": added}],
+            # Host time scales with what else the machine runs: a figure read at a load above its cores is not one.
+            "notes": [f"load average over 1, 5 and 15 minutes when it ended: {load}; {os.cpu_count()} CPUs"]}
 
 
 def _cases() -> dict[str, Callable[[], object]]:
