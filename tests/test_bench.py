@@ -44,6 +44,7 @@ def test_the_command_line_names_autosel_however_it_was_started():
     assert results.command_line(["/venv/bin/autosel", "bench", "hot-path"]) == "autosel bench hot-path"
     assert results.command_line(["/x/autosel/__main__.py", "bench", "heldout", "--op", "a b"]) == \
         "autosel bench heldout --op 'a b'"
+    assert results.command_line(["tools/hf_check.py", "--out", "x"]) == "python tools/hf_check.py --out x"
 
 
 def _record(kind, key, date, subject=None, carried=None):

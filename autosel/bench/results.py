@@ -44,10 +44,13 @@ def source_commit() -> str | None:
 
 
 def command_line(argv: list[str] | None = None) -> str:
-    """The command as a user would type it again: `autosel bench ...` for the console script or `-m autosel`."""
+    """The command as a user would type it again: `autosel ...` for the console script or `-m autosel`, `python
+    tools/x.py ...` for a script."""
     argv = list(sys.argv if argv is None else argv)
     if argv and Path(argv[0]).name in ("autosel", "__main__.py"):
         argv[0] = "autosel"
+    elif argv and argv[0].endswith(".py"):
+        argv.insert(0, "python")
     return shlex.join(argv)
 
 

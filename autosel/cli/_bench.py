@@ -23,7 +23,7 @@ def results_option():
 
 @contextmanager
 def progress_bar(description: str, total: int | None) -> Iterator:
-    """A rich progress bar on stderr; yields advance(description=None) for the benchmark's callback."""
+    """A rich progress bar on stderr; yields advance(step=None): a step names what runs now, no step counts one done."""
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn
 
@@ -32,9 +32,7 @@ def progress_bar(description: str, total: int | None) -> Iterator:
                   console=console, transient=not console.is_terminal) as bar:
         task = bar.add_task(description, total=total)
 
-        def advance(step: str | None = None, *, total: int | None = None) -> None:
-            if total is not None:
-                bar.update(task, total=total)
+        def advance(step: str | None = None) -> None:
             if step is not None:
                 bar.update(task, description=step)
             else:
