@@ -45,7 +45,12 @@ def run(*, repeats: int = 21, number: int = 20000, on_repeat: Callable[[int], No
         raise ValueError(f"repeats={repeats}: give 2 or more (the p10-p90 spread needs two repeats)")
     if number < 1:
         raise ValueError(f"number={number}: give 1 or more calls per timed block")
-    cases = _cases()
+    previous = os.environ.get("AUTOSEL_DB")
+    os.environ["AUTOSEL_DB"] = os.path.join(tempfile.mkdtemp(), "bench.db")  # the user's DB is never touched
+    try:
+        cases = _cases()
+    finally:
+        os.environ.pop("AUTOSEL_DB") if previous is None else os.environ.update(AUTOSEL_DB=previous)
     samples: dict[str, list[float]] = {name: [] for name in cases}
     for done in range(repeats):
         for name, fn in cases.items():
@@ -73,7 +78,6 @@ def run(*, repeats: int = 21, number: int = 20000, on_repeat: Callable[[int], No
 
 
 def _cases() -> dict[str, Callable[[], object]]:
-    os.environ["AUTOSEL_DB"] = os.path.join(tempfile.mkdtemp(), "bench.db")
     x, w = torch.randn(8, 4096), torch.randn(4096)
     positions, q, k, cache = torch.arange(8), torch.randn(8, 4096), torch.randn(8, 1024), torch.randn(4096, 128)
     a, b = torch.randn(8, 4096), torch.randn(6144, 4096)
