@@ -149,7 +149,7 @@ def noise(m: Measurement) -> float:
 
     The drift between rounds (m.drift) is stored as evidence but kept out of the margin: estimated from
     three round medians it is itself so noisy that it moved the threshold more than it steadied decisions
-    (two tunes on a 2-core CPU, `autosel bench stability`: 24 of 28 decisions identical with it; 26, 25 and 27 of 28
+    (two fresh tunes on a 2-core CPU: 24 of 28 decisions identical with it; 26, 25 and 27 of 28
     in three runs without it).
     """
     return 2 * relative_standard_error(m)

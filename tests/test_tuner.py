@@ -670,8 +670,9 @@ def test_a_bucket_default_is_never_passed_over_and_partial_host_parts_take_no_st
 
 
 def test_eager_ties_pass_over_a_launch_through_python_and_keep_one_1_14x():
-    # H200 (commit fa1f314): the Triton norm launched through Python cost the host 9.9-11.1 us against flashinfer's 5.4-5.8,
-    # and a tie made a 1.9x loss at launch-bound shapes: passed over. Commit c917452, eager fused add + rmsnorm, op level:
+    # H200 (commit fa1f314): the Triton norm launched through Python cost the host 9.9-11.1 us against flashinfer's
+    # 5.4-5.8, and a tie made a 1.9x loss at launch-bound shapes: passed over. Commit c917452, eager fused add +
+    # rmsnorm, op level:
     # triton (from C) 6.29 against flashinfer's 5.53 us in tune 1, 7.58 against 7.95 in tune 2; at a cut of 1.13 the
     # op and its 13 buckets changed hands between the tunes. Both tunes now keep triton, registered first.
     method = "cuda:back-to-back"

@@ -23,8 +23,8 @@ MODELS = {
         rope_parameters={"rope_type": "default", "rope_theta": 1000000.0})),
     # One tensor-parallel rank's share of a published model (its heads and intermediate size over the ranks, the hidden
     # size whole, no all-reduce): the narrow gated rows and few heads a serving engine's rank runs, which autosel's
-    # Triton kernels' tiles were chosen for (docs/KERNELS.md). Llama-3-70B at 8 ranks: 8 / 1 heads, intermediate 3584; Qwen2.5-32B at 8:
-    # 5 / 1 heads, intermediate 3456.
+    # Triton kernels' tiles were chosen for (docs/KERNELS.md). Llama-3-70B at 8 ranks: 8 / 1 heads, intermediate
+    # 3584; Qwen2.5-32B at 8: 5 / 1 heads, intermediate 3456.
     "llama-3-70b-tp8": ("LlamaConfig", "LlamaForCausalLM", dict(
         vocab_size=128256, hidden_size=8192, intermediate_size=28672 // 8, num_attention_heads=64 // 8,
         num_key_value_heads=8 // 8, head_dim=128, max_position_embeddings=8192, rms_norm_eps=1e-5,
