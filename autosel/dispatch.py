@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
 from autosel.decisions import is_number, key_order
+from autosel.files import open_regular
 from autosel.spec import shape_problem
 
 log = logging.getLogger(__name__)
@@ -415,7 +416,7 @@ def _record(op: str, mode: str, shape_of: Callable[..., dict], args, kwargs, pat
         if (op, mode, shape) in _recorded:
             return
         try:
-            with open(path, "a", encoding="utf-8") as f:
+            with open_regular(path, "a", encoding="utf-8") as f:  # appending to a FIFO waits for a reader
                 f.write(json.dumps({"op": op, "shape": json.loads(shape), "mode": mode}) + "\n")
         except OSError as exc:
             _stop_recording(path, f"cannot append to {path}: {exc}")

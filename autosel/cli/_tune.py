@@ -18,6 +18,7 @@ from autosel.cli._common import (MEDIAN_NOTE, db_option, decision_summary, echo_
                                  make_table, matches, op_option, refuse_unwritable, runner_up_text, settings_for,
                                  writable_db)
 from autosel.decisions import format_lead
+from autosel.files import open_regular
 from autosel.chart import format_us
 from autosel.report import candidate_median_us
 
@@ -54,7 +55,10 @@ def _torch_missing() -> bool:
 def read_shapes_file(path: Path) -> dict[str, list[dict]]:
     """{op: [shape, ...]} from a JSON file, or a ClickException that says what is wrong and how it should look."""
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        with open_regular(path, encoding="utf-8") as f:
+            data = json.loads(f.read())
+    except (OSError, UnicodeDecodeError) as exc:
+        raise click.ClickException(f"cannot read {path} ({exc}); pass a JSON file of shapes") from None
     except json.JSONDecodeError as exc:
         raise click.ClickException(f"{path} is not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg}); "
                                    'write it as {"op": [{"tokens": 64, "hidden": 4096}, ...]}') from None
@@ -75,7 +79,8 @@ def read_record(path: Path) -> dict[str, dict[str, list[dict]]]:
     grouped: dict[str, dict[str, list[dict]]] = {}
     seen: set[tuple[str, str, str]] = set()
     try:
-        lines = path.read_text(encoding="utf-8").splitlines()
+        with open_regular(path, encoding="utf-8") as f:
+            lines = f.read().splitlines()
     except (OSError, UnicodeDecodeError) as exc:
         raise click.ClickException(f"cannot read {path} ({exc}); pass the file AUTOSEL_RECORD wrote") from None
     for number, line in enumerate(lines, 1):
