@@ -325,6 +325,79 @@ def test_tune_warning_of_a_job_that_raised_names_the_exception_on_one_line(reg, 
         "object has no attribute 'shape'. Fix the kernels or shapes named above, or leave those ops out with --op"]
 
 
+TUNE_WITH_A_HANGING_CANDIDATE = """
+import sys
+sys.path.insert(0, {tests!r})
+import autosel.db, toy_kernels
+from autosel import registry
+from autosel.spec import KernelSpec, OpDefinition
+autosel.db.package_folder = lambda: None
+registry.register(KernelSpec("toy.hung", "torch", "toy_kernels:slow"))
+registry.register(KernelSpec("toy.hung", "triton", "toy_kernels:hangs"))
+registry.define(OpDefinition("toy.hung", shapes=toy_kernels.SHAPES, make_inputs=toy_kernels.inputs))
+from autosel.cli import main
+main(["tune", "--op", "toy.hung"] + {extra!r}, prog_name="autosel")
+"""
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                found.append(int(entry.name))
+        except (OSError, IndexError, ValueError):
+            continue
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return (Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]) not in ("Z", "X")
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="finds the isolation child through /proc")
+@pytest.mark.parametrize("signame", ["SIGTERM", "SIGHUP"])
+def test_a_terminated_tune_kills_its_isolation_child_releases_the_lease_and_exits_128_plus_the_signal(
+        tmp_path, signame):
+    # The default SIGTERM/SIGHUP action skipped the `finally` that kills the child: it went on running the candidate,
+    # reparented to init, and the tuning lease stayed in the DB until it expired (only Ctrl-C released both).
+    import signal
+    import time
+
+    db = tmp_path / "tune.db"
+    script = TUNE_WITH_A_HANGING_CANDIDATE.format(tests=str(HERE), extra=["--isolate", "--isolate-timeout-s", "600"])
+    tune = subprocess.Popen([sys.executable, "-c", script], env=dict(os.environ, AUTOSEL_DB=str(db)),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    children: list[int] = []
+    try:
+        deadline = time.monotonic() + 120
+        while not children and tune.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+            children = _children(tune.pid)
+        assert children, f"no isolation child started: {tune.communicate(timeout=60)}"
+        time.sleep(2.0)  # the child imports torch and runs the reference, then the hanging candidate
+        with sqlite3.connect(db) as conn:
+            assert conn.execute("SELECT op FROM leases").fetchall() == [("toy.hung",)]
+        tune.send_signal(getattr(signal, signame))
+        out, err = tune.communicate(timeout=60)
+        assert tune.returncode == 128 + getattr(signal, signame), err
+        assert f"Stopped by {signame}: the op/mode pairs finished before that are stored in {db}" in err
+        deadline = time.monotonic() + 10
+        while any(_alive(pid) for pid in children) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not any(_alive(pid) for pid in children)
+        with sqlite3.connect(db) as conn:
+            assert conn.execute("SELECT op FROM leases").fetchall() == []
+    finally:
+        for pid in [tune.pid] + children:
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)
+        tune.wait()
+
+
 @pytest.mark.parametrize("force", [False, True])
 def test_tune_interrupted_keeps_what_was_tuned_and_says_how_to_go_on(reg, force):
     # Used to end in click's bare "Aborted!", saying nothing of what was kept.

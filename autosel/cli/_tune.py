@@ -7,6 +7,7 @@ import glob
 import importlib.util
 import json
 import math
+import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -282,7 +283,7 @@ def tune(ops, shapes_file, record_file, db, force, budget_s, isolate, isolate_ti
         raise click.ClickException(f"tuning runs the kernels, which needs PyTorch, and torch is not installed for "
                                    f"{sys.executable}; pip install torch, then run `autosel tune` again")
     from autosel import parallel, platforms, tuning
-    from autosel.errors import DeviceError
+    from autosel.errors import DeviceError, Terminated
 
     settings = settings_for(db, full=True)
     platform = platforms.current_platform()
@@ -314,21 +315,23 @@ def tune(ops, shapes_file, record_file, db, force, budget_s, isolate, isolate_ti
     database = writable_db(settings, db, undone="nothing was timed")
     outcomes = []
     try:
-        with _TuneProgress(total) as progress:
+        with parallel.termination_raises(), _TuneProgress(total) as progress:
             for patterns, shapes, modes in runs:
                 outcomes += tuning.tune_ops(patterns, force=force, budget_s=budget_s, shapes=shapes, modes=modes,
                                             on_event=progress.on_event, settings=settings,
                                             isolate_timeout_s=isolate_timeout_s if isolate else None,
                                             copy_found=bool(db), devices=devices)
-    except KeyboardInterrupt:  # each op is recorded when it is done: say what is kept and how to go on
-        kept = f"Interrupted: the op/mode pairs finished before that are stored in {settings.db}"
+    except KeyboardInterrupt as exc:  # each op is recorded when it is done: say what is kept and how to go on
+        signum = exc.signum if isinstance(exc, Terminated) else signal.SIGINT
+        how = "Interrupted" if signum == signal.SIGINT else f"Stopped by {signal.Signals(signum).name}"
+        kept = f"{how}: the op/mode pairs finished before that are stored in {settings.db}"
         if force:  # without --force, the pairs not reached that have a decision are reused, not timed again
             click.echo(f"{kept}. Run the same command without --force to go on: it reuses every pair that has a "
                        "stored or shipped decision, those included, and tunes the others; to time chosen ops again, "
                        "keep --force and add --op GLOB.", err=True)
         else:
             click.echo(f"{kept}; the same command reuses them and tunes the rest.", err=True)
-        click.get_current_context().exit(130)
+        click.get_current_context().exit(128 + signum)  # the shell's code for a process ended by that signal
     if as_json:
         echo_json({"db": str(settings.db), "platform_key": platform.key, "budget_s": budget_s,
                    "median": MEDIAN_NOTE, "outcomes": [
