@@ -17,7 +17,7 @@ import click
 from autosel.cli import main
 from autosel.cli._common import (MEDIAN_NOTE, db_option, decision_summary, echo_json, json_option, make_console,
                                  make_table, matches, op_option, refuse_unwritable, runner_up_text, settings_for,
-                                 writable_db)
+                                 stdout_to_stderr, writable_db)
 from autosel.decisions import format_lead
 from autosel.files import open_regular
 from autosel.chart import format_us
@@ -315,7 +315,7 @@ def tune(ops, shapes_file, record_file, db, force, budget_s, isolate, isolate_ti
     database = writable_db(settings, db, undone="nothing was timed")
     outcomes = []
     try:
-        with parallel.termination_raises(), _TuneProgress(total) as progress:
+        with parallel.termination_raises(), _TuneProgress(total) as progress, stdout_to_stderr():
             for patterns, shapes, modes in runs:
                 outcomes += tuning.tune_ops(patterns, force=force, budget_s=budget_s, shapes=shapes, modes=modes,
                                             on_event=progress.on_event, settings=settings,
