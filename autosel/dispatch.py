@@ -25,7 +25,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
-from autosel.decisions import is_number, key_order
+from autosel.decisions import bucket_key_rule, bucket_problem, is_number, key_order
 from autosel.files import open_regular
 from autosel.spec import shape_problem
 
@@ -274,6 +274,9 @@ def dispatcher(table: BucketTable, kernels: Mapping[str, Callable[..., Any]], bu
     find = by_bucket.get
 
     def unseen(key: tuple) -> Callable[..., Any]:
+        problem = bucket_problem(key)  # a key the tune never saw: checked as the tune checks its keys
+        if problem:  # None, say, for calls the bucket function does not cover (it said: "NoneType has no len()")
+            raise ValueError(f"{table.op}: {bucket_key_rule(key, problem)}")
         backend = table.route(key)  # no logging here: torch.compile(fullgraph=True) must trace this path
         by_bucket[key] = kernels[backend]  # one dict store under the GIL: later calls take the fast path
         return by_bucket[key]
