@@ -217,6 +217,7 @@ class Tuner:
         # The budget bounds the timing rounds; the checks before them (which absorb compilation) are bounded
         # by one call per candidate and shape, and reported per shape as first_call_s.
         buckets = self._time(definition, [c for c in candidates if c.status == "ok"], shapes, time.perf_counter())
+        self._check_after_timing(definition, candidates, reference, shapes)
         return self._decide(definition, candidates, shapes, buckets, mode=mode, platform_key=platform_key,
                             versions=versions, tune_s=time.perf_counter() - started,
                             autosel_version=autosel_version)
@@ -253,6 +254,18 @@ class Tuner:
             candidate.errors, candidate.first_call_s = report.errors, report.first_call_s
             if report.reason:
                 candidate.reject("rejected", report.reason)
+                self._emit("rejected", definition.op, candidate.backend, candidate.reason)
+
+    def _check_after_timing(self, definition: OpDefinition, candidates: list[_Candidate], reference, shapes) -> None:
+        """Every timed candidate must still match the reference once its timed calls are done: a kernel whose outputs
+        turn NaN (or wrong) only after its first calls passed the check before timing, was timed and was stored
+        with status ok. The same check on the same seeded inputs, after the last timed call."""
+        for candidate in candidates:
+            if candidate.status != "ok" or not candidate.samples:
+                continue
+            report = check_candidate(candidate.fn, definition, reference, shapes, device=self.device, seed=self.seed)
+            if report.reason:
+                candidate.reject("rejected", f"wrong after its timed calls: {report.reason}")
                 self._emit("rejected", definition.op, candidate.backend, candidate.reason)
 
     def _time(self, definition: OpDefinition, alive: list[_Candidate], shapes, timing_began: float) -> list:
