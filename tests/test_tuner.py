@@ -360,7 +360,8 @@ def test_a_rotating_timer_gets_calls_on_distinct_input_copies(toy):
     kernels.SEEN.clear()
     run(definition, kernels, specs(torch="fast", triton="records_inputs"), RotatingTimer({"torch": 1, "triton": 1}),
         rounds=1)
-    first_shape, second_shape = kernels.SEEN[-12:-6], kernels.SEEN[-6:]  # six timed calls each
+    # Six timed calls each, then the check after timing: one call per shape on fresh inputs.
+    first_shape, second_shape = kernels.SEEN[-14:-8], kernels.SEEN[-8:-2]
     assert len(set(first_shape)) == 3 and first_shape[:3] == first_shape[3:]  # 3 copies, cycled twice
     assert len(set(second_shape)) == 6  # a quarter of the size: 12 copies, 6 of them used
 
