@@ -730,6 +730,18 @@ def test_stress_tool_small_run(tmp_path):
     assert not list(tmp_path.glob("autosel-stress-*"))  # a clean run leaves no working folder behind
 
 
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="finds the isolation child through /proc")
+def test_stress_tool_signal_phase(tmp_path):
+    # The fault run's SIGTERM/SIGHUP case: each left the isolation child running and the lease held.
+    out = subprocess.run([sys.executable, str(REPO / "tools" / "db_stress.py"), "--procs", "0", "--kills", "0",
+                          "--select-procs", "0", "--signals", "2", "--json"],
+                         capture_output=True, text=True, timeout=300, env=dict(os.environ, TMPDIR=str(tmp_path)))
+    assert out.returncode == 0, out.stdout + out.stderr
+    [signals] = json.loads(out.stdout)
+    assert (signals["orphans"], signals["leases_left"], signals["errors"]) == (0, 0, 0), signals["error_lines"]
+    assert signals["exit_codes"] == [129, 143]
+
+
 def test_merge_reports_conflicts_and_leaves_them_out(tmp_path):
     a = shipped_db(tmp_path / "a.db", decision(winner="triton"), decision(op="gemm.mm", created_at="2025-01-01"))
     b = tmp_path / "b.jsonl"
