@@ -635,7 +635,8 @@ What the rows mean:
   `merge` input, as `tune --shapes`, and as `AUTOSEL_RECORD` (a kernel call). Each must return within 60 s and
   say that the path is a FIFO; `errors` counts the cases that did not, `processes` the cases. Opening a FIFO
   waits for a writer that never comes: before `autosel.files` refused every path that is not a regular file
-  without opening it, 10 of these 11 cases never returned (only `tune --shapes` did, through its own error).
+  without opening it, 10 of these 11 cases never returned, and the eleventh (a shipped file named directly) was
+  skipped as a path that "does not exist" (at 6fb488f, each case given 10 s).
   Here: {special_text}.
 - **SIGTERM/SIGHUP to tune --isolate** (`--signals N`): N runs of `autosel tune --isolate` on a toy op whose
   second candidate sleeps for an hour, each stopped by SIGTERM and SIGHUP in turn at a random moment of the
@@ -644,7 +645,7 @@ What the rows mean:
   signal's number (143, 129); `lost` counts children left running plus leases left, `errors` the runs that
   failed any of the three. Before `parallel.termination_raises`, the default action of both signals ended the
   process at once: each run left its child running the candidate, reparented to init, and its lease until it
-  expired, and the exit status was the signal's (-15, -1 to Python).
+  expired, and the exit status was the signal's (-15, -1 to Python; 2 runs of 2 at 6fb488f).
   Here: {signals_text}.
 
 `synchronous=NORMAL` in WAL mode keeps every committed transaction across a process crash; only a power loss
