@@ -291,8 +291,9 @@ class OpDefinition:
     arguments after the call are its output. `shape_of(*args)`, the inverse of make_inputs, returns the
     shape of a real call as a dict (token counts rounded to a power of two); AUTOSEL_RECORD uses it.
     `bucket(*args)` returns the shape bucket of a call as a tuple of JSON scalars, such as (tokens rounded
-    to a power of two, hidden); a dispatcher (autosel.dispatch) runs it on calls, so it must cost well under
-    a microsecond. Without it the op has one decision, not one per bucket. `route_key`: the index of a
+    to a power of two, hidden): exactly int, finite float, str or bool values, one type at each place (True
+    and 1 are one dict key), at most 256 characters as JSON (decisions.bucket_problem); a dispatcher
+    (autosel.dispatch) runs it on calls, so it must cost well under a microsecond. Without it the op has one decision, not one per bucket. `route_key`: the index of a
     positional argument whose shape alone decides the bucket, or two such indices; the dispatcher then looks
     calls up by those shapes and runs `bucket` once per distinct shape.
     `signature` is documentation only: how every backend of the op is called, what it returns or changes in
