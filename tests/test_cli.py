@@ -341,32 +341,19 @@ main(["tune", "--op", "toy.op"] + {extra!r}, prog_name="autosel")
 """
 
 
-def _children(pid: int) -> list[int]:
-    found = []
-    for entry in Path("/proc").iterdir():
-        try:
-            if entry.name.isdigit() and int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
-                found.append(int(entry.name))
-        except (OSError, IndexError, ValueError):
-            continue
-    return found
-
-
-def _alive(pid: int) -> bool:
-    try:
-        return (Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]) not in ("Z", "X")
-    except OSError:
-        return False
-
-
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="finds the isolation child through /proc")
 @pytest.mark.parametrize("signame", ["SIGTERM", "SIGHUP"])
 def test_a_terminated_tune_kills_its_isolation_child_releases_the_lease_and_exits_128_plus_the_signal(
-        tmp_path, signame):
+        tmp_path, monkeypatch, signame):
     # The default SIGTERM/SIGHUP action skipped the `finally` that kills the child: it went on running the candidate,
     # reparented to init, and the tuning lease stayed in the DB until it expired (only Ctrl-C released both).
     import signal
     import time
+
+    from autosel.db import _pid_alive as alive
+
+    monkeypatch.syspath_prepend(str(ROOT / "tools"))
+    from db_stress import children_of
 
     db = tmp_path / "tune.db"
     script = TUNE_A_TOY_OP.format(tests=str(HERE), candidate="toy_kernels:hangs",
@@ -378,7 +365,7 @@ def test_a_terminated_tune_kills_its_isolation_child_releases_the_lease_and_exit
         deadline = time.monotonic() + 120
         while not children and tune.poll() is None and time.monotonic() < deadline:
             time.sleep(0.2)
-            children = _children(tune.pid)
+            children = children_of(tune.pid)
         assert children, f"no isolation child started: {tune.communicate(timeout=60)}"
         time.sleep(2.0)  # the child imports torch and runs the reference, then the hanging candidate
         with sqlite3.connect(db) as conn:
@@ -388,14 +375,14 @@ def test_a_terminated_tune_kills_its_isolation_child_releases_the_lease_and_exit
         assert tune.returncode == 128 + getattr(signal, signame), err
         assert f"Stopped by {signame}: the op/mode pairs finished before that are stored in {db}" in err
         deadline = time.monotonic() + 10
-        while any(_alive(pid) for pid in children) and time.monotonic() < deadline:
+        while any(alive(pid) for pid in children) and time.monotonic() < deadline:
             time.sleep(0.1)
-        assert not any(_alive(pid) for pid in children)
+        assert not any(alive(pid) for pid in children)
         with sqlite3.connect(db) as conn:
             assert conn.execute("SELECT op FROM leases").fetchall() == []
     finally:
         for pid in [tune.pid] + children:
-            if _alive(pid):
+            if alive(pid):
                 os.kill(pid, signal.SIGKILL)
         tune.wait()
 

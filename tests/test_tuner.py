@@ -392,21 +392,12 @@ def test_wrong_raising_and_nan_candidates_are_rejected_with_reasons(toy):
     assert {b for b, _ in timer.calls} == {"torch"}  # rejected candidates are never timed
 
 
-class CallingTimer(FakeTimer):
-    """FakeTimer's times, after calling the candidate a few times, as a real timer does."""
-
-    def measure(self, fn, *, backend, shape):
-        for _ in range(3):
-            fn()
-        return super().measure(fn, backend=backend, shape=shape)
-
-
 def test_a_candidate_whose_outputs_turn_nan_after_its_first_calls_is_rejected_after_timing(toy):
     # It passed the check before timing (its first calls), turned NaN while timed, and was stored with status ok.
     definition, kernels = toy
     kernels.nan_later_calls.clear()
     decision = run(definition, kernels, specs(torch="fast", triton="nan_after_its_first_calls"),
-                   CallingTimer({"torch": 100.0, "triton": 50.0}))
+                   RotatingTimer({"torch": 100.0, "triton": 50.0}))  # it calls the kernels it times
     assert decision.winner == "torch"
     [rejected] = [c for c in decision.candidates if c.status == "rejected"]
     assert rejected.backend == "triton"

@@ -480,7 +480,8 @@ def phase_special_files(folder: Path, timeout_s: float = 60.0) -> dict:
             "wall_s": round(time.monotonic() - start, 2)}
 
 
-def _children(pid: int) -> list[int]:
+def children_of(pid: int) -> list[int]:
+    """The pids whose parent is `pid`, read from /proc (Linux)."""
     found = []
     for entry in Path("/proc").iterdir():
         try:
@@ -489,13 +490,6 @@ def _children(pid: int) -> list[int]:
         except (OSError, IndexError, ValueError):
             continue
     return found
-
-
-def _alive(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
-    except OSError:
-        return False
 
 
 def phase_signals(folder: Path, trials: int, seed: int) -> dict:
@@ -512,7 +506,7 @@ def phase_signals(folder: Path, trials: int, seed: int) -> dict:
         deadline = time.monotonic() + 120
         while not children and tune.poll() is None and time.monotonic() < deadline:
             time.sleep(0.1)
-            children = _children(tune.pid)
+            children = children_of(tune.pid)
         time.sleep(rng.uniform(0.0, 3.0))  # the child starting, running the reference, or in the hanging candidate
         tune.send_signal(signum)
         try:
@@ -522,7 +516,7 @@ def phase_signals(folder: Path, trials: int, seed: int) -> dict:
             _, err = tune.communicate()
         codes.append(tune.returncode)
         time.sleep(1.0)
-        left = [pid for pid in children if _alive(pid)]
+        left = [pid for pid in children if autosel.db._pid_alive(pid)]
         orphans += len(left)
         for pid in left:
             os.kill(pid, signal.SIGKILL)
