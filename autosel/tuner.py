@@ -6,7 +6,6 @@ import datetime
 import itertools
 import json
 import logging
-import math
 import statistics
 import time
 from dataclasses import dataclass, field
