@@ -567,7 +567,9 @@ def write_doc(path: Path, command: str, results: list[dict]) -> None:
     text = f"""# Reliability of the tuning DB
 
 Figures from one run of the stress tool on this machine ({os.cpu_count()} CPU cores, {platform.system()}
-{platform.release()}, Python {platform.python_version()}, SQLite {sqlite3.sqlite_version}), {time.strftime("%Y-%m-%d")}:
+{platform.release()}, Python {platform.python_version()}, SQLite {sqlite3.sqlite_version}), {time.strftime("%Y-%m-%d")},
+with a load average of {os.getloadavg()[1]:.0f} over the last 5 minutes (other processes share the cores: wall times and
+the writes a killed writer made before its kill shrink as that grows):
 
 {table(results)}
 
