@@ -357,7 +357,7 @@ def test_a_terminated_tune_kills_its_isolation_child_releases_the_lease_and_exit
 
     db = tmp_path / "tune.db"
     script = TUNE_A_TOY_OP.format(tests=str(HERE), candidate="toy_kernels:hangs",
-                                                  extra=["--isolate", "--isolate-timeout-s", "600"])
+                                  extra=["--isolate", "--isolate-timeout-s", "600"])
     tune = subprocess.Popen([sys.executable, "-c", script], env=dict(os.environ, AUTOSEL_DB=str(db)),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     children: list[int] = []
@@ -402,7 +402,7 @@ def test_tune_json_is_valid_json_when_a_candidate_prints(reg, isolate):
 def test_tune_json_is_valid_json_when_a_candidate_writes_to_file_descriptor_1(tmp_path, isolate):
     # A C library's printf in a kernel writes to file descriptor 1, past sys.stdout: the same broken JSON.
     script = TUNE_A_TOY_OP.format(tests=str(HERE), candidate="toy_kernels:chatty_fd",
-                                                  extra=["--json"] + ["--isolate"] * isolate)
+                                  extra=["--json"] + ["--isolate"] * isolate)
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
                             env=dict(os.environ, AUTOSEL_DB=str(tmp_path / "tune.db")))
     assert result.returncode == 0, result.stderr
