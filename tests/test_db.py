@@ -1058,8 +1058,8 @@ def test_stress_tool_refuses_a_folder_as_its_db_and_its_help_is_whole(tmp_path):
         f"db_stress.py: error: --db {tmp_path} is a folder; give a file path in it, such as {tmp_path / 'stress.db'}")
     # Used to break: --help gave the docstring's first line, which stops mid-sentence.
     out = subprocess.run([*tool, "--help"], capture_output=True, text=True, timeout=60)
-    assert "while they create the\nDB, a tuning-lease holder that hangs, and many processes selecting the same ops." \
-        in out.stdout
+    assert ("while they create the\nDB, a tuning-lease holder that hangs, many processes selecting the same ops, a FIFO "
+            "where a file is read, and a\ntune stopped by SIGTERM or SIGHUP.") in out.stdout
 
 
 def test_a_path_under_a_regular_file_is_not_creatable_for_a_command_that_only_reads(tmp_path):
