@@ -147,6 +147,11 @@ def _path(name: str, raw: str) -> Path:
                           "without ~, or with an existing user's ~name") from None
     if "\0" in raw:
         raise ConfigError(f"{name}={raw!r} contains a NUL character; set it to a file path")
+    if raw.startswith("file:"):  # an SQLite URI: taken as a relative path, it made a folder named "file:" here
+        plain = raw[len("file:"):].split("?", 1)[0].removeprefix("//localhost").removeprefix("//")
+        raise ConfigError(f"{name}={raw!r} is an SQLite URI; autosel takes a file path and opens it as it needs "
+                          f"(read-only where it only reads): set {name}={plain or 'PATH'}, or "
+                          f"{name}=./{raw} for a file whose name begins with 'file:'")
     try:
         longest = os.pathconf(next((str(p) for p in path.absolute().parents if p.exists()), "/"), "PC_NAME_MAX")
     except (OSError, ValueError):
@@ -156,6 +161,16 @@ def _path(name: str, raw: str) -> Path:
             raise ConfigError(f"{name}: the name {part[:40]!r}... is {len(os.fsencode(part))} bytes long, over the "
                               f"file system's {longest}; choose a shorter file name")
     return path
+
+
+def _path_list(raw: str) -> list[str]:
+    """AUTOSEL_DB_PATH's items. An SQLite URI ("file:/x.db") is kept whole, for _path to refuse by name: split at
+    its ':' it read as a file "file" that does not exist and a path without the URI's prefix."""
+    items = raw.split(os.pathsep)
+    for i, item in enumerate(items[:-1]):
+        if item.strip() == "file" and os.pathsep == ":":
+            return items[:i] + [f"file:{items[i + 1]}"] + items[i + 2:]
+    return items
 
 
 def log_level(env: Mapping[str, str] | None = None) -> str | None:
@@ -175,8 +190,7 @@ def read_settings(env: Mapping[str, str] | None = None) -> Settings:
     env = os.environ if env is None else env
     forced, per_op = _parse_forced(env)
     db = env.get("AUTOSEL_DB", "").strip()
-    shipped = tuple(_path("AUTOSEL_DB_PATH", p) for p in env.get("AUTOSEL_DB_PATH", "").split(os.pathsep)
-                    if p.strip())
+    shipped = tuple(_path("AUTOSEL_DB_PATH", p) for p in _path_list(env.get("AUTOSEL_DB_PATH", "")) if p.strip())
     return Settings(
         db=_path("AUTOSEL_DB", db) if db else default_db_path(),
         db_path=shipped,

@@ -23,6 +23,7 @@ from autosel.db_tools import (
 )
 from autosel.decisions import OP_LEVEL_BUCKET, Decision, DecisionKey
 from autosel.errors import DatabaseError
+from autosel.files import special_kind
 from autosel.platforms import near_rank
 
 if TYPE_CHECKING:
@@ -65,7 +66,9 @@ def _shipped_paths(shipped: Sequence[Path], include_package: bool) -> list[Path]
         elif kind == "file":
             files.append(entry)
         else:
-            warn_once(entry, "missing", f"shipped tuning DB path {entry} does not exist; ignored. "
+            special = special_kind(entry)  # never opened: SQLite's open waits on a FIFO for good
+            what = f"is {special}, not a file or folder of *.db" if special else "does not exist"
+            warn_once(entry, "missing", f"shipped tuning DB path {entry} {what}; ignored. "
                       "Fix AUTOSEL_DB_PATH (files or folders of *.db separated by ':').")
     return files
 

@@ -22,6 +22,7 @@ from autosel.db_tools import (
     OWN_TABLES, ROW_COLUMNS, SQLITE_MAGIC, Corrupt, NotSQLite, connect, header_application_id, identify, inspect,
     is_corrupt, migrate, reading_uri, ro_uri, wal_mode,
 )
+from autosel.files import NotRegularFile, check_regular, open_regular, special_kind
 
 logger = logging.getLogger(__name__)
 
@@ -175,7 +176,7 @@ def _inspect_file(path: Path, *, recover: bool = True) -> tuple[int, str, str]:
     # Check through a read-only connection first: closing a read-write one on a bad file would checkpoint
     # into it and delete its -wal, and the moved-aside copy must keep the bytes it had.
     for attempt in range(2):
-        with open(path, "rb") as f:
+        with open_regular(path, "rb") as f:  # a FIFO would block here for good
             head = f.read(len(SQLITE_MAGIC))
         if attempt and not head:
             return 0, "unknown", "empty"  # rolled back to nothing: a new file
@@ -251,9 +252,9 @@ def open_user(path: Path) -> list[OpenFile]:
     for attempt in range(2):
         inode, conn = _inode(path), None
         try:
-            if path.exists() and not path.is_file():  # SQLite would open a device and leave a journal beside it
-                return _readonly(path, "it is not a regular file (a device, a folder or a pipe); left untouched",
-                                 ro=False)
+            special = special_kind(path)
+            if special is not None:  # SQLite would wait on a FIFO, open a device and leave a journal beside it
+                return _readonly(path, f"it is {special}, not a regular file; left untouched", ro=False)
             if path.is_file() and path.stat().st_size:
                 version, written_by, kind = _inspect_file(path)
                 if version > db_tools.SCHEMA_VERSION:
@@ -337,6 +338,8 @@ def peek_user(path: Path) -> list[OpenFile]:
         if isinstance(exc, _Interrupted) or _needs_recovery(exc):
             problem, fix = "a process was killed while writing it; not read", "recover"
             remedy = "The next `autosel tune` or selection that opens it recovers it (SQLite's crash recovery)."
+        elif isinstance(exc, NotRegularFile):
+            problem, remedy = f"it is {exc.kind}, not a regular file; not read", "Point AUTOSEL_DB (or --db) at a file."
         elif is_corrupt(exc) and not isinstance(exc, NotSQLite) and _damaged_autosel(path):
             problem, fix = f"unreadable ({exc})", "move_aside"
             remedy = "Selection will move it aside (kept, not deleted) and start a new one."
@@ -374,10 +377,11 @@ def open_shipped(path: Path) -> OpenFile | None:
     # A WAL-mode file is fine when its writer closed it (all in the file: a DB `autosel tune` left in WAL mode
     # because another process still had it open). Not so a copy of a live one: its rows are in a -wal that
     # immutable never reads, left behind in the copy or lying beside it.
-    wal = wal_mode(path)
-    side = Path(f"{path}-wal")
-    stray_wal = wal and side.is_file() and side.stat().st_size > 0
     try:
+        check_regular(path)  # a FIFO named *.db in a shipped folder: SQLite's open would wait on it for good
+        wal = wal_mode(path)
+        side = Path(f"{path}-wal")
+        stray_wal = wal and side.is_file() and side.stat().st_size > 0
         conn = connect(ro_uri(path, immutable=True), uri=True)  # immutable: no -wal/-shm, no locks, no writes
         version, written_by, tables = inspect(conn)
         if "decisions" not in tables:

@@ -6,7 +6,6 @@ import json
 import logging
 import os
 import sqlite3
-import stat
 import sys
 from contextlib import contextmanager, suppress
 from dataclasses import MISSING, astuple, dataclass, fields, replace
@@ -17,6 +16,7 @@ from sqlite_utils import Database
 
 from autosel.decisions import OP_LEVEL_BUCKET, Decision, DecisionKey
 from autosel.errors import DatabaseError
+from autosel.files import open_regular, special_kind
 
 logger = logging.getLogger(__name__)
 
@@ -73,7 +73,7 @@ def is_corrupt(exc: BaseException) -> bool:
 def header_application_id(path: Path) -> int | None:
     """The application id in a file's SQLite header (bytes 68-71), readable even when the rest is damaged."""
     try:
-        with open(path, "rb") as f:
+        with open_regular(path, "rb") as f:
             head = f.read(72)
     except OSError:
         return None
@@ -122,7 +122,7 @@ def ro_uri(path: Path, *, immutable: bool) -> str:
 def wal_mode(path: Path) -> bool:
     """Whether a file's SQLite header says WAL mode (bytes 18 and 19 are 2)."""
     try:
-        with open(path, "rb") as f:
+        with open_regular(path, "rb") as f:
             head = f.read(20)
     except OSError:
         return False
@@ -297,10 +297,6 @@ def _sort_key(decision: Decision) -> tuple:
     return astuple(decision.key) + (decision.created_at,)
 
 
-_NOT_REGULAR = ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO (named pipe)"),
-                (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
-
-
 def output_file(out: Path) -> Path:
     """The file that writing `out` replaces: a symlink's target (the link stays), else `out` itself. A DatabaseError
     if that exists and is not a regular file: the write swaps a new file in with os.replace, which would put it in
@@ -312,13 +308,9 @@ def output_file(out: Path) -> Path:
             target = out.resolve()
         except (OSError, RuntimeError) as exc:  # RuntimeError: a symlink loop
             raise DatabaseError(f"cannot follow the link {out} ({exc}); choose another output path") from exc
-    try:
-        mode = target.stat().st_mode
-    except OSError:  # not there yet (written new), or not reachable (the write says why)
+    kind = special_kind(target)
+    if kind is None:  # a regular file, not there yet (written new), or not reachable (the write says why)
         return target
-    if stat.S_ISREG(mode):
-        return target
-    kind = next((name for test, name in _NOT_REGULAR if test(mode)), "a special file")
     shown = f"{out} (a link to {target})" if target != out else str(out)
     raise DatabaseError(f"{shown} is {kind}, not a regular file, so it was left as it is; choose another output path "
                         "(a regular file, or one that does not exist yet)")
@@ -463,7 +455,7 @@ def read_decisions(path: Path) -> list[Decision]:
     """Every valid decision of a tuning DB (.db) or a JSON Lines export; invalid rows are logged and skipped."""
     path = Path(path)
     try:
-        with open(path, "rb") as f:
+        with open_regular(path, "rb") as f:
             head = f.read(len(SQLITE_MAGIC))
     except OSError as exc:
         raise DatabaseError(f"cannot read {path} ({exc.strerror or exc}); check the path") from exc

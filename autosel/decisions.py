@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from dataclasses import asdict, dataclass
 from typing import Any, Iterable
 
@@ -13,6 +14,45 @@ OP_LEVEL_BUCKET = "*"  # the bucket of the op-level decision, stored beside the 
 def bucket_text(key: tuple) -> str:
     """A bucket key (a tuple of JSON scalars) as stored in the DB's bucket column: "[2048, 4096]"."""
     return json.dumps(list(key))
+
+
+# A bucket key is stored as text (bucket_text) in the DB's key: a few numbers and names, never a payload (a bucket
+# function returning a 5 MB string stored it in every row it tuned).
+MAX_BUCKET_TEXT = 256
+BUCKET_TYPES = (int, float, str, bool)
+
+
+def bucket_problem(key: object) -> str | None:
+    """What makes `key` no bucket key, or None: a bucket key is a tuple (exactly) of ints, finite floats, strings
+    and bools (exactly those types: a subclass may hash or compare as it likes), at most MAX_BUCKET_TEXT long as
+    stored text."""
+    if type(key) is not tuple:
+        return f"it is a {type(key).__name__}, not a tuple"
+    odd = next((v for v in key if type(v) not in BUCKET_TYPES), None)
+    if odd is not None:
+        return f"it holds {type(odd).__name__} {short_repr(odd)}, which is not an int, float, str or bool"
+    if any(type(v) is float and not math.isfinite(v) for v in key):  # NaN != NaN: one bucket stored per call
+        return "it holds a float that is not finite"
+    length = len(bucket_text(key))
+    if length > MAX_BUCKET_TEXT:
+        return f"it is {length} characters long as text, over {MAX_BUCKET_TEXT}"
+    return None
+
+
+def bucket_key_rule(key: object, problem: str) -> str:
+    """The sentence for a bucket function that returned what is no bucket key, at tune time and at call time."""
+    return (f"its bucket function returned {short_repr(key)}, which is no bucket key: {problem}; it must return a "
+            f"tuple of ints, finite floats, strings or bools, at most {MAX_BUCKET_TEXT} characters as JSON (such as "
+            "(tokens rounded to a power of two, hidden))")
+
+
+def short_repr(value: object) -> str:
+    """repr(value), cut to 60 characters: a value named in a message, whatever it is."""
+    try:
+        text = repr(value)
+    except Exception as exc:  # a value whose repr raises is described by its type alone
+        return f"(repr raised {type(exc).__name__})"
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def is_number(value: object) -> bool:

@@ -25,7 +25,8 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
-from autosel.decisions import is_number, key_order
+from autosel.decisions import bucket_key_rule, bucket_problem, is_number, key_order
+from autosel.files import open_regular
 from autosel.spec import shape_problem
 
 log = logging.getLogger(__name__)
@@ -273,6 +274,9 @@ def dispatcher(table: BucketTable, kernels: Mapping[str, Callable[..., Any]], bu
     find = by_bucket.get
 
     def unseen(key: tuple) -> Callable[..., Any]:
+        problem = bucket_problem(key)  # a key the tune never saw: checked as the tune checks its keys
+        if problem:  # None, say, for calls the bucket function does not cover (it said: "NoneType has no len()")
+            raise ValueError(f"{table.op}: {bucket_key_rule(key, problem)}")
         backend = table.route(key)  # no logging here: torch.compile(fullgraph=True) must trace this path
         by_bucket[key] = kernels[backend]  # one dict store under the GIL: later calls take the fast path
         return by_bucket[key]
@@ -415,7 +419,7 @@ def _record(op: str, mode: str, shape_of: Callable[..., dict], args, kwargs, pat
         if (op, mode, shape) in _recorded:
             return
         try:
-            with open(path, "a", encoding="utf-8") as f:
+            with open_regular(path, "a", encoding="utf-8") as f:  # appending to a FIFO waits for a reader
                 f.write(json.dumps({"op": op, "shape": json.loads(shape), "mode": mode}) + "\n")
         except OSError as exc:
             _stop_recording(path, f"cannot append to {path}: {exc}")

@@ -30,3 +30,12 @@ class IntegrationError(AutoselError):
 
 class DeviceError(AutoselError, ValueError):
     """The GPUs asked for (`autosel tune --devices`, tune_ops(devices=...)) are not visible to this process."""
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM or SIGHUP arrived during a tune (parallel.termination_raises): raised where the process is, as Ctrl-C
+    is, so that every `finally` runs (the isolation child killed, the tuning lease released). signum: the signal."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum

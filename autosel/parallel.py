@@ -17,6 +17,7 @@ import logging
 import multiprocessing
 import os
 import pickle
+import signal
 import sys
 import threading
 import time
@@ -26,7 +27,7 @@ from typing import Callable, Iterator, Sequence
 
 from autosel import config
 from autosel.decisions import OP_LEVEL_BUCKET, Decision
-from autosel.errors import DeviceError
+from autosel.errors import DeviceError, Terminated
 from autosel.platforms import PlatformInfo, visible_gpu_name
 from autosel.tuning import TuneJob, TuneOutcome, database, run_job
 
@@ -308,12 +309,49 @@ def _work(name: str, jobs, parent, settings: config.Settings, budget_s: float, f
                                              isolate_timeout_s=isolate_timeout_s)))
 
 
+TERMINATION_SIGNALS = ("SIGTERM", "SIGHUP")  # what a container runtime's stop and a closed terminal send
+
+
+@contextlib.contextmanager
+def termination_raises() -> Iterator[None]:
+    """Inside, SIGTERM and SIGHUP raise Terminated in the main thread, as Ctrl-C raises KeyboardInterrupt, so that
+    every `finally` on the way out runs: the isolation child is killed and the tuning lease released. Their
+    default action ended the process at once and left the child running the candidate (reparented to init) and
+    the lease held until it expired. A second signal while the first unwinds is ignored, so the clean-up is not
+    cut short; a signal ignored on entry (nohup) stays ignored. Outside the main thread nothing changes (Python
+    sets signal handlers there only)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    raised: list[int] = []
+
+    def handler(signum: int, frame) -> None:
+        if not raised:
+            raised.append(signum)
+            raise Terminated(signum)
+
+    saved = {}
+    for name in TERMINATION_SIGNALS:
+        number = getattr(signal, name, None)  # Windows has no SIGHUP
+        if number is not None and signal.getsignal(number) is not signal.SIG_IGN:
+            saved[number] = signal.signal(number, handler)
+    try:
+        yield
+    finally:
+        for number, previous in saved.items():
+            signal.signal(number, previous)
+
+
 def _work_spawned(*args) -> None:
     """A spawned worker's process. Ctrl-C reaches every process of the terminal's group: the worker then exits
     with code 130 and no traceback (one per GPU would bury the message of the tune's own process, which stops
-    the tune); a job it was tuning is failed, naming that exit code."""
+    the tune); a job it was tuning is failed, naming that exit code. SIGTERM (the parent stopping its workers)
+    and SIGHUP end it with 128 + the signal's number, after its clean-up (termination_raises)."""
     try:
-        _work(*args)
+        with termination_raises():
+            _work(*args)
+    except Terminated as exc:
+        sys.exit(128 + exc.signum)
     except KeyboardInterrupt:
         sys.exit(130)
 

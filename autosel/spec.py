@@ -180,8 +180,13 @@ def _as_requires(requires: Any, what: str) -> tuple[str, ...]:
     return requires
 
 
+# Twice the largest float32: an atol this large passes every finite float32, float16 or bfloat16 output.
+_ATOL_PASSES_ALL = 2 * 3.4028234663852886e38
+
+
 def check_tolerance(name: str, value: Any, op: str) -> None:
-    """None, or a finite non-negative number: NaN would make every comparison pass and switch the check off."""
+    """None, or a finite non-negative number that can fail: NaN would make every comparison pass and switch the
+    check off, and so does a tolerance no output can exceed (rtol=1e308 let a kernel wrong everywhere win)."""
     if value is None:
         return
     if isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -189,6 +194,15 @@ def check_tolerance(name: str, value: Any, op: str) -> None:
     if not math.isfinite(value) or value < 0:
         raise ValueError(f"{name}={value!r} for op {op!r} is not a finite non-negative tolerance; pass e.g. "
                          f"{name}=1e-2, or None for the dtype's default")
+    if name == "rtol" and value >= 1:
+        raise ValueError(f"rtol={value!r} for op {op!r} lets an output be off by {value:g} times the reference's "
+                         "size, so all zeros (or a wrong sign, from rtol=2) pass: a check that cannot fail. Pass a "
+                         "relative tolerance below 1, e.g. rtol=1e-2, or None for the dtype's default")
+    if name == "atol" and value >= _ATOL_PASSES_ALL:
+        raise ValueError(f"atol={value!r} for op {op!r} is over twice the largest float32 ({_ATOL_PASSES_ALL / 2:g}), "
+                         "so every finite float32, float16 or bfloat16 output passes: a check that cannot fail. "
+                         "Pass an absolute tolerance in the outputs' scale, e.g. atol=1e-2, or None for the dtype's "
+                         "default")
 
 
 @dataclass(frozen=True)
@@ -277,8 +291,9 @@ class OpDefinition:
     arguments after the call are its output. `shape_of(*args)`, the inverse of make_inputs, returns the
     shape of a real call as a dict (token counts rounded to a power of two); AUTOSEL_RECORD uses it.
     `bucket(*args)` returns the shape bucket of a call as a tuple of JSON scalars, such as (tokens rounded
-    to a power of two, hidden); a dispatcher (autosel.dispatch) runs it on calls, so it must cost well under
-    a microsecond. Without it the op has one decision, not one per bucket. `route_key`: the index of a
+    to a power of two, hidden): exactly int, finite float, str or bool values, one type at each place (True
+    and 1 are one dict key), at most 256 characters as JSON (decisions.bucket_problem); a dispatcher
+    (autosel.dispatch) runs it on calls, so it must cost well under a microsecond. Without it the op has one decision, not one per bucket. `route_key`: the index of a
     positional argument whose shape alone decides the bucket, or two such indices; the dispatcher then looks
     calls up by those shapes and runs `bucket` once per distinct shape.
     `signature` is documentation only: how every backend of the op is called, what it returns or changes in

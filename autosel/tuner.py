@@ -6,14 +6,15 @@ import datetime
 import itertools
 import json
 import logging
-import math
 import statistics
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 from autosel import checks
-from autosel.decisions import OP_LEVEL_BUCKET, CandidateResult, Decision, ShapeResult, bucket_text, format_lead
+from autosel.decisions import (
+    OP_LEVEL_BUCKET, CandidateResult, Decision, ShapeResult, bucket_key_rule, bucket_problem, bucket_text, format_lead,
+)
 from autosel.errors import NoCandidateError, TuningError
 from autosel.policy import DEFAULT_POLICY, WEIGHTS_FROM_MEMORY, Policy, Verdict, relative_scores, shape_text
 from autosel.spec import KernelSpec, OpDefinition
@@ -214,6 +215,7 @@ class Tuner:
         # The budget bounds the timing rounds; the checks before them (which absorb compilation) are bounded
         # by one call per candidate and shape, and reported per shape as first_call_s.
         buckets = self._time(definition, [c for c in candidates if c.status == "ok"], shapes, time.perf_counter())
+        self._check_after_timing(definition, candidates, reference, shapes)
         return self._decide(definition, candidates, shapes, buckets, mode=mode, platform_key=platform_key,
                             versions=versions, tune_s=time.perf_counter() - started,
                             autosel_version=autosel_version)
@@ -252,6 +254,18 @@ class Tuner:
                 candidate.reject("rejected", report.reason)
                 self._emit("rejected", definition.op, candidate.backend, candidate.reason)
 
+    def _check_after_timing(self, definition: OpDefinition, candidates: list[_Candidate], reference, shapes) -> None:
+        """Every timed candidate must still match the reference once its timed calls are done: a kernel whose outputs
+        turn NaN (or wrong) only after its first calls passed the check before timing, was timed and was stored
+        with status ok. The same check on the same seeded inputs, after the last timed call."""
+        for candidate in candidates:
+            if candidate.status != "ok" or not candidate.samples:
+                continue
+            report = check_candidate(candidate.fn, definition, reference, shapes, device=self.device, seed=self.seed)
+            if report.reason:
+                candidate.reject("rejected", f"wrong after its timed calls: {report.reason}")
+                self._emit("rejected", definition.op, candidate.backend, candidate.reason)
+
     def _time(self, definition: OpDefinition, alive: list[_Candidate], shapes, timing_began: float) -> list:
         """Interleaved rounds: in each, every shape's candidates are timed together, block by block in turn
         (timing.measure_together), and the order rotates each round so no one always goes first. After the first
@@ -283,6 +297,7 @@ class Tuner:
                 if round_index == 0 and definition.bucket is not None:
                     buckets[index] = bucket_of(definition, base)
                     _check_route(definition, base, buckets[index], routes)
+                    _one_type_per_bucket(op, buckets)
                 timed = [c for c in order if c.status == "ok" and (c.backend, index) not in settled]
                 if round_index > 0 and len(timed) < 2:  # the shape's winner is settled
                     continue
@@ -443,18 +458,31 @@ def settled_pairs(first_round: dict[str, list[float]], factor: float) -> set[tup
 
 
 def bucket_of(definition: OpDefinition, args: tuple) -> tuple:
-    """definition.bucket of one call's arguments, checked to be a tuple of JSON scalars (it is stored as text)."""
+    """definition.bucket of one call's arguments, checked to be a bucket key (decisions.bucket_problem)."""
     try:
         key = definition.bucket(*args)
-    except Exception as exc:
+    except (Exception, SystemExit, GeneratorExit) as exc:  # a bucket function's sys.exit is its failure too
         raise TuningError(f"op {definition.op!r}: its bucket function raised {type(exc).__name__}: {exc}; it takes a "
                           "call's arguments, as the kernels do, and returns a tuple") from exc
-    if not isinstance(key, tuple) or not all(isinstance(v, (int, float, str, bool)) for v in key) or any(
-            isinstance(v, float) and not math.isfinite(v) for v in key):  # NaN != NaN: one bucket stored per call
-        raise TuningError(f"op {definition.op!r}: its bucket function returned {key!r}; it must return a tuple "
-                          "of ints, finite floats, strings or bools (such as (tokens rounded to a power of two, "
-                          "hidden))")
+    problem = bucket_problem(key)
+    if problem:
+        raise TuningError(f"op {definition.op!r}: {bucket_key_rule(key, problem)}")
     return key
+
+
+def _one_type_per_bucket(op: str, buckets: list) -> None:
+    """Keys that Python takes for one bucket, stored as two ((True,) and (1,), (1,) and (1.0,)): a dict of them
+    kept one and the DB both, so that calls ran another bucket's winner than the one stored for them."""
+    seen: dict[tuple, str] = {}
+    for key in buckets:
+        if key is None:
+            continue
+        text = bucket_text(key)
+        first = seen.setdefault(key, text)
+        if first != text:
+            raise TuningError(f"op {op!r}: its bucket function returned {first} and {text}, which Python takes for "
+                              "one bucket (True == 1 == 1.0); return the same type at each place of the key (a bool "
+                              "for a flag, an int for a count)")
 
 
 def _check_route(definition: OpDefinition, args: tuple, bucket: tuple, routes: dict[tuple, tuple]) -> None:

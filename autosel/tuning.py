@@ -238,6 +238,11 @@ def _decide_here(op: str, eligible: list[KernelSpec], platform: PlatformInfo, mo
     # decides, rather than fail a served model at its start.
     why_not = _why_not_timed(op, platform, settings)
     reason = "" if older is None else outdated(db, older[0], older[2], spec_list(eligible), registry.definition(op))
+    if older is not None and not reason:  # current: another process recorded it between the two lookups (this one
+        decision, buckets, layer = older  # lost the tune race), so it is this process's answer, with nothing timed
+        log.info("op %r (%s mode): %s, stored by another process in the %s DB %s while this one looked", op, mode,
+                 decision.winner, layer.kind, layer.path)
+        return table_of(decision, buckets)
     if older is not None and why_not:
         _say_untimed(op, mode, older[0], reason, why_not)
         if (older[0].platform_key, older[0].key.versions_hash) != (key.platform_key, key.versions_hash):

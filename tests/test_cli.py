@@ -325,6 +325,91 @@ def test_tune_warning_of_a_job_that_raised_names_the_exception_on_one_line(reg, 
         "object has no attribute 'shape'. Fix the kernels or shapes named above, or leave those ops out with --op"]
 
 
+# `autosel tune` in a process of its own, on a toy op whose second candidate is the one named.
+TUNE_A_TOY_OP = """
+import sys
+sys.path.insert(0, {tests!r})
+import autosel.db, toy_kernels
+from autosel import registry
+from autosel.spec import KernelSpec, OpDefinition
+autosel.db.package_folder = lambda: None
+registry.register(KernelSpec("toy.op", "torch", "toy_kernels:slow"))
+registry.register(KernelSpec("toy.op", "triton", {candidate!r}))
+registry.define(OpDefinition("toy.op", shapes=toy_kernels.SHAPES, make_inputs=toy_kernels.inputs))
+from autosel.cli import main
+main(["tune", "--op", "toy.op"] + {extra!r}, prog_name="autosel")
+"""
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="finds the isolation child through /proc")
+@pytest.mark.parametrize("signame", ["SIGTERM", "SIGHUP"])
+def test_a_terminated_tune_kills_its_isolation_child_releases_the_lease_and_exits_128_plus_the_signal(
+        tmp_path, monkeypatch, signame):
+    # The default SIGTERM/SIGHUP action skipped the `finally` that kills the child: it went on running the candidate,
+    # reparented to init, and the tuning lease stayed in the DB until it expired (only Ctrl-C released both).
+    import signal
+    import time
+
+    from autosel.db import _pid_alive as alive
+
+    monkeypatch.syspath_prepend(str(ROOT / "tools"))
+    from db_stress import children_of
+
+    db = tmp_path / "tune.db"
+    script = TUNE_A_TOY_OP.format(tests=str(HERE), candidate="toy_kernels:hangs",
+                                  extra=["--isolate", "--isolate-timeout-s", "600"])
+    tune = subprocess.Popen([sys.executable, "-c", script], env=dict(os.environ, AUTOSEL_DB=str(db)),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    children: list[int] = []
+    try:
+        deadline = time.monotonic() + 120
+        while not children and tune.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+            children = children_of(tune.pid)
+        assert children, f"no isolation child started: {tune.communicate(timeout=60)}"
+        time.sleep(2.0)  # the child imports torch and runs the reference, then the hanging candidate
+        with sqlite3.connect(db) as conn:
+            assert conn.execute("SELECT op FROM leases").fetchall() == [("toy.op",)]
+        tune.send_signal(getattr(signal, signame))
+        out, err = tune.communicate(timeout=60)
+        assert tune.returncode == 128 + getattr(signal, signame), err
+        assert f"Stopped by {signame}: the op/mode pairs finished before that are stored in {db}" in err
+        deadline = time.monotonic() + 10
+        while any(alive(pid) for pid in children) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not any(alive(pid) for pid in children)
+        with sqlite3.connect(db) as conn:
+            assert conn.execute("SELECT op FROM leases").fetchall() == []
+    finally:
+        for pid in [tune.pid] + children:
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)
+        tune.wait()
+
+
+@pytest.mark.parametrize("isolate", [False, True])
+def test_tune_json_is_valid_json_when_a_candidate_prints(reg, isolate):
+    # A candidate's print went to stdout between the progress and the JSON: `tune --json` was not valid JSON.
+    toy(reg, B.TORCH)
+    reg.register(KernelSpec("toy.double", B.TRITON, "toy_kernels:chatty"))
+    result = run("tune", "--json", *["--isolate"] * isolate)
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["outcomes"][0]["status"] == "tuned"
+    assert "debug: no newline" in result.stderr
+
+
+@pytest.mark.parametrize("isolate", [False, True])
+def test_tune_json_is_valid_json_when_a_candidate_writes_to_file_descriptor_1(tmp_path, isolate):
+    # A C library's printf in a kernel writes to file descriptor 1, past sys.stdout: the same broken JSON.
+    script = TUNE_A_TOY_OP.format(tests=str(HERE), candidate="toy_kernels:chatty_fd",
+                                  extra=["--json"] + ["--isolate"] * isolate)
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
+                            env=dict(os.environ, AUTOSEL_DB=str(tmp_path / "tune.db")))
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["outcomes"][0]["status"] == "tuned"
+    assert "debug: from C" in result.stderr
+
+
 @pytest.mark.parametrize("force", [False, True])
 def test_tune_interrupted_keeps_what_was_tuned_and_says_how_to_go_on(reg, force):
     # Used to end in click's bare "Aborted!", saying nothing of what was kept.

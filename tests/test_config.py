@@ -59,6 +59,13 @@ def test_forced_backend_global_and_per_op():
     ({"AUTOSEL_DB": "~nosuchuser/x.db"}, "AUTOSEL_DB='~nosuchuser/x.db': there is no home folder"),
     ({"AUTOSEL_DB": "/tmp/" + "a" * 300 + ".db"}, "AUTOSEL_DB: the name 'aaaa"),
     ({"AUTOSEL_RECORD": "/tmp/" + "r" * 300}, "AUTOSEL_RECORD: the name 'rrrr"),
+    # An SQLite URI was taken as a relative path, and a folder named "file:" was made in the working directory:
+    ({"AUTOSEL_DB": "file:/tmp/x.db"}, "AUTOSEL_DB='file:/tmp/x.db' is an SQLite URI; autosel takes a file path and "
+                                       "opens it as it needs (read-only where it only reads): set AUTOSEL_DB=/tmp/x.db, "
+                                       "or AUTOSEL_DB=./file:/tmp/x.db for a file whose name begins with 'file:'"),
+    ({"AUTOSEL_DB_PATH": "file:///opt/db?mode=ro"}, "AUTOSEL_DB_PATH='file:///opt/db?mode=ro' is an SQLite URI; "
+                                                    "autosel takes a file path and opens it as it needs (read-only "
+                                                    "where it only reads): set AUTOSEL_DB_PATH=/opt/db,"),
 ])
 def test_bad_values_name_the_variable_and_what_is_allowed(env, message):
     with pytest.raises(ConfigError) as info:

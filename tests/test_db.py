@@ -457,7 +457,7 @@ def test_a_user_db_path_that_is_not_a_regular_file_is_left_untouched(tmp_path):
     link = tmp_path / "null"
     link.symlink_to("/dev/null")  # a device in a folder of the test's own, so that a journal would show here
     for path in (link, folder):
-        with pytest.warns(RuntimeWarning, match="it is not a regular file"), open_db(path) as db:
+        with pytest.warns(RuntimeWarning, match="it is a (character device|folder), not a regular file"), open_db(path) as db:
             db.record(decision())
             assert [layer.kind for layer in db.layers] == ["memory"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["folder", "null"] and not any(folder.iterdir())
@@ -728,6 +728,18 @@ def test_stress_tool_small_run(tmp_path):
     assert (hung["writes"], hung["rows"], hung["followed"]) == (1, 1, 2) and hung["takeover_s"] < 1.0 + 2.0
     assert (figures[4]["tunes"], figures[4]["disagree"]) == (5, "0 / 0")
     assert not list(tmp_path.glob("autosel-stress-*"))  # a clean run leaves no working folder behind
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="finds the isolation child through /proc")
+def test_stress_tool_signal_phase(tmp_path):
+    # The fault run's SIGTERM/SIGHUP case: each left the isolation child running and the lease held.
+    out = subprocess.run([sys.executable, str(REPO / "tools" / "db_stress.py"), "--procs", "0", "--kills", "0",
+                          "--select-procs", "0", "--signals", "2", "--json"],
+                         capture_output=True, text=True, timeout=300, env=dict(os.environ, TMPDIR=str(tmp_path)))
+    assert out.returncode == 0, out.stdout + out.stderr
+    [signals] = json.loads(out.stdout)
+    assert (signals["orphans"], signals["leases_left"], signals["errors"]) == (0, 0, 0), signals["error_lines"]
+    assert signals["exit_codes"] == [129, 143]
 
 
 def test_merge_reports_conflicts_and_leaves_them_out(tmp_path):
@@ -1046,8 +1058,8 @@ def test_stress_tool_refuses_a_folder_as_its_db_and_its_help_is_whole(tmp_path):
         f"db_stress.py: error: --db {tmp_path} is a folder; give a file path in it, such as {tmp_path / 'stress.db'}")
     # Used to break: --help gave the docstring's first line, which stops mid-sentence.
     out = subprocess.run([*tool, "--help"], capture_output=True, text=True, timeout=60)
-    assert "while they create the\nDB, a tuning-lease holder that hangs, and many processes selecting the same ops." \
-        in out.stdout
+    assert ("while they create the\nDB, a tuning-lease holder that hangs, many processes selecting the same ops, a FIFO "
+            "where a file is read, and a\ntune stopped by SIGTERM or SIGHUP.") in out.stdout
 
 
 def test_a_path_under_a_regular_file_is_not_creatable_for_a_command_that_only_reads(tmp_path):

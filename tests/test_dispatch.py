@@ -87,6 +87,21 @@ def test_each_call_runs_its_buckets_winner_and_remembers_unseen_buckets():
     assert fn.__name__ == "autosel_dispatch[x.norm]" and fn.table is table
 
 
+@pytest.mark.parametrize("route_key", [None, 0])
+def test_a_call_whose_bucket_function_returns_no_key_gets_the_tune_time_sentence(route_key):
+    # A bucket function returning None for calls the tune never made raised "TypeError: object of type 'NoneType'
+    # has no len()" from the nearest-bucket search.
+    import torch
+
+    def bucket(x):
+        return (x.shape[0],) if x.shape[0] < 100 else None
+
+    fn = dispatcher(BucketTable("x.norm", "eager", "torch", {(1,): "flashinfer"}), KERNELS, bucket, route_key)
+    with pytest.raises(ValueError, match=r"^x.norm: its bucket function returned None, which is no bucket key: it is "
+                                         r"a NoneType, not a tuple; it must return a tuple of ints"):
+        fn(torch.zeros(200))
+
+
 def test_a_route_key_runs_the_bucket_function_once_per_distinct_shape():
     class Shaped:
         def __init__(self, *shape):

@@ -253,6 +253,12 @@ def _inputs(shape, device):
     ({"rtol": float("nan")}, ValueError, "rtol=nan for op 'g.nan' is not a finite non-negative tolerance"),
     ({"atol": float("inf")}, ValueError, "atol=inf for op 'g.nan' is not a finite non-negative tolerance"),
     ({"atol": -1e-3}, ValueError, "atol=-0.001 for op 'g.nan' is not a finite non-negative tolerance"),
+    # rtol=1e308 was accepted, and a kernel wrong everywhere then won: tolerances that no output can exceed.
+    ({"rtol": 1e308}, ValueError, "rtol=1e+308 for op 'g.nan' lets an output be off by 1e+308 times the reference's "
+                                  "size, so all zeros (or a wrong sign, from rtol=2) pass: a check that cannot fail"),
+    ({"rtol": 1}, ValueError, "rtol=1 for op 'g.nan' lets an output be off by 1 times"),
+    ({"atol": 1e308}, ValueError, "atol=1e+308 for op 'g.nan' is over twice the largest float32 (3.40282e+38), so "
+                                  "every finite float32, float16 or bfloat16 output passes"),
     ({"rtol": "1e-2"}, TypeError, "rtol for op 'g.nan' must be a number or None"),
     # make_inputs=None used to fail only at tune time:
     ({"make_inputs": None}, TypeError, "make_inputs for op 'g.nan' must be a function"),

@@ -425,6 +425,36 @@ def test_stored_winner_that_is_no_longer_eligible_is_a_miss(reg, monkeypatch):
         selector.select_kernel("toy.double")
 
 
+def test_the_loser_of_a_tune_race_runs_the_winners_decision_without_saying_it_times_anything(
+        reg, monkeypatch, caplog, tmp_path, tunes):
+    # The process whose lookup missed just before another process recorded the decision logged "op ...'s stored
+    # decision , so its backends ... are timed now" (an empty reason), and then timed nothing.
+    import logging
+
+    toy(reg, B.TORCH, B.TRITON)
+    monkeypatch.setenv("AUTOSEL_DB", str(tmp_path / "other.db"))
+    assert selector.select_kernel("toy.double").backend == B.TRITON  # the other process's tune
+    [(decision, _)] = [(d, layer) for d, layer in tuning.database().decisions("toy.double") if d.bucket == "*"]
+    monkeypatch.setenv("AUTOSEL_DB", str(tmp_path / "user.db"))
+    selector.clear_cache()
+    original = tuning.lookup_stored
+
+    def racing(db, *args, **kwargs):  # the other process records between this one's two lookups
+        found = original(db, *args, **kwargs)
+        if found is None and not db.decisions("toy.double"):
+            db.record(decision, [])
+        return found
+
+    monkeypatch.setattr(tuning, "lookup_stored", racing)
+    monkeypatch.setattr(tuning, "_announced", set())  # as in a process of its own
+    caplog.clear()
+    caplog.set_level(logging.INFO, logger="autosel")
+    assert selector.select_kernel("toy.double").backend == B.TRITON
+    assert not any("timed now" in m for m in caplog.messages), caplog.messages
+    assert any("triton, stored by another process in the user DB" in m for m in caplog.messages), caplog.messages
+    assert len(tunes[0]) == 1  # the other process's tune alone
+
+
 def test_a_backend_registered_after_the_decision_is_timed_at_the_next_selection(reg, monkeypatch, caplog):
     # It was never timed: the stored decision (made without it) kept being used, and `autosel tune` said "stored".
     import logging

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import random
 import statistics
+import sys
 from pathlib import Path
 
 import pytest
@@ -359,7 +360,8 @@ def test_a_rotating_timer_gets_calls_on_distinct_input_copies(toy):
     kernels.SEEN.clear()
     run(definition, kernels, specs(torch="fast", triton="records_inputs"), RotatingTimer({"torch": 1, "triton": 1}),
         rounds=1)
-    first_shape, second_shape = kernels.SEEN[-12:-6], kernels.SEEN[-6:]  # six timed calls each
+    # Six timed calls each, then the check after timing: one call per shape on fresh inputs.
+    first_shape, second_shape = kernels.SEEN[-14:-8], kernels.SEEN[-8:-2]
     assert len(set(first_shape)) == 3 and first_shape[:3] == first_shape[3:]  # 3 copies, cycled twice
     assert len(set(second_shape)) == 6  # a quarter of the size: 12 copies, 6 of them used
 
@@ -388,6 +390,18 @@ def test_wrong_raising_and_nan_candidates_are_rejected_with_reasons(toy):
     assert "contains NaN" in reasons["cute_dsl"]
     assert decision.candidate("aot").shapes[0].max_abs_err > 0.1
     assert {b for b, _ in timer.calls} == {"torch"}  # rejected candidates are never timed
+
+
+def test_a_candidate_whose_outputs_turn_nan_after_its_first_calls_is_rejected_after_timing(toy):
+    # It passed the check before timing (its first calls), turned NaN while timed, and was stored with status ok.
+    definition, kernels = toy
+    kernels.nan_later_calls.clear()
+    decision = run(definition, kernels, specs(torch="fast", triton="nan_after_its_first_calls"),
+                   RotatingTimer({"torch": 100.0, "triton": 50.0}))  # it calls the kernels it times
+    assert decision.winner == "torch"
+    [rejected] = [c for c in decision.candidates if c.status == "rejected"]
+    assert rejected.backend == "triton"
+    assert rejected.reason.startswith("wrong after its timed calls: ") and "NaN" in rejected.reason
 
 
 def test_a_candidate_that_writes_over_its_input_is_rejected(toy):
@@ -430,14 +444,29 @@ def test_a_reference_or_bucket_function_that_raises_is_a_tuning_error_naming_the
                            shapes=kernels.SHAPES, mode="eager", platform_key="cpu/test", versions={})
 
 
+class UnhashableInt(int):
+    def __hash__(self):
+        raise RuntimeError("no hash")
+
+
 @pytest.mark.parametrize("bucket, route_key, message", [
     # NaN != NaN: "2 buckets" were reported and one row stored, as [NaN], which is not JSON.
-    (lambda x, w: (float("nan"),), None, r"its bucket function returned \(nan,\); it must return a tuple of ints, "
-                                         r"finite floats"),
+    (lambda x, w: (float("nan"),), None, r"its bucket function returned \(nan,\), which is no bucket key: it holds a "
+                                         r"float that is not finite; it must return a tuple of ints, finite floats"),
+    # Escaped select_kernel untranslated: a bucket function's sys.exit and GeneratorExit, and a key whose __hash__
+    # raises (an int subclass passed the isinstance check).
+    (lambda x, w: sys.exit(3), None, r"its bucket function raised SystemExit: 3"),
+    (lambda x, w: (_ for _ in ()).throw(GeneratorExit("stop")), None, r"its bucket function raised GeneratorExit"),
+    (lambda x, w: (UnhashableInt(4),), None, r"which is no bucket key: it holds UnhashableInt 4, which is not an int"),
+    # A 5 MB string was stored as the key of every row of the tune (the DB grew to 15 MB).
+    (lambda x, w: ("x" * 5_000_000,), None, r"it is 5000004 characters long as text, over 256"),
+    # (True,) and (1,) are one dict key: one bucket's winner ran for the other's calls, and the DB held both.
+    (lambda x, w: (x.numel() > 20000,) if x.numel() > 20000 else (1,), None,
+     r"its bucket function returned \[true\] and \[1\], which Python takes for one bucket"),
     # The dispatcher looks calls up by the route argument's shape alone: calls went to another bucket's winner.
     (lambda x, w: (x.numel(),), 1, r"route_key=1 does not decide the bucket: two shapes whose argument 1 has the "
                                    r"shape \(\(3,\),\) fall in buckets"),
-], ids=["nan", "wrong-route-key"])
+], ids=["nan", "sys-exit", "generator-exit", "hash-raises", "5-MB", "true-and-1", "wrong-route-key"])
 def test_a_bucket_key_that_cannot_route_calls_is_a_tuning_error(toy, bucket, route_key, message):
     definition, kernels = toy
     bucketed = dataclasses.replace(definition, bucket=bucket, route_key=route_key,

@@ -199,6 +199,20 @@ def chatty(x: torch.Tensor) -> torch.Tensor:
     return x * 2
 
 
+def chatty_fd(x: torch.Tensor) -> torch.Tensor:
+    os.write(1, b"debug: from C\n")  # to the file descriptor, as a C library's printf does
+    return x * 2
+
+
+nan_later_calls: list = []
+
+
+def nan_after_its_first_calls(x: torch.Tensor) -> torch.Tensor:
+    """Right at its first two calls (the check before timing), NaN from the third on (its timed calls)."""
+    nan_later_calls.append(1)
+    return x * 2 if len(nan_later_calls) <= 2 else x * float("nan")
+
+
 _calls: list = []
 
 

@@ -1,8 +1,10 @@
 """Stress the tuning DB: many writers at once, writers killed with SIGKILL mid-write and while they create the
-DB, a tuning-lease holder that hangs, and many processes selecting the same ops.
+DB, a tuning-lease holder that hangs, many processes selecting the same ops, a FIFO where a file is read, and a
+tune stopped by SIGTERM or SIGHUP.
 
     python tools/db_stress.py --procs 16 --writes 200 --kills 50 --create-kills 100 --hang-waiters 8 \\
-        --select-procs 16 --select-ops 200 [--db PATH] [--json] [--write-doc docs/RELIABILITY.md]
+        --select-procs 16 --select-ops 200 --special-files --signals 4 [--db PATH] [--json] \\
+        [--write-doc docs/RELIABILITY.md]
 
 Phase 1 starts --procs processes that each record --writes decisions into one DB, and counts rows and errors.
 Phase 2 starts a writer --kills times and kills it (SIGKILL) at a random moment while it writes; the writer
@@ -25,6 +27,9 @@ tunes of one op pick different winners half the time. Counted: tunes (one per op
 processes got different backends, and ops where a process runs another backend than the DB stores.
 --select-pause-ms makes each worker sleep between its miss and asking for the lease, as a process descheduled on
 a busy machine does: the window in which a holder records and releases before the next one takes the lease.
+Phase 6 (--special-files): a FIFO as each path autosel reads, each case in a process of its own that must return and
+say so. Phase 7 (--signals N): `autosel tune --isolate` stopped N times by SIGTERM or SIGHUP; no isolation child may
+be left running, no lease left, and the exit code must be 128 + the signal.
 """
 
 from __future__ import annotations
@@ -390,6 +395,145 @@ def phase_select(db: Path, procs: int, ops: int, seed: int, pause_ms: float) -> 
             "disagree_with_db": len(with_db), "lease_waits": sum(r["waits"] for r in reports), "pause_ms": pause_ms}
 
 
+STRESS_TOY = """
+import time
+
+import torch
+
+
+def reference(x):
+    return x * 2
+
+
+def hangs(x):
+    time.sleep(3600)  # a candidate stuck in its kernel: the isolation child runs it until killed
+    return x
+
+
+def inputs(shape, device):
+    return (torch.randn(shape["n"], device=device),)
+"""
+
+TUNE_SCRIPT = """
+import sys
+sys.path.insert(0, {folder!r})
+from autosel import registry
+from autosel.spec import KernelSpec, OpDefinition
+import stress_toy
+registry.register(KernelSpec("stress.hung", "torch", "stress_toy:reference"))
+registry.register(KernelSpec("stress.hung", "triton", "stress_toy:hangs"))
+registry.define(OpDefinition("stress.hung", shapes=[{{"n": 4096}}], make_inputs=stress_toy.inputs))
+from autosel.cli import main
+main(["tune", "--op", "stress.hung", "--isolate", "--isolate-timeout-s", "600"], prog_name="autosel")
+"""
+
+RECORD_SCRIPT = """
+import torch
+from autosel import get_kernel
+get_kernel("activation.silu_and_mul", "torch")(torch.randn(4, 64))
+"""
+
+
+def _cli_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AUTOSEL_")}
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    env.update(extra)
+    return env
+
+
+def phase_special_files(folder: Path, timeout_s: float = 60.0) -> dict:
+    """Every place a path is read given a FIFO: each command or call must return within timeout_s and name it."""
+    fifo, shipped = folder / "pipe.db", folder / "shipped"
+    shipped.mkdir()
+    os.mkfifo(fifo)
+    os.mkfifo(shipped / "pipe.db")
+    (folder / "toy.json").write_text("{}")
+    cli = [sys.executable, "-m", "autosel"]
+    user = {"AUTOSEL_DB": str(fifo)}
+    cases = {
+        "user DB: show": (cli + ["show"], user),
+        "user DB: show --json": (cli + ["show", "--json"], user),
+        "user DB: doctor": (cli + ["doctor"], user),
+        "user DB: report": (cli + ["report", "--out", str(folder / "r.html")], user),
+        "user DB: export": (cli + ["export", "--out", str(folder / "e.jsonl")], user),
+        "user DB: prune --dry-run": (cli + ["prune", "--dry-run"], user),
+        "shipped folder: show": (cli + ["show"], {"AUTOSEL_DB": str(folder / "u.db"), "AUTOSEL_DB_PATH": str(shipped)}),
+        "shipped file: show": (cli + ["show"], {"AUTOSEL_DB": str(folder / "u.db"), "AUTOSEL_DB_PATH": str(fifo)}),
+        "merge input": (cli + ["merge", str(fifo), "--out", str(folder / "m.jsonl")], {"AUTOSEL_DB": str(folder / "u.db")}),
+        "tune --shapes": (cli + ["tune", "--shapes", str(fifo)], {"AUTOSEL_DB": str(folder / "u.db")}),
+        "AUTOSEL_RECORD: a kernel call": ([sys.executable, "-c", RECORD_SCRIPT],
+                                          {"AUTOSEL_DB": str(folder / "u.db"), "AUTOSEL_RECORD": str(fifo)}),
+    }
+    start, errors, hung = time.monotonic(), [], 0
+    for name, (command, extra) in cases.items():
+        try:
+            done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s, env=_cli_env(**extra),
+                                  cwd=folder)
+        except subprocess.TimeoutExpired:
+            hung += 1
+            errors.append(f"{name}: still waiting on the FIFO after {timeout_s:g} s (killed)")
+            continue
+        if "FIFO" not in done.stdout + done.stderr:
+            errors.append(f"{name}: exit {done.returncode}, no word of the FIFO: {done.stderr.strip()[-200:]}")
+    return {"phase": "a FIFO as each path read", "processes": len(cases), "writes": 0, "kills": 0, "rows": 0,
+            "lost": 0, "errors": len(errors), "error_lines": errors[:5], "integrity": "ok", "hung": hung,
+            "wall_s": round(time.monotonic() - start, 2)}
+
+
+def children_of(pid: int) -> list[int]:
+    """The pids whose parent is `pid`, read from /proc (Linux)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                found.append(int(entry.name))
+        except (OSError, IndexError, ValueError):
+            continue
+    return found
+
+
+def phase_signals(folder: Path, trials: int, seed: int) -> dict:
+    """`autosel tune --isolate` stopped by SIGTERM or SIGHUP (in turn) at a random moment while its isolation child
+    runs a candidate that hangs: the child must be gone, the lease released, and the exit code 128 + the signal."""
+    (folder / "stress_toy.py").write_text(STRESS_TOY)
+    rng, start, errors, orphans, leases, codes = random.Random(seed), time.monotonic(), [], 0, 0, []
+    for n in range(trials):
+        signum = (signal.SIGTERM, signal.SIGHUP)[n % 2]
+        db = folder / f"signal-{n}.db"
+        tune = subprocess.Popen([sys.executable, "-c", TUNE_SCRIPT.format(folder=str(folder))], stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, env=_cli_env(AUTOSEL_DB=str(db)))
+        children: list[int] = []
+        deadline = time.monotonic() + 120
+        while not children and tune.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+            children = children_of(tune.pid)
+        time.sleep(rng.uniform(0.0, 3.0))  # the child starting, running the reference, or in the hanging candidate
+        tune.send_signal(signum)
+        try:
+            _, err = tune.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            tune.kill()
+            _, err = tune.communicate()
+        codes.append(tune.returncode)
+        time.sleep(1.0)
+        left = [pid for pid in children if autosel.db._pid_alive(pid)]
+        orphans += len(left)
+        for pid in left:
+            os.kill(pid, signal.SIGKILL)
+        held = 0
+        if db.exists():
+            with sqlite3.connect(db, timeout=60) as conn:
+                held = conn.execute("SELECT count(*) FROM leases").fetchone()[0]
+        leases += held
+        if tune.returncode != 128 + signum or left or held or not children:
+            errors.append(f"{signal.Signals(signum).name}: exit {tune.returncode}, {len(children)} child(ren) seen, "
+                          f"{len(left)} left running, {held} lease(s) left; {err.strip()[-200:]}")
+    return {"phase": "SIGTERM/SIGHUP to tune --isolate", "processes": trials, "writes": 0, "kills": trials,
+            "rows": 0, "lost": orphans + leases, "errors": len(errors), "error_lines": errors[:5], "integrity": "ok",
+            "orphans": orphans, "leases_left": leases, "exit_codes": sorted(set(codes)),
+            "wall_s": round(time.monotonic() - start, 2)}
+
+
 def table(results: list[dict]) -> str:
     head = ["phase", "processes", "writes", "kills", "rows", "lost", "errors", "integrity", "wall_s", "tunes",
             "disagree"]
@@ -413,10 +557,19 @@ def write_doc(path: Path, command: str, results: list[dict]) -> None:
                    f"there were {select['tunes']} tunes and\n  {select['disagree']} disagreeing ops; "
                    f"{select['lease_waits']} lease waits (a process found another tuning the op, waited, and used its "
                    "decision)" if select else "not measured")
+    special = next((r for r in results if r["phase"] == "a FIFO as each path read"), None)
+    special_text = (f"{special['processes']} cases, {special['hung']} still waiting after 60 s, {special['errors']} "
+                    "that did not say what the path is" if special else "not measured")
+    signals = next((r for r in results if r["phase"] == "SIGTERM/SIGHUP to tune --isolate"), None)
+    signals_text = (f"{signals['processes']} runs, {signals['orphans']} isolation children left running, "
+                    f"{signals['leases_left']} leases left, exit codes {', '.join(map(str, signals['exit_codes']))}"
+                    if signals else "not measured")
     text = f"""# Reliability of the tuning DB
 
 Figures from one run of the stress tool on this machine ({os.cpu_count()} CPU cores, {platform.system()}
-{platform.release()}, Python {platform.python_version()}, SQLite {sqlite3.sqlite_version}), {time.strftime("%Y-%m-%d")}:
+{platform.release()}, Python {platform.python_version()}, SQLite {sqlite3.sqlite_version}), {time.strftime("%Y-%m-%d")},
+with a load average of {os.getloadavg()[1]:.0f} over the last 5 minutes (other processes share the cores: wall times and
+the writes a killed writer made before its kill shrink as that grows):
 
 {table(results)}
 
@@ -472,6 +625,24 @@ What the rows mean:
   backends (the issue's report: 229 tunes for 200 ops, 7-9 such ops). With that lookup taken out, 16 x 200
   gave 202 and 203 tunes and 1 or 2 disagreeing ops here, 237 tunes and 18 with a 50 ms pause, and 4 x 20
   with a 50 ms pause 25-31 tunes; the fixed code gives one tune per op and no disagreement in each case.
+- **a FIFO as each path read** (`--special-files`): a FIFO (named pipe) is given, one command or call at a time
+  in a process of its own, as the user DB (`show`, `show --json`, `doctor`, `report`, `export`,
+  `prune --dry-run`), as a `*.db` in a shipped-DB folder and as a shipped file named directly (`show`), as a
+  `merge` input, as `tune --shapes`, and as `AUTOSEL_RECORD` (a kernel call). Each must return within 60 s and
+  say that the path is a FIFO; `errors` counts the cases that did not, `processes` the cases. Opening a FIFO
+  waits for a writer that never comes: before `autosel.files` refused every path that is not a regular file
+  without opening it, 10 of these 11 cases never returned, and the eleventh (a shipped file named directly) was
+  skipped as a path that "does not exist" (at 6fb488f, each case given 10 s).
+  Here: {special_text}.
+- **SIGTERM/SIGHUP to tune --isolate** (`--signals N`): N runs of `autosel tune --isolate` on a toy op whose
+  second candidate sleeps for an hour, each stopped by SIGTERM and SIGHUP in turn at a random moment of the
+  3 s after its isolation child started (starting, running the reference, or in the hanging candidate).
+  Afterwards the child must be gone, the DB must hold no tuning lease, and the exit code must be 128 + the
+  signal's number (143, 129); `lost` counts children left running plus leases left, `errors` the runs that
+  failed any of the three. Before `parallel.termination_raises`, the default action of both signals ended the
+  process at once: each run left its child running the candidate, reparented to init, and its lease until it
+  expired, and the exit status was the signal's (-15, -1 to Python; 2 runs of 2 at 6fb488f).
+  Here: {signals_text}.
 
 `synchronous=NORMAL` in WAL mode keeps every committed transaction across a process crash; only a power loss
 or OS crash can drop the last transactions (never corrupt the file). Tests: `tests/test_db.py` runs the
@@ -499,6 +670,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--select-ops", type=int, default=200, help="toy ops each of them selects (phase 5)")
     parser.add_argument("--select-pause-ms", type=float, default=0.0,
                         help="each selector's sleep between a miss and asking for the lease, as on a busy machine")
+    parser.add_argument("--special-files", action="store_true",
+                        help="give a FIFO as each path autosel reads (user DB, shipped DBs, AUTOSEL_RECORD, inputs)")
+    parser.add_argument("--signals", type=int, default=0,
+                        help="`autosel tune --isolate` runs stopped by SIGTERM or SIGHUP (in turn)")
     parser.add_argument("--db", type=Path, help="DB file to use (default: a new temporary one)")
     parser.add_argument("--seed", type=int, default=0, help="seed for the kill moments and the selection orders")
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
@@ -536,6 +711,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.select_procs and args.select_ops:
         results.append(phase_select(folder / "select.db", args.select_procs, args.select_ops, args.seed,
                                     args.select_pause_ms))
+    if args.special_files:
+        results.append(phase_special_files(folder))
+    if args.signals:
+        results.append(phase_signals(folder, args.signals, args.seed))
     if args.json:
         print(json.dumps(results, indent=2))
     else:

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import fnmatch
 import json
 import os
+import sys
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import click
 
@@ -137,6 +139,40 @@ def make_table(*columns: str, title: str | None = None):
     table = new_table(PlainTable)
     table.records = []
     return table
+
+
+@contextlib.contextmanager
+def stdout_to_stderr() -> Iterator[None]:
+    """While kernels run, what they print goes to stderr, Python's print and a C library's printf alike (file
+    descriptor 1 is pointed at 2), so that stdout carries the command's table or JSON alone: a candidate that
+    printed a line made `autosel tune --json` invalid JSON."""
+    sys.stdout.flush()
+    try:
+        saved_fd = os.dup(1)
+    except OSError:  # no stdout at all: nothing to keep clean
+        saved_fd = None
+    if saved_fd is not None:
+        os.dup2(2, 1)
+    saved = sys.stdout
+    sys.stdout = sys.stderr
+    try:
+        yield
+    finally:
+        sys.stdout = saved
+        _flush_c_stdio()  # what a C library buffered for its stdout still goes to stderr
+        if saved_fd is not None:
+            os.dup2(saved_fd, 1)
+            os.close(saved_fd)
+
+
+def _flush_c_stdio() -> None:
+    try:
+        import ctypes
+
+        ctypes.CDLL(None).fflush(None)
+    except (OSError, AttributeError, TypeError):  # no C library to ask (Windows): Python's own streams are flushed
+        pass
+    sys.stderr.flush()
 
 
 def echo_json(data: Any) -> None:

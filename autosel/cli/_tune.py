@@ -7,6 +7,7 @@ import glob
 import importlib.util
 import json
 import math
+import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -16,8 +17,9 @@ import click
 from autosel.cli import main
 from autosel.cli._common import (MEDIAN_NOTE, db_option, decision_summary, echo_json, json_option, make_console,
                                  make_table, matches, op_option, refuse_unwritable, runner_up_text, settings_for,
-                                 writable_db)
+                                 stdout_to_stderr, writable_db)
 from autosel.decisions import format_lead
+from autosel.files import open_regular
 from autosel.chart import format_us
 from autosel.report import candidate_median_us
 
@@ -54,7 +56,10 @@ def _torch_missing() -> bool:
 def read_shapes_file(path: Path) -> dict[str, list[dict]]:
     """{op: [shape, ...]} from a JSON file, or a ClickException that says what is wrong and how it should look."""
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        with open_regular(path, encoding="utf-8") as f:
+            data = json.loads(f.read())
+    except (OSError, UnicodeDecodeError) as exc:
+        raise click.ClickException(f"cannot read {path} ({exc}); pass a JSON file of shapes") from None
     except json.JSONDecodeError as exc:
         raise click.ClickException(f"{path} is not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg}); "
                                    'write it as {"op": [{"tokens": 64, "hidden": 4096}, ...]}') from None
@@ -75,7 +80,8 @@ def read_record(path: Path) -> dict[str, dict[str, list[dict]]]:
     grouped: dict[str, dict[str, list[dict]]] = {}
     seen: set[tuple[str, str, str]] = set()
     try:
-        lines = path.read_text(encoding="utf-8").splitlines()
+        with open_regular(path, encoding="utf-8") as f:
+            lines = f.read().splitlines()
     except (OSError, UnicodeDecodeError) as exc:
         raise click.ClickException(f"cannot read {path} ({exc}); pass the file AUTOSEL_RECORD wrote") from None
     for number, line in enumerate(lines, 1):
@@ -277,7 +283,7 @@ def tune(ops, shapes_file, record_file, db, force, budget_s, isolate, isolate_ti
         raise click.ClickException(f"tuning runs the kernels, which needs PyTorch, and torch is not installed for "
                                    f"{sys.executable}; pip install torch, then run `autosel tune` again")
     from autosel import parallel, platforms, tuning
-    from autosel.errors import DeviceError
+    from autosel.errors import DeviceError, Terminated
 
     settings = settings_for(db, full=True)
     platform = platforms.current_platform()
@@ -309,21 +315,23 @@ def tune(ops, shapes_file, record_file, db, force, budget_s, isolate, isolate_ti
     database = writable_db(settings, db, undone="nothing was timed")
     outcomes = []
     try:
-        with _TuneProgress(total) as progress:
+        with parallel.termination_raises(), _TuneProgress(total) as progress, stdout_to_stderr():
             for patterns, shapes, modes in runs:
                 outcomes += tuning.tune_ops(patterns, force=force, budget_s=budget_s, shapes=shapes, modes=modes,
                                             on_event=progress.on_event, settings=settings,
                                             isolate_timeout_s=isolate_timeout_s if isolate else None,
                                             copy_found=bool(db), devices=devices)
-    except KeyboardInterrupt:  # each op is recorded when it is done: say what is kept and how to go on
-        kept = f"Interrupted: the op/mode pairs finished before that are stored in {settings.db}"
+    except KeyboardInterrupt as exc:  # each op is recorded when it is done: say what is kept and how to go on
+        signum = exc.signum if isinstance(exc, Terminated) else signal.SIGINT
+        how = "Interrupted" if signum == signal.SIGINT else f"Stopped by {signal.Signals(signum).name}"
+        kept = f"{how}: the op/mode pairs finished before that are stored in {settings.db}"
         if force:  # without --force, the pairs not reached that have a decision are reused, not timed again
             click.echo(f"{kept}. Run the same command without --force to go on: it reuses every pair that has a "
                        "stored or shipped decision, those included, and tunes the others; to time chosen ops again, "
                        "keep --force and add --op GLOB.", err=True)
         else:
             click.echo(f"{kept}; the same command reuses them and tunes the rest.", err=True)
-        click.get_current_context().exit(130)
+        click.get_current_context().exit(128 + signum)  # the shell's code for a process ended by that signal
     if as_json:
         echo_json({"db": str(settings.db), "platform_key": platform.key, "budget_s": budget_s,
                    "median": MEDIAN_NOTE, "outcomes": [
