@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime
 import importlib
 import os
+from dataclasses import replace
 from typing import Any
 
 import click
@@ -58,6 +59,34 @@ def _evidence(d) -> str:
     return "\n".join(lines)
 
 
+def forcing(op: str, specs: list, platform, forced: config.Settings | None) -> tuple[str, str | None] | None:
+    """What AUTOSEL_BACKEND makes selection of `op` do, in select_kernel's order: (what selection does, the error it
+    raises or None), or None where it forces nothing for `op`. Doctor and show ignored the force and named the
+    stored winner, while get_kernel returned the forced kernel (or one that failed at its first call)."""
+    from autosel.selector import forced_unusable
+
+    if forced is None or len(specs) < 2:  # one registered spec is returned before any force is read
+        return None
+    backend, per_op = forced.forced_backend_for(op)
+    match = next((s for s in specs if s.backend == backend), None)
+    if backend is None or (match is None and not per_op):  # a force for every op passes over an op without it
+        return None
+    if match is None:
+        return (f"AUTOSEL_BACKEND forces {backend.value}, which is not registered for this op: selection raises "
+                "KeyError", f"No '{backend.value}' backend registered for op {op!r}, which AUTOSEL_BACKEND forces")
+    if (unusable := forced_unusable(op, match, specs, platform)) is not None:
+        return f"AUTOSEL_BACKEND forces {backend.value}, which cannot run here: selection raises ValueError", unusable
+    return f"{backend.value}, forced by AUTOSEL_BACKEND (no stored decision is read, nothing is measured)", None
+
+
+def _forced_settings() -> config.Settings | None:
+    """AUTOSEL_BACKEND alone, for the commands that read DBs only; a bad value is warned of by settings_for."""
+    try:
+        return config.read_settings({"AUTOSEL_BACKEND": os.environ.get("AUTOSEL_BACKEND", "")})
+    except ConfigError:
+        return None
+
+
 def _made_elsewhere(entry: Entry, platform_key: str) -> bool:
     """A shipped DB's row for another platform: it can never be used here, and an image ships such rows by the
     hundred (one DB per machine type), which buried this machine's own rows in `show`."""
@@ -74,7 +103,8 @@ def _made_elsewhere(entry: Entry, platform_key: str) -> bool:
 def show(ops, db, include_all, as_json):
     """Show stored decisions, which layer each came from, and their evidence.
 
-    Status per row: "in use" (what selection on this machine uses), "shadowed" (an earlier layer has the same
+    Status per row: "in use" (what selection on this machine uses), "overridden" (it would be, but AUTOSEL_BACKEND
+    forces a backend for its op), "shadowed" (an earlier layer has the same
     key), "stale" (tuned on another platform or with other versions), "unusable" (its winner is not eligible
     here), "unknown op" (not registered here). Rows of shipped DBs made for other platforms are counted, not
     listed, unless --all is given; the user DB's rows are always listed.
@@ -87,6 +117,7 @@ def show(ops, db, include_all, as_json):
     """
     settings = settings_for(db, full=False)
     platform, entries = _entries(read_db(settings, db), ops, match=settings.match)
+    entries = _overridden(entries, platform, _forced_settings())
     listed = entries if include_all else [e for e in entries if not _made_elsewhere(e, platform.key)]
     hidden, entries = len(entries) - len(listed), listed
     hidden_note = (f"{hidden} row(s) of shipped DBs made for other platforms not listed (`autosel show --all` lists "
@@ -114,6 +145,19 @@ def show(ops, db, include_all, as_json):
             if settings.match != "exact" else "")
     console.print(f"This machine: {platform.key}. {MEDIAN_NOTE}; score: time relative to the fastest per shape "
                   f"(geometric mean); * marks the winner.{near} {hidden_note}".rstrip(), markup=False)
+
+
+def _overridden(entries: list[Entry], platform, forced: config.Settings | None) -> list[Entry]:
+    """Rows that selection would use but for AUTOSEL_BACKEND: "overridden", with what selection does instead."""
+    from autosel import tuning
+
+    out = []
+    for e in entries:
+        if e.status == "in use" and (found := forcing(e.decision.op, tuning.registry.get(e.decision.op), platform,
+                                                      forced)) is not None:
+            e = replace(e, status="overridden", detail=found[0])
+        out.append(e)
+    return out
 
 
 # --- doctor -----------------------------------------------------------------------------------------------
@@ -145,8 +189,9 @@ def doctor(db, as_json):
     registry_module = importlib.import_module("autosel.registry")  # `autosel.registry` the name is the object
 
     blocking = []
+    forced = None
     try:
-        settings_for(db, full=True)
+        forced = settings_for(db, full=True)
         config_error = None
     except ConfigError as exc:
         config_error = str(exc)
@@ -186,6 +231,9 @@ def doctor(db, as_json):
         else:
             selection = _contested_selection(op, eligible, shapes, tuning.modes_for(platform), in_use, other_buckets,
                                              shapes_failed=shapes_error is not None)
+        if (found := forcing(op, specs, platform, forced)) is not None:
+            selection, problem = found
+            blocking += [problem] if problem else []
         if shapes_error is not None:
             selection += f"; problem: {shapes_error}"
         stored = {mode: {"winner": e.decision.winner, "layer": e.layer_path, "layer_kind": e.layer_kind,
