@@ -864,6 +864,37 @@ def test_doctor_blocks_on_an_autosel_backend_op_that_is_not_registered(reg, monk
     assert run("doctor").exit_code == 0
 
 
+def test_doctor_and_show_report_what_autosel_backend_makes_selection_do(reg, monkeypatch):
+    # Doctor named the stored winner and said "OK: nothing blocks selection" under AUTOSEL_BACKEND=op=triton, while
+    # get_kernel returned the forced kernel; show listed the stored row as "in use".
+    toy(reg, B.TORCH, B.TRITON)
+    reg.register(KernelSpec("toy.double", B.FLASHINFER, "m:x", capabilities=frozenset({Cap.CUDA})))
+    store(decision(winner="triton"))
+    monkeypatch.setenv("AUTOSEL_BACKEND", "toy.double=torch")
+    doctor = run("doctor", "--json")
+    assert doctor.exit_code == 0
+    assert json.loads(doctor.stdout)["ops"][0]["selection"] == (
+        "torch, forced by AUTOSEL_BACKEND (no stored decision is read, nothing is measured)")
+    shown = json.loads(run("show", "--json").stdout)["decisions"]
+    assert [(d["status"], d["status_detail"]) for d in shown] == [
+        ("overridden", "torch, forced by AUTOSEL_BACKEND (no stored decision is read, nothing is measured)")]
+    monkeypatch.setenv("AUTOSEL_BACKEND", "toy.double=flashinfer")  # registered, but it cannot run on a CPU
+    doctor = run("doctor", "--json")
+    assert doctor.exit_code == 1
+    assert json.loads(doctor.stdout)["ops"][0]["selection"] == (
+        "AUTOSEL_BACKEND forces flashinfer, which cannot run here: selection raises ValueError")
+    assert doctor.stderr == (
+        "Error: selection is blocked: AUTOSEL_BACKEND forces 'flashinfer' for op 'toy.double', which cannot run on "
+        "device 'cpu': needs cuda, device is cpu. Force a backend usable here (torch, triton) or remove it from "
+        "AUTOSEL_BACKEND; select_kernel('toy.double', backend='flashinfer') still returns it unchecked\n")
+    monkeypatch.setenv("AUTOSEL_BACKEND", "toy.double=aiter")  # not registered for the op: selection's KeyError
+    doctor = run("doctor", "--json")
+    assert doctor.exit_code == 1 and "No 'aiter' backend registered for op 'toy.double'" in doctor.stderr
+    monkeypatch.setenv("AUTOSEL_BACKEND", "aiter")  # a force for every op passes over an op without the backend
+    assert run("doctor").exit_code == 0
+    assert json.loads(run("show", "--json").stdout)["decisions"][0]["status"] == "in use"
+
+
 def test_doctor_plugin_error_is_blocking(reg, monkeypatch):
     import importlib
 

@@ -707,6 +707,22 @@ def test_forced_backend_env_var(reg, monkeypatch):
         selector.select_kernel("toy.double")
 
 
+def test_a_forced_backend_that_cannot_run_here_is_refused_at_selection(reg, monkeypatch):
+    # AUTOSEL_BACKEND=layernorm.rmsnorm=triton on a CPU returned the Triton kernel, whose first call raised
+    # "AssertionError: Torch not compiled with CUDA enabled".
+    toy(reg, B.TORCH, B.TRITON)
+    reg.register(KernelSpec("toy.double", B.FLASHINFER, "m:x", capabilities=CUDA_ONLY))
+    monkeypatch.setenv("AUTOSEL_BACKEND", "toy.double=flashinfer")
+    for function in (selector.select_kernel, selector.get_kernel):
+        with pytest.raises(ValueError) as info:
+            function("toy.double")
+        assert info.value.args[0] == (
+            "AUTOSEL_BACKEND forces 'flashinfer' for op 'toy.double', which cannot run on device 'cpu': needs cuda, "
+            "device is cpu. Force a backend usable here (torch, triton) or remove it from AUTOSEL_BACKEND; "
+            "select_kernel('toy.double', backend='flashinfer') still returns it unchecked")
+    assert selector.select_kernel("toy.double", "flashinfer").target == "m:x"  # backend=... keeps no device check
+
+
 def test_platform_key_separates_decisions(reg, monkeypatch):
     toy(reg, B.TORCH, B.TRITON)
     selector.select_kernel("toy.double")
