@@ -1273,6 +1273,22 @@ def test_report_with_no_decisions_is_an_error(reg, tmp_path):
     assert result.exit_code == 1 and "run `autosel tune` first" in result.stderr
 
 
+def test_report_and_show_say_an_op_a_script_registered_is_not_registered_in_this_process(reg, tmp_path):
+    # `autosel report --op 'myeng.*'` said "no decisions ...; run `autosel tune` first" although the DB held them.
+    store(decision(op="myeng.double"))
+    result = run("report", "--out", tmp_path / "r.html", "--op", "myeng.*")
+    assert result.exit_code == 1
+    assert result.stderr == (
+        "Error: no decisions in use on this machine: the DB holds 1 row(s), but the op 'myeng.double' is not "
+        "registered in this process: install the package whose `autosel.ops` entry point registers it, or, for an op "
+        "a script registers, register it through such an entry point so that the CLI sees it; or pass --all to "
+        "include their rows\n")
+    shown = json.loads(run("show", "--json").stdout)["decisions"]
+    assert [(d["status"], d["status_detail"].split(":")[0]) for d in shown] == [
+        ("unknown op", "op 'myeng.double' is not registered in this process")]
+    assert run("report", "--out", tmp_path / "r.html", "--op", "myeng.*", "--all").exit_code == 0
+
+
 class FlippingTimer(FakeTimer):
     """triton 10x faster than torch on the larger toy shape, 2x slower on the smaller one."""
 

@@ -17,7 +17,7 @@ from autosel.cli._common import (MEDIAN_NOTE, check_globs, db_option, decision_s
                                  refuse_overwrite, runner_up_text, settings_for)
 from autosel.decisions import OP_LEVEL_BUCKET, bucket_order, format_lead
 from autosel.errors import ConfigError, TuningError
-from autosel.inventory import Entry, Inventory
+from autosel.inventory import Entry, Inventory, unregistered
 from autosel.chart import format_us
 from autosel.report import candidate_median_us, first_call_s
 
@@ -386,6 +386,11 @@ def report(out, ops, db, include_all, force):
     database = read_db(settings, db)
     platform, entries = _entries(database, ops, match=settings.match)  # "in use" as selection, show and doctor say
     chosen = entries if include_all else [e for e in entries if e.status == "in use"]
+    if not chosen and (unknown := sorted({e.decision.op for e in entries if e.status == "unknown op"})):
+        # It said "run `autosel tune` first" for the decisions of an op a script had registered, which the DB held.
+        rows = sum(e.decision.op in unknown for e in entries)
+        raise click.ClickException(f"no decisions in use on this machine: the DB holds {rows} row(s), but the "
+                                   f"{unregistered(*unknown)}; or pass --all to include their rows")
     if not chosen:
         raise click.ClickException(f"no decisions in use on this machine{' for ' + ', '.join(ops) if ops else ''}; "
                                    "run `autosel tune` first, or pass --all to include stale rows")
