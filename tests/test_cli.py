@@ -1340,6 +1340,29 @@ def test_report_puts_the_bucket_rows_in_their_ops_section(reg, monkeypatch, tmp_
     assert page.count('class="bucket-sep switch"') == 1
 
 
+def test_export_merge_and_prune_count_rows_as_report_does(reg, monkeypatch, tmp_path):
+    # export, merge and prune counted op-level and bucket rows together as "3 decision(s)"; report told them apart.
+    import autosel.timing
+    import toy_kernels
+
+    monkeypatch.setattr(autosel.timing, "timer_for", lambda device, mode: FlippingTimer())
+    reg.register(KernelSpec("toy.double", B.TORCH, "toy_kernels:fast"))
+    reg.register(KernelSpec("toy.double", B.TRITON, "toy_kernels:fast"))
+    reg.define(OpDefinition("toy.double", shapes=toy_kernels.SHAPES, make_inputs=toy_kernels.inputs,
+                            bucket=toy_kernels.bucket))
+    assert run("tune").exit_code == 0
+    said = "1 decision(s) and 2 bucket row(s)"
+    assert run("report", "--out", tmp_path / "r.html").stdout == f"Wrote {tmp_path / 'r.html'}: {said}.\n"
+    out = tmp_path / "e.jsonl"
+    assert run("export", "--out", out).stdout == f"Exported {said} to {out} (jsonl).\n"
+    assert json.loads(run("export", "--out", out, "--force", "--json").stdout)["bucket_rows"] == 2
+    merged = tmp_path / "m.jsonl"
+    assert run("merge", out, "--out", merged).stdout == f"Merged 1 input(s) into {merged}: {said}.\n"
+    monkeypatch.setattr("autosel.inventory.version_vector", lambda platform, specs: {"torch": "0.0"})  # all stale
+    pruned = run("prune", "--dry-run").stdout.splitlines()[-1]
+    assert pruned == "Would remove 1 stale decision(s) and 2 bucket row(s) (run without --dry-run to remove them)."
+
+
 @pytest.mark.parametrize("field, value", [("margin", "0.03"), ("lead_over_runner_up", "0.5"), ("tune_s", "1")])
 def test_show_and_report_skip_a_row_whose_evidence_has_a_wrong_type(reg, tmp_path, field, value):
     # A number stored as a string used to crash `autosel show` and `report` (traceback, exit 1).

@@ -145,6 +145,12 @@ def echo_json(data: Any) -> None:
 
 # --- settings and the DB ------------------------------------------------------------------------------------
 
+def counted(rows: int, bucket_rows: int, kind: str = "") -> str:
+    """Rows in the words every command uses, "3 decision(s) and 12 bucket row(s)": export, merge and prune called
+    op-level and bucket rows together "decisions" where report told them apart. kind: "stale ", say."""
+    return f"{rows - bucket_rows} {kind}decision(s)" + (f" and {bucket_rows} bucket row(s)" if bucket_rows else "")
+
+
 def settings_for(db: str | None, *, full: bool, match: bool = True, warn: bool = True) -> config.Settings:
     """Settings with --db as the user layer. Commands that only read DBs look at AUTOSEL_DB/AUTOSEL_DB_PATH and
     AUTOSEL_MATCH (which rows count as in use; not match: export and prune, which never ask) only, so a bad

@@ -12,7 +12,7 @@ import click
 
 from autosel import config
 from autosel.cli import main
-from autosel.cli._common import (MEDIAN_NOTE, check_globs, db_option, decision_summary, echo_json, force_option,
+from autosel.cli._common import (MEDIAN_NOTE, check_globs, counted, db_option, decision_summary, echo_json, force_option,
                                  json_option, make_console, make_table, matches, op_option, out_option, read_db,
                                  refuse_overwrite, runner_up_text, settings_for)
 from autosel.decisions import OP_LEVEL_BUCKET, bucket_order, format_lead
@@ -409,6 +409,4 @@ def report(out, ops, db, include_all, force):
         from autosel.db_tools import why_unwritable
 
         raise click.ClickException(f"cannot write {out} ({why_unwritable(out, exc)}); choose a writable path") from None
-    bucket_rows = sum(e.decision.bucket != OP_LEVEL_BUCKET for e in chosen)
-    click.echo(f"Wrote {out}: {len(chosen) - bucket_rows} decision(s)"
-               + (f" and {bucket_rows} bucket row(s)." if bucket_rows else "."))
+    click.echo(f"Wrote {out}: {counted(len(chosen), sum(e.decision.bucket != OP_LEVEL_BUCKET for e in chosen))}.")
