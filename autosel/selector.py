@@ -50,7 +50,12 @@ def _choose(op: str, backend: KernelBackend | str | None, mode: str | None
     load_plugins()
     specs = registry.get(op)
     if not specs:
-        raise KeyError(f"No kernels registered for op {op!r}")
+        # The original selector's message stays as it was; a misspelt op gets the registered ops nearest to it in a
+        # note that the traceback shows (Python 3.11 on), as unknown backends and AUTOSEL_BACKEND ops did already.
+        error = KeyError(f"No kernels registered for op {op!r}")
+        if hasattr(error, "add_note") and (hint := config.nearest_ops(op, registry.ops())):
+            error.add_note(hint)
+        raise error
     _check_mode(mode)  # with backend= too, where no mode is resolved: a typo would pass unseen
     if backend is not None:
         backend = KernelBackend.parse(backend)

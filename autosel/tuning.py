@@ -510,6 +510,9 @@ def plan_jobs(platform: PlatformInfo, db, patterns: list[str] | None = None, *, 
                     db.record(stored, buckets)
                 status, where = ("copied", "copied from") if copy else ("stored", "stored in")
                 covered = "; it was decided on every given shape; --force (force=True) times them again" if given else ""
+                # `autosel -v tune` said nothing at all when every decision was stored, as selection's -v does.
+                log.info("op %r (%s mode): %s, %s %s%s; not timed again (--force times it)", op, mode, stored.winner,
+                         where, layer.path, f" with {len(buckets)} bucket rows" if buckets else "")
                 planned.append(TuneOutcome(op, mode, status, stored, f"{where} {layer.path}{covered}", buckets,
                                            platform.key))
                 continue

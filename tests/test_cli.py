@@ -124,6 +124,41 @@ def test_autosel_log_logs_as_verbose_does_through_one_handler_and_verbose_wins(r
     assert result.stderr.count("autosel: INFO: op 'toy.double' (eager mode): triton chosen") == 1
 
 
+def test_verbose_tune_says_which_stored_decision_it_keeps(reg, autosel_logger):
+    # `autosel -v tune` logged nothing when every decision was stored already.
+    toy(reg, B.TORCH, B.TRITON)
+    assert run("tune", "--budget-s", "10").exit_code == 0
+    result = run("-v", "tune")
+    assert result.exit_code == 0, result.output
+    assert (f"autosel: INFO: op 'toy.double' (eager mode): triton, stored in {settings_for(None, full=False).db}; "
+            "not timed again (--force times it)") in result.stderr
+
+
+def test_a_misspelt_op_glob_gets_a_did_you_mean(reg):
+    # `autosel tune --op toy.dubble` listed every registered op but named none as the one meant.
+    toy(reg, B.TORCH, B.TRITON)
+    toy(reg, B.TORCH, B.TRITON, op="toy.other")
+    assert run("tune", "--op", "toy.dubble").stderr == (
+        "Error: no registered op matches --op 'toy.dubble'; did you mean toy.double? registered ops: toy.double, "
+        "toy.other\n")
+    assert run("show", "--op", "toy.dubble").stderr == (
+        "Error: no registered op or stored decision matches --op 'toy.dubble'; did you mean toy.double? known ops: "
+        "toy.double, toy.other\n")
+
+
+def test_doctor_notes_an_autosel_record_path_no_call_can_write(reg, monkeypatch, tmp_path):
+    # AUTOSEL_RECORD under a file passed doctor; only the first kernel call warned.
+    (tmp_path / "file").write_text("")
+    monkeypatch.setenv("AUTOSEL_RECORD", str(tmp_path / "file" / "shapes.jsonl"))
+    result = run("doctor", "--json")
+    assert result.exit_code == 0
+    assert json.loads(result.stdout)["notes"][0] == (
+        f"AUTOSEL_RECORD={tmp_path / 'file' / 'shapes.jsonl'}: {tmp_path / 'file'} is a file, not a folder, so no "
+        "kernel call can record its shape (the kernels run all the same); choose a path in a writable folder")
+    monkeypatch.setenv("AUTOSEL_RECORD", str(tmp_path / "missing" / "shapes.jsonl"))  # created at the first call
+    assert not any("AUTOSEL_RECORD" in note for note in json.loads(run("doctor", "--json").stdout)["notes"])
+
+
 def test_usage_errors_exit_2():
     assert run("tune", "--budget-s", "0").exit_code == 2
     assert run("export", "--out", "x.db", "--format", "xml").exit_code == 2

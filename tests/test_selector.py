@@ -55,6 +55,17 @@ def test_unregistered_op_is_a_key_error(reg):
     assert info.value.args[0] == "No kernels registered for op 'x.y'"
 
 
+def test_a_misspelt_op_keeps_the_contracts_message_and_gets_a_did_you_mean_note(reg):
+    # An unknown op got no "did you mean", where unknown backends and AUTOSEL_BACKEND ops did.
+    reg.register(KernelSpec("layernorm.rmsnorm", B.TORCH, "m:a"))
+    for function in (selector.select_kernel, selector.get_kernel):
+        with pytest.raises(KeyError) as info:
+            function("layernorm.rmsnrom")
+        assert info.value.args[0] == "No kernels registered for op 'layernorm.rmsnrom'"
+        assert getattr(info.value, "__notes__", ["did you mean layernorm.rmsnorm?"]) == [
+            "did you mean layernorm.rmsnorm?"]
+
+
 def test_explicit_backend_gets_no_device_check(reg):
     reg.register(KernelSpec("x.y", B.FLASHINFER, "m:a", capabilities=CUDA_ONLY))
     reg.register(KernelSpec("x.y", B.SGL_KERNEL, "m:b", capabilities=CUDA_ONLY))

@@ -257,7 +257,8 @@ def check_globs(patterns: tuple[str, ...], known: set[str], what: str) -> None:
     """An --op glob that matches no registered op and no stored decision is a mistake, as in `tune`: exit 1."""
     for pattern in patterns:
         if not any(fnmatch.fnmatchcase(op, pattern) for op in known):
-            raise click.ClickException(f"no {what} matches --op {pattern!r}; known ops: "
+            hint = config.nearest_ops(pattern, sorted(known))
+            raise click.ClickException(f"no {what} matches --op {pattern!r}; {hint + ' ' if hint else ''}known ops: "
                                        f"{', '.join(sorted(known)) or 'none'}")
 
 

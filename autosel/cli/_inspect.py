@@ -243,7 +243,7 @@ def doctor(db, as_json):
                     "shapes": shapes, "shapes_error": shapes_error, "selection": selection, "stored": stored,
                     "backends": backends})
     layers = [vars(layer) for layer in database.layers]
-    notes = _bytecode_notes()
+    notes = _record_notes() + _bytecode_notes()
     ok = not blocking
     if as_json:
         echo_json({"ok": ok, "blocking": blocking, "config_error": config_error, "match": match,
@@ -258,6 +258,27 @@ def doctor(db, as_json):
         _print_doctor(platform, ops, layers, plugin_errors, plugin_conflicts, blocking, notes)
     if not ok:
         raise click.ClickException("selection is blocked: " + "; ".join(blocking))
+
+
+def _record_notes() -> list[str]:
+    """An AUTOSEL_RECORD path no call can append to (a missing folder is created at the first call): doctor passed it,
+    and the first kernel call warned."""
+    from autosel.db_tools import nearest_existing
+
+    try:
+        path = config.record_path()
+    except ConfigError:  # reported among the blocking problems
+        return []
+    if path is None:
+        return []
+    folder = path if path.exists() else nearest_existing(path)
+    problem = (f"{path} is a folder" if path.is_dir() else
+               None if folder is None else
+               f"{folder} is a file, not a folder" if not path.exists() and not folder.is_dir() else
+               f"{folder} is not writable" if not os.access(folder, os.W_OK) else None)
+    return [] if problem is None else [
+        f"AUTOSEL_RECORD={path}: {problem}, so no kernel call can record its shape (the kernels run all the same); "
+        "choose a path in a writable folder"]
 
 
 def _bytecode_notes() -> list[str]:
