@@ -41,15 +41,25 @@ of it, with Gemma-2-9B's GEMMs and four token counts of 50-97:
 
     python tools/heldout_bench.py --out DIR --shapes set28
 
-Writes DIR/heldout.md (the tables) and DIR/heldout.json (every median).
+cpu1 is for a CPU (token counts a CPU serves, no gemm.mm): made before any run of it, when the CPU's representative
+shapes were given a 4-token shape each, to judge that on shapes no tune timed:
+
+    AUTOSEL_DB=/tmp/empty.db AUTOSEL_DB_PATH=tuning_db/cpu-x86_64-xeon-2.db AUTOSEL_TUNE=off \
+        python tools/heldout_bench.py --out DIR --shapes cpu1
+
+Writes DIR/heldout.md (the tables) and DIR/heldout.json (every median), each with the command, commit and date.
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
 import fnmatch
 import json
 import math
+import os
+import shlex
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -336,7 +346,20 @@ SET27 = _held_out(TOKENS_27, rmsnorm=(4544, 5888), fused=(3456, 7936), silu=(320
 TOKENS_28 = (50, 54, 63, 97, 162, 415, 1015, 2570, 5420, 11950)
 SET28 = _held_out(TOKENS_28, rmsnorm=(2112, 10752), fused=(2816, 9984), silu=(5760, 16384), gelu=(3584, 9728),
                   rope=((12, 3), (36, 6)), mm=((8192, 3584), (3584, 14336)))
-SETS = {"set1": SET1, "set2": SET2, "set3": SET3, "set4": SET4, "set5": SET5, "set6": SET6, "set7": SET7, "set8": SET8,
+# cpu1: for a CPU, made before any run of it: token counts between and beside the CPU's representative ones (1, 4,
+# 16, 64-512) and widths of none of them, at sizes a CPU serves; gemm.mm left out (a 300-token GEMM of these widths
+# takes seconds a round on two cores).
+TOKENS_CPU1 = (2, 3, 5, 6, 7, 10, 24, 40, 96, 300)
+SET_CPU1 = {
+    "layernorm.rmsnorm": [{"tokens": t, "hidden": h} for h in (3072, 6144) for t in TOKENS_CPU1],
+    "layernorm.fused_add_rmsnorm": [{"tokens": t, "hidden": h} for h in (2560, 5120) for t in TOKENS_CPU1],
+    "activation.silu_and_mul": [{"tokens": t, "intermediate": i} for i in (4864, 11008) for t in TOKENS_CPU1],
+    "activation.gelu_and_mul": [{"tokens": t, "intermediate": i} for i, ts in zip((6144, 9728), (TOKENS_CPU1[1::2],
+                                                                                        TOKENS_CPU1[::2])) for t in ts],
+    "embeddings.rope": [_rope(t, q, kv) for (q, kv), ts in zip(((16, 4), (40, 8)), (TOKENS_CPU1[1::2],
+                                                                                   TOKENS_CPU1[::2])) for t in ts],
+}
+SETS = {"cpu1": SET_CPU1, "set1": SET1, "set2": SET2, "set3": SET3, "set4": SET4, "set5": SET5, "set6": SET6, "set7": SET7, "set8": SET8,
         "set9": SET9, "set10": SET10, "set11": SET11, "set12": SET12, "set13": SET13,
         "set14": SET14, "set15": SET15, "set16": SET16, "set17": SET17, "set18": SET18, "set19": SET19,
         "set20": SET20, "set21": SET21, "set22": SET22, "set23": SET23,
@@ -440,6 +463,21 @@ def steady_wins(rows: list[dict], fixed: str, rejected=()) -> list[tuple[dict, s
     return wins
 
 
+def provenance(argv: list[str] | None) -> dict[str, str]:
+    """The command line (with the AUTOSEL_* variables that choose the DB), the commit (+dirty) and the UTC date."""
+    here = Path(__file__).resolve().parent
+    try:
+        commit = subprocess.run(["git", "describe", "--always", "--dirty", "--abbrev=12"], cwd=here,
+                                capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        commit = "unknown (not a git checkout)"
+    env = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(os.environ.items()) if k.startswith("AUTOSEL_"))
+    args = sys.argv[1:] if argv is None else argv
+    command = " ".join(filter(None, [env, "python tools/heldout_bench.py", shlex.join(args)]))
+    return {"command": command, "commit": commit,
+            "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, required=True)
@@ -447,7 +485,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--mode", action="append", choices=("eager", "graph"), help="default: every mode here")
     parser.add_argument("--shapes", choices=sorted(SETS), default="set2",
                         help="held-out shape set (default set2; set1: the shapes of docs/BENCHMARKS.md section 2; "
-                             "set20: out of sample for every rule, representative shape and kernel change so far)")
+                             "set20: out of sample for every rule, representative shape and kernel change so far; "
+                             "cpu1: for a CPU)")
     args = parser.parse_args(argv)
     held_out = SETS[args.shapes]
     platform = platforms.current_platform()
@@ -461,7 +500,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--mode graph: this {platform.device.value} machine has no graph mode; it runs "
                      f"{', '.join(available)} mode only")
     args.out.mkdir(parents=True, exist_ok=True)
-    lines = [f"Platform `{platform.key}`, versions {platform.version_map}; held-out shapes {args.shapes}.", "",
+    made = provenance(argv)
+    lines = [f"Command: `{made['command']}`; commit {made['commit']}; {made['date']}.", "",
+             f"Platform `{platform.key}`, versions {platform.version_map}; held-out shapes {args.shapes}.", "",
              "Time over the per-shape best: geometric mean, worst (inf: the pick failed a shape's check).", ""]
     results = []
     for op, eligible in tuning.contested_ops(platform, args.op):
@@ -495,7 +536,7 @@ def main(argv: list[str] | None = None) -> int:
                                 for r, b, w in steady), ""]
             lines += [f"- {b}: rejected by the tune, so left out of the per-shape best: {why}" for b, why in
                       rejected.items()] + ([""] if rejected else [])
-            results.append({"op": op, "mode": mode, "shapes": args.shapes, "table": {
+            results.append({"op": op, "mode": mode, "shapes": args.shapes, "provenance": made, "table": {
                 "default": table.default, "winners": [[list(k), v] for k, v in table.winners.items()]},
                 "rows": rows, "rejected": rejected, "summary": {k: list(v) for k, v in summary.items()},
                 "dispatcher_over_best_fixed_per_round": rounds,
