@@ -45,7 +45,7 @@ cpu1 is for a CPU (token counts a CPU serves, no gemm.mm): made before any run o
 shapes were given a 4-token shape each, to judge that on shapes no tune timed:
 
     AUTOSEL_DB=/tmp/empty.db AUTOSEL_DB_PATH=tuning_db/cpu-x86_64-xeon-2.db AUTOSEL_TUNE=off \
-        python tools/heldout_bench.py --out DIR --shapes cpu1
+        python tools/heldout_bench.py --out DIR --shapes cpu1 --rounds 5
 
 Writes DIR/heldout.md (the tables) and DIR/heldout.json (every median), each with the command, commit and date.
 """
@@ -373,16 +373,20 @@ def table_for(op: str, mode: str) -> BucketTable:
     return table or BucketTable(op, mode, selector.select_kernel(op, mode=mode).backend.value)
 
 
-def measure(op: str, mode: str, eligible: list, shapes: list[dict], platform) -> list[dict]:
+def measure(op: str, mode: str, eligible: list, shapes: list[dict], platform, rounds: int | None = None
+            ) -> list[dict]:
     """Every eligible backend's median per shape (None: rejected at that shape), by autosel's tuner, with each
-    shape's bucket as the tuner computed it (from the bucket rows of this measurement)."""
+    shape's bucket as the tuner computed it (from the bucket rows of this measurement). rounds: that many
+    interleaved rounds with every backend timed in each (on a shared CPU one descheduled round can be 100x the
+    others, and the tuner's rule stops timing a backend 1.3x behind after the first round); else the tuner's."""
     from autosel.decisions import parse_bucket
     from autosel.timing import timer_for
     from autosel.tuner import Tuner
 
     definition = registry.definition(op)
+    every_round = {} if rounds is None else {"rounds": rounds, "settled_factor": math.inf}
     tuner = Tuner(timer=timer_for(platform.torch_device, mode), device=platform.torch_device,
-                  drop_factor=math.inf, budget_s=1e9)
+                  drop_factor=math.inf, budget_s=1e9, **every_round)
     decision, buckets = tuner.tune_buckets(definition, eligible, reference=tuning.reference_for(definition),
                                            shapes=shapes, mode=mode, platform_key=platform.key, versions={})
     bucket_of_shape = {json.dumps(s.shape, sort_keys=True): list(parse_bucket(row.bucket))
@@ -487,6 +491,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="held-out shape set (default set2; set1: the shapes of docs/BENCHMARKS.md section 2; "
                              "set20: out of sample for every rule, representative shape and kernel change so far; "
                              "cpu1: for a CPU)")
+    parser.add_argument("--rounds", type=int, help="interleaved rounds, every backend timed in each (default: the "
+                                                   "tuner's three, a backend far behind after the first not again)")
     args = parser.parse_args(argv)
     held_out = SETS[args.shapes]
     platform = platforms.current_platform()
@@ -511,7 +517,7 @@ def main(argv: list[str] | None = None) -> int:
         for mode in args.mode or available:
             began = time.perf_counter()
             table = table_for(op, mode)
-            rows = measure(op, mode, eligible, held_out[op], platform)
+            rows = measure(op, mode, eligible, held_out[op], platform, args.rounds)
             rejected = rejected_by_tune(op, mode, eligible, platform)
             summary = summarize(rows, table, rejected)
             fixed = {k: v for k, v in summary.items()
