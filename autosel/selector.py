@@ -110,7 +110,8 @@ def forced_unusable(op: str, spec: KernelSpec, specs: list[KernelSpec], platform
     usable = [s.backend.value for s in specs if s.is_available(platform)]
     return (f"AUTOSEL_BACKEND forces {spec.backend.value!r} for op {op!r}, which cannot run on device "
             f"{platform.device.value!r}: {why}. Force a backend usable here ({', '.join(usable) or 'none is'}) or "
-            f"remove it from AUTOSEL_BACKEND; select_kernel({op!r}, backend={spec.backend.value!r}) still returns it unchecked")
+            f"remove it from AUTOSEL_BACKEND; select_kernel({op!r}, backend={spec.backend.value!r}) still returns it "
+            "unchecked")
 
 
 # --- get_kernel: a cache that a concurrent clear_cache() cannot repopulate with stale entries --------------

@@ -34,7 +34,8 @@ def _why_no_wheel_can_be_built() -> str | None:
         return "setuptools is not installed, and installing autosel without the network needs it"
     # setuptools builds wheels itself from 70.1 on; before, only with the `wheel` package.
     if importlib.util.find_spec("setuptools.command.bdist_wheel") is None and importlib.util.find_spec("wheel") is None:
-        return "setuptools is older than 70.1 and `wheel` is not installed, so no wheel can be built without the network"
+        return ("setuptools is older than 70.1 and `wheel` is not installed, so no wheel can be built without the "
+                "network")
     return None
 
 

@@ -359,7 +359,8 @@ SET_CPU1 = {
     "embeddings.rope": [_rope(t, q, kv) for (q, kv), ts in zip(((16, 4), (40, 8)), (TOKENS_CPU1[1::2],
                                                                                    TOKENS_CPU1[::2])) for t in ts],
 }
-SETS = {"cpu1": SET_CPU1, "set1": SET1, "set2": SET2, "set3": SET3, "set4": SET4, "set5": SET5, "set6": SET6, "set7": SET7, "set8": SET8,
+SETS = {"cpu1": SET_CPU1,
+        "set1": SET1, "set2": SET2, "set3": SET3, "set4": SET4, "set5": SET5, "set6": SET6, "set7": SET7, "set8": SET8,
         "set9": SET9, "set10": SET10, "set11": SET11, "set12": SET12, "set13": SET13,
         "set14": SET14, "set15": SET15, "set16": SET16, "set17": SET17, "set18": SET18, "set19": SET19,
         "set20": SET20, "set21": SET21, "set22": SET22, "set23": SET23,

@@ -12,9 +12,9 @@ import click
 
 from autosel import config
 from autosel.cli import main
-from autosel.cli._common import (MEDIAN_NOTE, check_globs, counted, db_option, decision_summary, echo_json, force_option,
-                                 json_option, make_console, make_table, matches, op_option, out_option, read_db,
-                                 refuse_overwrite, runner_up_text, settings_for)
+from autosel.cli._common import (MEDIAN_NOTE, check_globs, counted, db_option, decision_summary, echo_json,
+                                 force_option, json_option, make_console, make_table, matches, op_option, out_option,
+                                 read_db, refuse_overwrite, runner_up_text, settings_for)
 from autosel.decisions import OP_LEVEL_BUCKET, bucket_order, format_lead
 from autosel.errors import ConfigError, TuningError
 from autosel.inventory import Entry, Inventory, unregistered
@@ -59,7 +59,7 @@ def _evidence(d) -> str:
     return "\n".join(lines)
 
 
-def forcing(op: str, specs: list, platform, forced: config.Settings | None) -> tuple[str, str | None] | None:
+def _forcing(op: str, specs: list, platform, forced: config.Settings | None) -> tuple[str, str | None] | None:
     """What AUTOSEL_BACKEND makes selection of `op` do, in select_kernel's order: (what selection does, the error it
     raises or None), or None where it forces nothing for `op`. Doctor and show ignored the force and named the
     stored winner, while get_kernel returned the forced kernel (or one that failed at its first call)."""
@@ -104,9 +104,9 @@ def show(ops, db, include_all, as_json):
     """Show stored decisions, which layer each came from, and their evidence.
 
     Status per row: "in use" (what selection on this machine uses), "overridden" (it would be, but AUTOSEL_BACKEND
-    forces a backend for its op), "shadowed" (an earlier layer has the same
-    key), "stale" (tuned on another platform or with other versions), "unusable" (its winner is not eligible
-    here), "unknown op" (not registered here). Rows of shipped DBs made for other platforms are counted, not
+    forces a backend for its op), "shadowed" (an earlier layer has the same key), "stale" (tuned on another
+    platform or with other versions), "unusable" (its winner is not eligible here), "unknown op" (not registered
+    in this process). Rows of shipped DBs made for other platforms are counted, not
     listed, unless --all is given; the user DB's rows are always listed.
 
     \b
@@ -153,7 +153,7 @@ def _overridden(entries: list[Entry], platform, forced: config.Settings | None) 
 
     out = []
     for e in entries:
-        if e.status == "in use" and (found := forcing(e.decision.op, tuning.registry.get(e.decision.op), platform,
+        if e.status == "in use" and (found := _forcing(e.decision.op, tuning.registry.get(e.decision.op), platform,
                                                       forced)) is not None:
             e = replace(e, status="overridden", detail=found[0])
         out.append(e)
@@ -231,7 +231,7 @@ def doctor(db, as_json):
         else:
             selection = _contested_selection(op, eligible, shapes, tuning.modes_for(platform), in_use, other_buckets,
                                              shapes_failed=shapes_error is not None)
-        if (found := forcing(op, specs, platform, forced)) is not None:
+        if (found := _forcing(op, specs, platform, forced)) is not None:
             selection, problem = found
             blocking += [problem] if problem else []
         if shapes_error is not None:
