@@ -469,14 +469,16 @@ def steady_wins(rows: list[dict], fixed: str, rejected=()) -> list[tuple[dict, s
 
 
 def provenance(argv: list[str] | None) -> dict[str, str]:
-    """The command line (with the AUTOSEL_* variables that choose the DB), the commit (+dirty) and the UTC date."""
+    """The command line (with the AUTOSEL_* variables that choose the DB and OMP_NUM_THREADS, the CPU threads), the
+    commit (+dirty) and the UTC date."""
     here = Path(__file__).resolve().parent
     try:
         commit = subprocess.run(["git", "describe", "--always", "--dirty", "--abbrev=12"], cwd=here,
                                 capture_output=True, text=True, check=True).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         commit = "unknown (not a git checkout)"
-    env = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(os.environ.items()) if k.startswith("AUTOSEL_"))
+    env = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(os.environ.items())
+                   if k.startswith("AUTOSEL_") or k == "OMP_NUM_THREADS")
     args = sys.argv[1:] if argv is None else argv
     command = " ".join(filter(None, [env, "python tools/heldout_bench.py", shlex.join(args)]))
     return {"command": command, "commit": commit,
