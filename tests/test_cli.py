@@ -1354,8 +1354,8 @@ def test_tune_says_how_many_buckets_each_op_has_and_show_lists_them(reg, monkeyp
     assert "2, 1 differ" in table
 
 
-def test_report_puts_the_bucket_rows_in_their_ops_section(reg, monkeypatch, tmp_path):
-    # Each bucket row used to be a section of its own, counted as a decision.
+def _tune_with_buckets(reg, monkeypatch) -> None:
+    """A tune that stores toy.double's op-level row (triton) and two bucket rows, one of them torch's."""
     import autosel.timing
     import toy_kernels
 
@@ -1365,6 +1365,11 @@ def test_report_puts_the_bucket_rows_in_their_ops_section(reg, monkeypatch, tmp_
     reg.define(OpDefinition("toy.double", shapes=toy_kernels.SHAPES, make_inputs=toy_kernels.inputs,
                             bucket=toy_kernels.bucket))
     assert run("tune").exit_code == 0
+
+
+def test_report_puts_the_bucket_rows_in_their_ops_section(reg, monkeypatch, tmp_path):
+    # Each bucket row used to be a section of its own, counted as a decision.
+    _tune_with_buckets(reg, monkeypatch)
     out = tmp_path / "report.html"
     result = run("report", "--out", out)
     assert result.exit_code == 0 and result.stdout == f"Wrote {out}: 1 decision(s) and 2 bucket row(s).\n"
@@ -1377,15 +1382,7 @@ def test_report_puts_the_bucket_rows_in_their_ops_section(reg, monkeypatch, tmp_
 
 def test_export_merge_and_prune_count_rows_as_report_does(reg, monkeypatch, tmp_path):
     # export, merge and prune counted op-level and bucket rows together as "3 decision(s)"; report told them apart.
-    import autosel.timing
-    import toy_kernels
-
-    monkeypatch.setattr(autosel.timing, "timer_for", lambda device, mode: FlippingTimer())
-    reg.register(KernelSpec("toy.double", B.TORCH, "toy_kernels:fast"))
-    reg.register(KernelSpec("toy.double", B.TRITON, "toy_kernels:fast"))
-    reg.define(OpDefinition("toy.double", shapes=toy_kernels.SHAPES, make_inputs=toy_kernels.inputs,
-                            bucket=toy_kernels.bucket))
-    assert run("tune").exit_code == 0
+    _tune_with_buckets(reg, monkeypatch)
     said = "1 decision(s) and 2 bucket row(s)"
     assert run("report", "--out", tmp_path / "r.html").stdout == f"Wrote {tmp_path / 'r.html'}: {said}.\n"
     out = tmp_path / "e.jsonl"

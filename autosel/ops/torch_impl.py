@@ -127,7 +127,9 @@ def rope(positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor, head_s
          cos_sin_cache: torch.Tensor, is_neox: bool) -> None:
     """Rotary embedding in place on query and key; cos_sin_cache rows are [cos | sin] (vLLM/flashinfer layout).
     Positions index the cache unchecked on the device (a check would wait for the GPU): torch raises an IndexError
-    for one past its rows, torch.compile's CPU code a RuntimeError, and the GPU kernels read out of bounds."""
+    for one past its rows, torch.compile's CPU code a RuntimeError, or aborts the process where the index is read
+    inside its parallel loop (2 tokens of 8 rows: "terminate called ...", exit code 134), and the GPU kernels read
+    out of bounds."""
     _check_float("query", query)
     _check_float("key", key)
     _check_heads(query, key, head_size)
