@@ -41,6 +41,17 @@ def test_each_set_is_held_out_from_every_earlier_one_and_costs_what_set1_did(ben
         assert len(shapes) == len(bench.SET1[op]), op  # the benchmark's device time stays where it was
 
 
+def test_the_cpu_set_is_held_out_from_the_cpus_representative_shapes(bench):
+    # The CPU's 4-token shapes were judged on cpu1: a representative shape in it would make its figures in-sample.
+    from autosel.platforms import PlatformInfo
+
+    cpu = PlatformInfo("cpu", arch="x86_64", device_name="test cpu", multiprocessor_count=2)
+    for op, shapes in bench.CPU_SETS["cpu1"].items():
+        tokens = {s["tokens"] for s in registry.definition(op).shapes(cpu)}
+        assert not [s for s in shapes if s["tokens"] in tokens], op
+        assert len({json.dumps(s, sort_keys=True) for s in shapes}) == len(shapes), op
+
+
 @pytest.mark.parametrize("name", SETS[2:])
 def test_a_later_set_has_no_token_count_or_width_of_an_earlier_set(bench, name):
     def widths(shapes):
