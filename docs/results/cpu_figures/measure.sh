@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Item 7's figures on this machine: each in fresh processes, three times.
+# The README's CPU figures that had no source, on this machine: each in fresh processes, three times.
 set -u
 PY=${PY:-python}
 export PYTHONPATH=$(cd "$(dirname "$0")/../../.." && pwd)  # this checkout
