@@ -101,15 +101,19 @@ def _parse_forced(env: Mapping[str, str]):
     return None, tuple(per_op)
 
 
+def nearest_ops(op: str, registered: Sequence[str]) -> str:
+    """"did you mean a.b or a.c?" naming the registered ops nearest to a misspelt one, or "" when none is near."""
+    near = difflib.get_close_matches(op, registered, n=3)
+    return f"did you mean {' or '.join(near)}?" if near else ""
+
+
 def unknown_op_problems(ops: Iterable[str], registered: Sequence[str]) -> list[str]:
     """A sentence per AUTOSEL_BACKEND op that is not in `registered`, naming the registered ops nearest to it.
     Parsing cannot check this: plug-ins fill the registry after the environment is read."""
     problems = []
     for op in ops:
         if op not in registered:
-            near = difflib.get_close_matches(op, registered, n=3)
-            hint = (f"did you mean {' or '.join(near)}?" if near
-                    else f"registered ops: {', '.join(registered) or 'none'}")
+            hint = nearest_ops(op, registered) or f"registered ops: {', '.join(registered) or 'none'}"
             problems.append(f"AUTOSEL_BACKEND names op {op!r}, which is not registered here ({hint})")
     return problems
 

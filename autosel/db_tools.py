@@ -521,6 +521,7 @@ class MergeReport:
     conflicts: tuple[Conflict, ...]
     sources: tuple[str, ...]
     written: bool = True  # False: every table conflicted and was left out, so no file was written (nor replaced)
+    bucket_rows: int = 0  # of `rows`, those of a shape bucket (the rest are op-level decisions)
 
 
 def merge(inputs: Sequence[Path], out: Path, *, prefer: str | None = None, overwrite: bool = False,
@@ -571,4 +572,5 @@ def merge(inputs: Sequence[Path], out: Path, *, prefer: str | None = None, overw
         return MergeReport(rows=0, conflicts=tuple(conflicts), sources=sources, written=False)
     fmt = fmt or ("jsonl" if Path(out).suffix == ".jsonl" else "sqlite")
     rows = export_decisions(kept, Path(out), fmt=fmt, overwrite=overwrite)
-    return MergeReport(rows=rows, conflicts=tuple(conflicts), sources=sources)
+    return MergeReport(rows=rows, conflicts=tuple(conflicts), sources=sources,
+                       bucket_rows=sum(d.bucket != OP_LEVEL_BUCKET for d in kept))

@@ -23,6 +23,7 @@ import operator
 import sys
 import threading
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from autosel.decisions import bucket_key_rule, bucket_problem, is_number, key_order
@@ -362,6 +363,16 @@ def by_tokens(eager: Callable[..., Any], graph: Callable[..., Any], threshold: i
     prefill keeps the GPU behind the host, so its calls cost their device time, which the graph decisions are made
     on. The tokens are the first argument's first dimension, as in every built-in op (rope: the positions); keyword
     arguments are passed on. Its `parts` are (eager, graph, threshold)."""
+    # by_tokens(e, g, "1024") was accepted and failed at its first call with a TypeError; 0 ran graph on every call.
+    if isinstance(threshold, bool) or not isinstance(threshold, int):
+        raise TypeError(f"by_tokens: threshold is {threshold!r} ({type(threshold).__name__}); pass the token count "
+                        "from which `graph` runs, an int such as 1024")
+    if threshold < 1:
+        raise ValueError(f"by_tokens: threshold is {threshold}; pass a token count of at least 1 (every call has "
+                         "at least one token, so a smaller one always runs `graph`: pass that kernel itself instead)")
+    for name, fn in (("eager", eager), ("graph", graph)):
+        if not callable(fn):
+            raise TypeError(f"by_tokens: {name} is {fn!r}, not a kernel; pass get_kernel(op, mode={name!r})")
     if graph is eager:
         return eager
 
@@ -419,6 +430,8 @@ def _record(op: str, mode: str, shape_of: Callable[..., dict], args, kwargs, pat
         if (op, mode, shape) in _recorded:
             return
         try:
+            # A missing folder was warned of at the first call, where AUTOSEL_DB's is created: AUTOSEL_RECORD's too.
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
             with open_regular(path, "a", encoding="utf-8") as f:  # appending to a FIFO waits for a reader
                 f.write(json.dumps({"op": op, "shape": json.loads(shape), "mode": mode}) + "\n")
         except OSError as exc:

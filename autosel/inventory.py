@@ -24,6 +24,14 @@ class Entry:
     near: bool = False  # in use as a near match (AUTOSEL_MATCH=device or arch); detail says what differs
 
 
+def unregistered(*ops: str) -> str:
+    """Why stored ops are unknown here: an op a script registers exists in that script's processes only."""
+    named = f"op {ops[0]!r} is" if len(ops) == 1 else f"ops {', '.join(map(repr, ops))} are"
+    return (f"{named} not registered in this process: install the package whose `autosel.ops` entry point registers "
+            f"{'it' if len(ops) == 1 else 'them'}, or, for an op a script registers, register it through such an entry "
+            "point so that the CLI sees it")
+
+
 def version_diff(stored: dict[str, str], current: dict[str, str]) -> str:
     changed = [f"{k} {stored.get(k, '(none)')} -> {current.get(k, '(none)')}"
                for k in sorted(set(stored) | set(current)) if stored.get(k) != current.get(k)]
@@ -107,7 +115,7 @@ class Inventory:
             specs, eligible, _ = self.current(decision.op)
             stale = self.staleness(decision)
             if not specs:
-                status, detail = "unknown op", f"op {decision.op!r} is not registered here (is its plug-in installed?)"
+                status, detail = "unknown op", unregistered(decision.op)
             elif stale:
                 status, detail = "stale", stale
             elif not eligible:

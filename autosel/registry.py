@@ -36,6 +36,7 @@ class KernelRegistry:
         self._ops: dict[str, OpDefinition] = {}
         self._lock = threading.RLock()
         self._load = load
+        self._plugin_ops: set[str] = set()  # ops an `autosel.ops` entry point registered: what the CLI sees too
 
     def _loaded(self) -> None:
         if self._load is not None:
@@ -60,6 +61,8 @@ class KernelRegistry:
                 ))
             existing.append(spec)
             _journal(self, spec)
+            if getattr(_loading, "plugin", None) is not None:
+                self._plugin_ops.add(spec.op)
         for listener in _listeners:
             listener(spec.op)
         return spec
@@ -84,6 +87,12 @@ class KernelRegistry:
                 specs[:] = [s for s in specs if s is not registered]
             elif self._ops.get(registered.op) is registered:
                 del self._ops[registered.op]
+
+    def from_entry_point(self, op: str) -> bool:
+        """Whether an `autosel.ops` entry point registered `op`, so that every process, the CLI's included, has it;
+        an op a script registers exists in that script's processes only."""
+        self._loaded()
+        return op in self._plugin_ops
 
     def get(self, op: str) -> list[KernelSpec]:
         self._loaded()

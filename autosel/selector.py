@@ -50,7 +50,12 @@ def _choose(op: str, backend: KernelBackend | str | None, mode: str | None
     load_plugins()
     specs = registry.get(op)
     if not specs:
-        raise KeyError(f"No kernels registered for op {op!r}")
+        # The original selector's message stays as it was; a misspelt op gets the registered ops nearest to it in a
+        # note that the traceback shows (Python 3.11 on), as unknown backends and AUTOSEL_BACKEND ops did already.
+        error = KeyError(f"No kernels registered for op {op!r}")
+        if hasattr(error, "add_note") and (hint := config.nearest_ops(op, registry.ops())):
+            error.add_note(hint)
+        raise error
     _check_mode(mode)  # with backend= too, where no mode is resolved: a typo would pass unseen
     if backend is not None:
         backend = KernelBackend.parse(backend)
@@ -65,11 +70,14 @@ def _choose(op: str, backend: KernelBackend | str | None, mode: str | None
     if forced is not None:
         match = next((s for s in specs if s.backend == forced), None)
         missing = f"No '{forced.value}' backend registered for op {op!r}"
-        if in_process_group() and (match is not None or per_op):  # the ranks not forced alike make the op's
-            platform = platforms.current_platform()  # agreement: this one takes part too, or they wait for it
+        platform = platforms.current_platform()
+        if in_process_group() and (match is not None or per_op):
+            # The ranks not forced alike make the op's agreement: this one takes part too, or they wait for it.
             agree_on_fewer(op, [forced.value] if match is not None else [], missing,
                            mode=resolve_mode(mode, platform, settings), platform_key=platform.key, forced=forced.value)
         if match is not None:
+            if (unusable := forced_unusable(op, match, specs, platform)) is not None:
+                raise ValueError(unusable)
             log.info("op %r: AUTOSEL_BACKEND forces %r", op, forced.value)
             return match
         if per_op:
@@ -90,6 +98,20 @@ def _choose(op: str, backend: KernelBackend | str | None, mode: str | None
     table = decide(op, eligible, platform, resolve_mode(mode, platform, settings), settings)
     by_backend = {s.backend.value: s for s in eligible}
     return by_backend[table.default], table, eligible
+
+
+def forced_unusable(op: str, spec: KernelSpec, specs: list[KernelSpec], platform: PlatformInfo) -> str | None:
+    """Why the backend AUTOSEL_BACKEND forces for `op` cannot run here, or None. A forced Triton kernel on a CPU used
+    to be returned and fail at its first call (`Torch not compiled with CUDA enabled`); an environment variable set
+    for another machine is refused at selection instead. backend=... keeps the contract's "no device check"."""
+    why = spec.unavailable_reason(platform)
+    if why is None:
+        return None
+    usable = [s.backend.value for s in specs if s.is_available(platform)]
+    return (f"AUTOSEL_BACKEND forces {spec.backend.value!r} for op {op!r}, which cannot run on device "
+            f"{platform.device.value!r}: {why}. Force a backend usable here ({', '.join(usable) or 'none is'}) or "
+            f"remove it from AUTOSEL_BACKEND; select_kernel({op!r}, backend={spec.backend.value!r}) still returns it "
+            "unchecked")
 
 
 # --- get_kernel: a cache that a concurrent clear_cache() cannot repopulate with stale entries --------------

@@ -26,6 +26,12 @@ HINT_TUNING_OFF = (
     " [autosel: AUTOSEL_TUNE=off and no stored decision matches this machine; run `autosel tune` "
     "or unset AUTOSEL_TUNE to let autosel time the backends]"
 )
+HINT_TUNING_OFF_SCRIPT = (
+    " [autosel: AUTOSEL_TUNE=off and no stored decision matches this machine; this op is registered by this process,"
+    " not through an `autosel.ops` entry point, so `autosel tune` does not see it: unset AUTOSEL_TUNE in this "
+    "process to time the backends and store the decision, or register the op through an `autosel.ops` entry point "
+    "(the README shows one) so that `autosel tune` sees it]"
+)
 HINT_NO_SHAPES = (
     " [autosel: no representative shapes are known for this op, so it cannot be timed; declare them with "
     "autosel.register_op(op, shapes=[...], make_inputs=...)]"
@@ -286,7 +292,7 @@ def _tunable(op: str, eligible: list[KernelSpec], platform: PlatformInfo, mode: 
     if why_not == NO_SHAPES:
         raise ValueError(message + HINT_NO_SHAPES)
     if why_not == TUNING_OFF:
-        raise ValueError(message + HINT_TUNING_OFF)
+        raise ValueError(message + (HINT_TUNING_OFF if registry.from_entry_point(op) else HINT_TUNING_OFF_SCRIPT))
     if why_not == CAPTURE:
         raise TuningError(f"op {op!r} has no stored {mode}-mode decision and cannot be timed while a CUDA graph "
                           "is being captured; call get_kernel for it before capture, or run `autosel tune`")
@@ -299,8 +305,11 @@ def _announce_tune(op: str, mode: str, why: str, eligible: list[KernelSpec], set
             f"kept in this process's memory only ({settings.db} cannot be written, as warned)")
     log.warning("op %r (%s mode)%s, so its backends (%s) are timed now: this call blocks for the checks and "
                 "compilation plus up to AUTOSEL_BUDGET_S=%g s of timing, and the decision is %s. To avoid the "
-                "wait, run `autosel tune` before serving, or ship a tuning DB and point AUTOSEL_DB_PATH at it",
-                op, mode, why, ", ".join(spec_list(eligible)), settings.budget_s, kept)
+                "wait, %s before serving, or ship a tuning DB and point AUTOSEL_DB_PATH at it",
+                op, mode, why, ", ".join(spec_list(eligible)), settings.budget_s, kept,
+                "run `autosel tune`" if registry.from_entry_point(op) else  # the CLI does not see a script's ops
+                "make this call once (this op is registered by this process, not through an `autosel.ops` entry "
+                "point, so `autosel tune` does not see it)")
 
 
 class Recorded(NamedTuple):
@@ -506,6 +515,9 @@ def plan_jobs(platform: PlatformInfo, db, patterns: list[str] | None = None, *, 
                     db.record(stored, buckets)
                 status, where = ("copied", "copied from") if copy else ("stored", "stored in")
                 covered = "; it was decided on every given shape; --force (force=True) times them again" if given else ""
+                # `autosel -v tune` said nothing at all when every decision was stored, as selection's -v does.
+                log.info("op %r (%s mode): %s, %s %s%s; not timed again (--force times it)", op, mode, stored.winner,
+                         where, layer.path, f" with {len(buckets)} bucket rows" if buckets else "")
                 planned.append(TuneOutcome(op, mode, status, stored, f"{where} {layer.path}{covered}", buckets,
                                            platform.key))
                 continue

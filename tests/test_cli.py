@@ -124,6 +124,41 @@ def test_autosel_log_logs_as_verbose_does_through_one_handler_and_verbose_wins(r
     assert result.stderr.count("autosel: INFO: op 'toy.double' (eager mode): triton chosen") == 1
 
 
+def test_verbose_tune_says_which_stored_decision_it_keeps(reg, autosel_logger):
+    # `autosel -v tune` logged nothing when every decision was stored already.
+    toy(reg, B.TORCH, B.TRITON)
+    assert run("tune", "--budget-s", "10").exit_code == 0
+    result = run("-v", "tune")
+    assert result.exit_code == 0, result.output
+    assert (f"autosel: INFO: op 'toy.double' (eager mode): triton, stored in {settings_for(None, full=False).db}; "
+            "not timed again (--force times it)") in result.stderr
+
+
+def test_a_misspelt_op_glob_gets_a_did_you_mean(reg):
+    # `autosel tune --op toy.dubble` listed every registered op but named none as the one meant.
+    toy(reg, B.TORCH, B.TRITON)
+    toy(reg, B.TORCH, B.TRITON, op="toy.other")
+    assert run("tune", "--op", "toy.dubble").stderr == (
+        "Error: no registered op matches --op 'toy.dubble'; did you mean toy.double? registered ops: toy.double, "
+        "toy.other\n")
+    assert run("show", "--op", "toy.dubble").stderr == (
+        "Error: no registered op or stored decision matches --op 'toy.dubble'; did you mean toy.double? known ops: "
+        "toy.double, toy.other\n")
+
+
+def test_doctor_notes_an_autosel_record_path_no_call_can_write(reg, monkeypatch, tmp_path):
+    # AUTOSEL_RECORD under a file passed doctor; only the first kernel call warned.
+    (tmp_path / "file").write_text("")
+    monkeypatch.setenv("AUTOSEL_RECORD", str(tmp_path / "file" / "shapes.jsonl"))
+    result = run("doctor", "--json")
+    assert result.exit_code == 0
+    assert json.loads(result.stdout)["notes"][0] == (
+        f"AUTOSEL_RECORD={tmp_path / 'file' / 'shapes.jsonl'}: {tmp_path / 'file'} is a file, not a folder, so no "
+        "kernel call can record its shape (the kernels run all the same); choose a path in a writable folder")
+    monkeypatch.setenv("AUTOSEL_RECORD", str(tmp_path / "missing" / "shapes.jsonl"))  # created at the first call
+    assert not any("AUTOSEL_RECORD" in note for note in json.loads(run("doctor", "--json").stdout)["notes"])
+
+
 def test_usage_errors_exit_2():
     assert run("tune", "--budget-s", "0").exit_code == 2
     assert run("export", "--out", "x.db", "--format", "xml").exit_code == 2
@@ -949,6 +984,37 @@ def test_doctor_blocks_on_an_autosel_backend_op_that_is_not_registered(reg, monk
     assert run("doctor").exit_code == 0
 
 
+def test_doctor_and_show_report_what_autosel_backend_makes_selection_do(reg, monkeypatch):
+    # Doctor named the stored winner and said "OK: nothing blocks selection" under AUTOSEL_BACKEND=op=triton, while
+    # get_kernel returned the forced kernel; show listed the stored row as "in use".
+    toy(reg, B.TORCH, B.TRITON)
+    reg.register(KernelSpec("toy.double", B.FLASHINFER, "m:x", capabilities=frozenset({Cap.CUDA})))
+    store(decision(winner="triton"))
+    monkeypatch.setenv("AUTOSEL_BACKEND", "toy.double=torch")
+    doctor = run("doctor", "--json")
+    assert doctor.exit_code == 0
+    assert json.loads(doctor.stdout)["ops"][0]["selection"] == (
+        "torch, forced by AUTOSEL_BACKEND (no stored decision is read, nothing is measured)")
+    shown = json.loads(run("show", "--json").stdout)["decisions"]
+    assert [(d["status"], d["status_detail"]) for d in shown] == [
+        ("overridden", "torch, forced by AUTOSEL_BACKEND (no stored decision is read, nothing is measured)")]
+    monkeypatch.setenv("AUTOSEL_BACKEND", "toy.double=flashinfer")  # registered, but it cannot run on a CPU
+    doctor = run("doctor", "--json")
+    assert doctor.exit_code == 1
+    assert json.loads(doctor.stdout)["ops"][0]["selection"] == (
+        "AUTOSEL_BACKEND forces flashinfer, which cannot run here: selection raises ValueError")
+    assert doctor.stderr == (
+        "Error: selection is blocked: AUTOSEL_BACKEND forces 'flashinfer' for op 'toy.double', which cannot run on "
+        "device 'cpu': needs cuda, device is cpu. Force a backend usable here (torch, triton) or remove it from "
+        "AUTOSEL_BACKEND; select_kernel('toy.double', backend='flashinfer') still returns it unchecked\n")
+    monkeypatch.setenv("AUTOSEL_BACKEND", "toy.double=aiter")  # not registered for the op: selection's KeyError
+    doctor = run("doctor", "--json")
+    assert doctor.exit_code == 1 and "No 'aiter' backend registered for op 'toy.double'" in doctor.stderr
+    monkeypatch.setenv("AUTOSEL_BACKEND", "aiter")  # a force for every op passes over an op without the backend
+    assert run("doctor").exit_code == 0
+    assert json.loads(run("show", "--json").stdout)["decisions"][0]["status"] == "in use"
+
+
 def test_doctor_plugin_error_is_blocking(reg, monkeypatch):
     import importlib
 
@@ -1327,6 +1393,22 @@ def test_report_with_no_decisions_is_an_error(reg, tmp_path):
     assert result.exit_code == 1 and "run `autosel tune` first" in result.stderr
 
 
+def test_report_and_show_say_an_op_a_script_registered_is_not_registered_in_this_process(reg, tmp_path):
+    # `autosel report --op 'myeng.*'` said "no decisions ...; run `autosel tune` first" although the DB held them.
+    store(decision(op="myeng.double"))
+    result = run("report", "--out", tmp_path / "r.html", "--op", "myeng.*")
+    assert result.exit_code == 1
+    assert result.stderr == (
+        "Error: no decisions in use on this machine: the DB holds 1 row(s), but the op 'myeng.double' is not "
+        "registered in this process: install the package whose `autosel.ops` entry point registers it, or, for an op "
+        "a script registers, register it through such an entry point so that the CLI sees it; or pass --all to "
+        "include their rows\n")
+    shown = json.loads(run("show", "--json").stdout)["decisions"]
+    assert [(d["status"], d["status_detail"].split(":")[0]) for d in shown] == [
+        ("unknown op", "op 'myeng.double' is not registered in this process")]
+    assert run("report", "--out", tmp_path / "r.html", "--op", "myeng.*", "--all").exit_code == 0
+
+
 class FlippingTimer(FakeTimer):
     """triton 10x faster than torch on the larger toy shape, 2x slower on the smaller one."""
 
@@ -1357,8 +1439,8 @@ def test_tune_says_how_many_buckets_each_op_has_and_show_lists_them(reg, monkeyp
     assert "2, 1 differ" in table
 
 
-def test_report_puts_the_bucket_rows_in_their_ops_section(reg, monkeypatch, tmp_path):
-    # Each bucket row used to be a section of its own, counted as a decision.
+def _tune_with_buckets(reg, monkeypatch) -> None:
+    """A tune that stores toy.double's op-level row (triton) and two bucket rows, one of them torch's."""
     import autosel.timing
     import toy_kernels
 
@@ -1368,6 +1450,11 @@ def test_report_puts_the_bucket_rows_in_their_ops_section(reg, monkeypatch, tmp_
     reg.define(OpDefinition("toy.double", shapes=toy_kernels.SHAPES, make_inputs=toy_kernels.inputs,
                             bucket=toy_kernels.bucket))
     assert run("tune").exit_code == 0
+
+
+def test_report_puts_the_bucket_rows_in_their_ops_section(reg, monkeypatch, tmp_path):
+    # Each bucket row used to be a section of its own, counted as a decision.
+    _tune_with_buckets(reg, monkeypatch)
     out = tmp_path / "report.html"
     result = run("report", "--out", out)
     assert result.exit_code == 0 and result.stdout == f"Wrote {out}: 1 decision(s) and 2 bucket row(s).\n"
@@ -1376,6 +1463,21 @@ def test_report_puts_the_bucket_rows_in_their_ops_section(reg, monkeypatch, tmp_
     assert "toy.double (eager): <b>triton</b> (1 of 2 buckets run another winner)" in page
     assert "<td><code>[16384]</code></td><td class=\"winner\">torch</td>" in page
     assert page.count('class="bucket-sep switch"') == 1
+
+
+def test_export_merge_and_prune_count_rows_as_report_does(reg, monkeypatch, tmp_path):
+    # export, merge and prune counted op-level and bucket rows together as "3 decision(s)"; report told them apart.
+    _tune_with_buckets(reg, monkeypatch)
+    said = "1 decision(s) and 2 bucket row(s)"
+    assert run("report", "--out", tmp_path / "r.html").stdout == f"Wrote {tmp_path / 'r.html'}: {said}.\n"
+    out = tmp_path / "e.jsonl"
+    assert run("export", "--out", out).stdout == f"Exported {said} to {out} (jsonl).\n"
+    assert json.loads(run("export", "--out", out, "--force", "--json").stdout)["bucket_rows"] == 2
+    merged = tmp_path / "m.jsonl"
+    assert run("merge", out, "--out", merged).stdout == f"Merged 1 input(s) into {merged}: {said}.\n"
+    monkeypatch.setattr("autosel.inventory.version_vector", lambda platform, specs: {"torch": "0.0"})  # all stale
+    pruned = run("prune", "--dry-run").stdout.splitlines()[-1]
+    assert pruned == "Would remove 1 stale decision(s) and 2 bucket row(s) (run without --dry-run to remove them)."
 
 
 @pytest.mark.parametrize("field, value", [("margin", "0.03"), ("lead_over_runner_up", "0.5"), ("tune_s", "1")])

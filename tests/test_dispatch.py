@@ -347,16 +347,28 @@ def test_an_op_without_shape_of_is_warned_of_once_however_many_kernels_resolve_i
     assert [m.split("'")[1] for m in said] == ["x.double", "x.other"]
 
 
-@pytest.mark.parametrize("where", ["a folder", "a missing folder"])
+@pytest.mark.parametrize("where", ["a folder", "under a file"])
 def test_a_bad_record_path_warns_once_and_never_breaks_the_call(tmp_path, fresh_record, where):
     # Used to break: the first call of each new shape raised IsADirectoryError / FileNotFoundError.
-    path = tmp_path if where == "a folder" else tmp_path / "nope" / "shapes.jsonl"
+    (tmp_path / "file").write_text("")
+    path = tmp_path if where == "a folder" else tmp_path / "file" / "shapes.jsonl"
     fn = recording("x.double", kernel, path, "eager", lambda x: {"n": x})
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         assert [fn(n) for n in (1, 2, 3)] == [2, 4, 6]
     messages = [str(w.message) for w in caught]
     assert len(messages) == 1 and "recording stops" in messages[0] and str(path) in messages[0]
+
+
+def test_a_record_path_in_a_missing_folder_creates_it_as_autosel_db_does(tmp_path, fresh_record):
+    # AUTOSEL_RECORD naming a missing folder warned at the first call and recorded nothing, where AUTOSEL_DB's
+    # missing folders are created.
+    path = tmp_path / "new" / "deeper" / "shapes.jsonl"
+    fn = recording("x.double", kernel, path, "eager", lambda x: {"n": x})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert fn(3) == 6
+    assert [json.loads(line)["shape"] for line in path.read_text().splitlines()] == [{"n": 3}]
 
 
 def two_d_only(x):
@@ -466,6 +478,20 @@ def test_by_tokens_runs_the_graph_kernel_from_the_threshold_and_is_the_kernel_it
     kernel = autosel.by_tokens(eager, graph, 8)
     assert [kernel(torch.empty(n, 2), 1e-6) for n in (1, 7, 8, 4096)] == ["eager", "eager", "graph", "graph"]
     assert kernel.parts == (eager, graph, 8)
+
+
+@pytest.mark.parametrize("eager, graph, threshold, error, message", [
+    (len, abs, "1024", TypeError, "by_tokens: threshold is '1024' (str); pass the token count from which `graph` runs"),
+    (len, abs, 1024.0, TypeError, "by_tokens: threshold is 1024.0 (float)"),
+    (len, abs, True, TypeError, "by_tokens: threshold is True (bool)"),
+    (len, abs, 0, ValueError, "by_tokens: threshold is 0; pass a token count of at least 1"),
+    (len, "graph", 8, TypeError, "by_tokens: graph is 'graph', not a kernel; pass get_kernel(op, mode='graph')"),
+], ids=["str", "float", "bool", "zero", "not-callable"])
+def test_by_tokens_refuses_a_threshold_that_is_no_token_count(eager, graph, threshold, error, message):
+    # by_tokens(e, g, "1024") was accepted and raised TypeError at its first call; by_tokens(e, g, 0) ran graph always.
+    with pytest.raises(error) as info:
+        autosel.by_tokens(eager, graph, threshold)
+    assert str(info.value).startswith(message)
 
 
 # Regression: by_tokens' kernel took *args only, so by_tokens(e, g, n)(x, w, eps=1e-6) raised TypeError.

@@ -24,19 +24,36 @@ OPS = "layernorm.rmsnorm,layernorm.fused_add_rmsnorm,activation.silu_and_mul,act
 pytestmark = pytest.mark.image
 
 
-def _setuptools() -> bool:
-    try:
-        import setuptools  # noqa: F401  (the build backend, from the system site-packages: no download)
-    except ImportError:
-        return False
-    return True
+def _why_no_wheel_can_be_built() -> str | None:
+    """Why this interpreter cannot build autosel's wheel without the network, or None. The venv below sees this
+    interpreter's packages, so this is the interpreter to ask (the guard used to ask this one while the venv saw
+    the base interpreter's)."""
+    import importlib.util
+
+    if importlib.util.find_spec("setuptools") is None:
+        return "setuptools is not installed, and installing autosel without the network needs it"
+    # setuptools builds wheels itself from 70.1 on; before, only with the `wheel` package.
+    if importlib.util.find_spec("setuptools.command.bdist_wheel") is None and importlib.util.find_spec("wheel") is None:
+        return ("setuptools is older than 70.1 and `wheel` is not installed, so no wheel can be built without the "
+                "network")
+    return None
+
+
+def _site_packages_of_this_interpreter(venv: Path) -> None:
+    """Make `venv` see this interpreter's packages (torch, pip, setuptools), as --system-site-packages would if
+    this interpreter were no venv itself: from inside a venv that option shows the base interpreter's packages,
+    where the README's fresh venv found a setuptools without bdist_wheel (4 errors)."""
+    import site
+
+    (target,) = (venv / "lib").glob("python*/site-packages")
+    (target / "outer_site_packages.pth").write_text("".join(f"{folder}\n" for folder in site.getsitepackages()))
 
 
 @pytest.fixture(scope="module")
 def venv(tmp_path_factory):
     """A fresh venv (reusing the installed torch) with autosel installed from a copy of the checkout."""
-    if not _setuptools():
-        pytest.skip("setuptools is not installed, and installing autosel without the network needs it")
+    if (why := _why_no_wheel_can_be_built()) is not None:
+        pytest.skip(why)
     where = tmp_path_factory.mktemp("image")
     source = where / "src"
     for name in ("autosel", "tuning_db"):
@@ -44,9 +61,9 @@ def venv(tmp_path_factory):
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(ROOT / name, source / name)
     # --without-pip: the venv's own bundled setuptools (65 on Python 3.11) cannot build a wheel without `wheel`;
-    # the system's pip and setuptools, seen through --system-site-packages, install into the venv all the same.
-    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(where / "venv")],
-                   check=True)
+    # this interpreter's pip and setuptools, seen through the .pth file, install into the venv all the same.
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(where / "venv")], check=True)
+    _site_packages_of_this_interpreter(where / "venv")
     python = where / "venv" / "bin" / "python"
     subprocess.run([str(python), "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", "--no-index",
                     str(source)], check=True, cwd=where, env=_env(where))
@@ -69,6 +86,19 @@ def _this_machine_is_the_shipped_cpu_type(where: Path) -> None:
     key = read_decisions(CPU_TEXT)[0].platform_key
     if probe.stdout.strip() != key:
         pytest.skip(f"the shipped CPU DB is for {key} (CI's machine type); this machine is {probe.stdout.strip()}")
+
+
+def test_the_fixtures_venv_sees_this_interpreters_setuptools_not_the_base_interpreters(tmp_path):
+    # From inside the README's fresh venv, --system-site-packages showed the base interpreter's setuptools (65, no
+    # bdist_wheel), while the skip guard asked the outer venv: 4 errors in `python -m pytest -q`.
+    import setuptools
+
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(tmp_path / "venv")], check=True)
+    _site_packages_of_this_interpreter(tmp_path / "venv")
+    seen = subprocess.run([str(tmp_path / "venv" / "bin" / "python"), "-c", "import setuptools; print("
+                           "setuptools.__version__, setuptools.__file__)"], capture_output=True, text=True, check=True,
+                          env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
+    assert seen.stdout.split() == [setuptools.__version__, setuptools.__file__]
 
 
 def test_the_dockerfile_has_the_steps_this_test_runs():

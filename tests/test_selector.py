@@ -55,6 +55,17 @@ def test_unregistered_op_is_a_key_error(reg):
     assert info.value.args[0] == "No kernels registered for op 'x.y'"
 
 
+def test_a_misspelt_op_keeps_the_contracts_message_and_gets_a_did_you_mean_note(reg):
+    # An unknown op got no "did you mean", where unknown backends and AUTOSEL_BACKEND ops did.
+    reg.register(KernelSpec("layernorm.rmsnorm", B.TORCH, "m:a"))
+    for function in (selector.select_kernel, selector.get_kernel):
+        with pytest.raises(KeyError) as info:
+            function("layernorm.rmsnrom")
+        assert info.value.args[0] == "No kernels registered for op 'layernorm.rmsnrom'"
+        assert getattr(info.value, "__notes__", ["did you mean layernorm.rmsnorm?"]) == [
+            "did you mean layernorm.rmsnorm?"]
+
+
 def test_explicit_backend_gets_no_device_check(reg):
     reg.register(KernelSpec("x.y", B.FLASHINFER, "m:a", capabilities=CUDA_ONLY))
     reg.register(KernelSpec("x.y", B.SGL_KERNEL, "m:b", capabilities=CUDA_ONLY))
@@ -381,8 +392,37 @@ def test_a_tune_at_run_time_says_once_per_op_and_mode_what_it_times_and_how_to_a
     assert said == [("autosel.tuning", logging.WARNING, (
         "op 'toy.double' (eager mode) has no stored decision for this machine, so its backends (torch, triton) are "
         "timed now: this call blocks for the checks and compilation plus up to AUTOSEL_BUDGET_S=30 s of timing, "
-        f"and the decision is stored in {tmp_path / 'user.db'}. To avoid the wait, run `autosel tune` before "
-        "serving, or ship a tuning DB and point AUTOSEL_DB_PATH at it"))]
+        f"and the decision is stored in {tmp_path / 'user.db'}. To avoid the wait, make this call once (this op is "
+        "registered by this process, not through an `autosel.ops` entry point, so `autosel tune` does not see it) "
+        "before serving, or ship a tuning DB and point AUTOSEL_DB_PATH at it"))]
+
+
+def _as_a_plugin(register) -> None:
+    """Run `register` as an `autosel.ops` entry point's hook runs: its ops are what the CLI sees too."""
+    import importlib
+
+    loading = importlib.import_module("autosel.registry")._loading
+    loading.plugin = "a_plugin"
+    try:
+        register()
+    finally:
+        del loading.plugin
+
+
+@pytest.mark.parametrize("plugin, advice", [
+    (True, "run `autosel tune` or unset AUTOSEL_TUNE to let autosel time the backends]"),
+    (False, "this op is registered by this process, not through an `autosel.ops` entry point, so `autosel tune` does "
+            "not see it: unset AUTOSEL_TUNE in this process to time the backends and store the decision, or register "
+            "the op through an `autosel.ops` entry point (the README shows one) so that `autosel tune` sees it]"),
+], ids=["entry-point", "script"])
+def test_tuning_off_advises_autosel_tune_only_for_an_op_the_cli_sees(reg, monkeypatch, plugin, advice):
+    # AUTOSEL_TUNE=off advised `autosel tune` for an op a script registered, which the CLI never sees.
+    monkeypatch.setenv("AUTOSEL_TUNE", "off")
+    (_as_a_plugin if plugin else lambda register: register())(lambda: toy(reg, B.TORCH, B.TRITON))
+    assert reg.from_entry_point("toy.double") is plugin
+    with pytest.raises(ValueError) as info:
+        selector.select_kernel("toy.double")
+    assert info.value.args[0].endswith("AUTOSEL_TUNE=off and no stored decision matches this machine; " + advice)
 
 
 def test_the_first_use_warning_says_the_decision_stays_in_memory_when_the_db_cannot_be_written(
@@ -735,6 +775,22 @@ def test_forced_backend_env_var(reg, monkeypatch):
     monkeypatch.setenv("AUTOSEL_BACKEND", "toy.double=aiter")
     with pytest.raises(KeyError, match="No 'aiter' backend registered for op 'toy.double'"):
         selector.select_kernel("toy.double")
+
+
+def test_a_forced_backend_that_cannot_run_here_is_refused_at_selection(reg, monkeypatch):
+    # AUTOSEL_BACKEND=layernorm.rmsnorm=triton on a CPU returned the Triton kernel, whose first call raised
+    # "AssertionError: Torch not compiled with CUDA enabled".
+    toy(reg, B.TORCH, B.TRITON)
+    reg.register(KernelSpec("toy.double", B.FLASHINFER, "m:x", capabilities=CUDA_ONLY))
+    monkeypatch.setenv("AUTOSEL_BACKEND", "toy.double=flashinfer")
+    for function in (selector.select_kernel, selector.get_kernel):
+        with pytest.raises(ValueError) as info:
+            function("toy.double")
+        assert info.value.args[0] == (
+            "AUTOSEL_BACKEND forces 'flashinfer' for op 'toy.double', which cannot run on device 'cpu': needs cuda, "
+            "device is cpu. Force a backend usable here (torch, triton) or remove it from AUTOSEL_BACKEND; "
+            "select_kernel('toy.double', backend='flashinfer') still returns it unchecked")
+    assert selector.select_kernel("toy.double", "flashinfer").target == "m:x"  # backend=... keeps no device check
 
 
 def test_platform_key_separates_decisions(reg, monkeypatch):

@@ -181,6 +181,12 @@ def echo_json(data: Any) -> None:
 
 # --- settings and the DB ------------------------------------------------------------------------------------
 
+def counted(rows: int, bucket_rows: int, kind: str = "") -> str:
+    """Rows in the words every command uses, "3 decision(s) and 12 bucket row(s)": export, merge and prune called
+    op-level and bucket rows together "decisions" where report told them apart. kind: "stale ", say."""
+    return f"{rows - bucket_rows} {kind}decision(s)" + (f" and {bucket_rows} bucket row(s)" if bucket_rows else "")
+
+
 def settings_for(db: str | None, *, full: bool, match: bool = True, warn: bool = True) -> config.Settings:
     """Settings with --db as the user layer. Commands that only read DBs look at AUTOSEL_DB/AUTOSEL_DB_PATH and
     AUTOSEL_MATCH (which rows count as in use; not match: export and prune, which never ask) only, so a bad
@@ -287,7 +293,8 @@ def check_globs(patterns: tuple[str, ...], known: set[str], what: str) -> None:
     """An --op glob that matches no registered op and no stored decision is a mistake, as in `tune`: exit 1."""
     for pattern in patterns:
         if not any(fnmatch.fnmatchcase(op, pattern) for op in known):
-            raise click.ClickException(f"no {what} matches --op {pattern!r}; known ops: "
+            hint = config.nearest_ops(pattern, sorted(known))
+            raise click.ClickException(f"no {what} matches --op {pattern!r}; {hint + ' ' if hint else ''}known ops: "
                                        f"{', '.join(sorted(known)) or 'none'}")
 
 

@@ -7,9 +7,9 @@ from pathlib import Path
 import click
 
 from autosel.cli import main
-from autosel.cli._common import (check_globs, db_option, echo_json, force_option, format_option, json_option, matches,
-                                 op_option, out_option, read_db, refuse_overwrite, require_file, settings_for,
-                                 writable_db)
+from autosel.cli._common import (check_globs, counted, db_option, echo_json, force_option, format_option,
+                                 json_option, matches, op_option, out_option, read_db, refuse_overwrite, require_file,
+                                 settings_for, writable_db)
 from autosel.decisions import OP_LEVEL_BUCKET
 from autosel.inventory import Inventory
 
@@ -70,10 +70,11 @@ def export(out, fmt, ops, db, all_layers, force, as_json):
         raise click.ClickException(f"the rows found are bucket rows without their op-level row, which selection "
                                    f"never reads, so {out} was not written; re-tune those ops")
     rows = export_decisions(chosen, out, fmt=fmt, overwrite=force)
+    bucket_rows = sum(d.bucket != OP_LEVEL_BUCKET for d in chosen)  # export_decisions writes `chosen`, whole tables
     if as_json:
-        echo_json({"out": str(out), "format": fmt, "rows": rows})
+        echo_json({"out": str(out), "format": fmt, "rows": rows, "bucket_rows": bucket_rows})
     else:
-        click.echo(f"Exported {rows} decision(s) to {out} ({fmt}).")
+        click.echo(f"Exported {counted(rows, bucket_rows)} to {out} ({fmt}).")
 
 
 def _elsewhere(shipped: list[tuple[str, str]], here: str, db: str | None) -> str:
@@ -130,12 +131,13 @@ def merge(inputs, out, fmt, prefer, force, as_json):
     # Only conflicts, all left out: merge wrote nothing, and an existing --out (--force) is left as it was.
     unwritten = not report.written
     if as_json:
-        echo_json({"out": str(out), "written": not unwritten, "rows": report.rows, "sources": list(report.sources),
+        echo_json({"out": str(out), "written": not unwritten, "rows": report.rows, "bucket_rows": report.bucket_rows,
+                   "sources": list(report.sources),
                    "prefer": prefer, "conflicts": conflicts, "conflicts_left_out": left_out})
     else:
         click.echo(f"Merged {len(report.sources)} input(s): no decision besides the conflicts below, so {out} was not "
                    "written." if unwritten else
-                   f"Merged {len(report.sources)} input(s) into {out}: {report.rows} decision(s).")
+                   f"Merged {len(report.sources)} input(s) into {out}: {counted(report.rows, report.bucket_rows)}.")
         action = "left out" if prefer is None else f"kept the {prefer} row"
         for c in conflicts:
             winners = ", ".join(f"{w['source']} -> {w['winner']}" for w in c["winners"])
@@ -189,5 +191,6 @@ def prune(db, dry_run, as_json):
         bucket = "" if d.bucket == OP_LEVEL_BUCKET else f", bucket {d.bucket}"
         click.echo(f"{verb}: {d.op} ({d.mode}{bucket}) winner {d.winner} from {layer.path}: {reason}")
     count = len(found) if dry_run else removed
-    click.echo(f"{verb} {count} stale decision(s)" + (" (run without --dry-run to remove them)." if dry_run and count
-                                                       else "."))
+    buckets = sum(d.bucket != OP_LEVEL_BUCKET for d, _, _ in found) if count == len(found) else 0
+    click.echo(f"{verb} {counted(count, buckets, 'stale ')}" + (" (run without --dry-run to remove them)."
+                                                                 if dry_run and count else "."))

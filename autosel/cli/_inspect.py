@@ -5,18 +5,19 @@ from __future__ import annotations
 import datetime
 import importlib
 import os
+from dataclasses import replace
 from typing import Any
 
 import click
 
 from autosel import config
 from autosel.cli import main
-from autosel.cli._common import (MEDIAN_NOTE, check_globs, db_option, decision_summary, echo_json, force_option,
-                                 json_option, make_console, make_table, matches, op_option, out_option, read_db,
-                                 refuse_overwrite, runner_up_text, settings_for)
+from autosel.cli._common import (MEDIAN_NOTE, check_globs, counted, db_option, decision_summary, echo_json,
+                                 force_option, json_option, make_console, make_table, matches, op_option, out_option,
+                                 read_db, refuse_overwrite, runner_up_text, settings_for)
 from autosel.decisions import OP_LEVEL_BUCKET, bucket_order, format_lead
 from autosel.errors import ConfigError, TuningError
-from autosel.inventory import Entry, Inventory
+from autosel.inventory import Entry, Inventory, unregistered
 from autosel.chart import format_us
 from autosel.report import candidate_median_us, first_call_s
 
@@ -58,6 +59,34 @@ def _evidence(d) -> str:
     return "\n".join(lines)
 
 
+def _forcing(op: str, specs: list, platform, forced: config.Settings | None) -> tuple[str, str | None] | None:
+    """What AUTOSEL_BACKEND makes selection of `op` do, in select_kernel's order: (what selection does, the error it
+    raises or None), or None where it forces nothing for `op`. Doctor and show ignored the force and named the
+    stored winner, while get_kernel returned the forced kernel (or one that failed at its first call)."""
+    from autosel.selector import forced_unusable
+
+    if forced is None or len(specs) < 2:  # one registered spec is returned before any force is read
+        return None
+    backend, per_op = forced.forced_backend_for(op)
+    match = next((s for s in specs if s.backend == backend), None)
+    if backend is None or (match is None and not per_op):  # a force for every op passes over an op without it
+        return None
+    if match is None:
+        return (f"AUTOSEL_BACKEND forces {backend.value}, which is not registered for this op: selection raises "
+                "KeyError", f"No '{backend.value}' backend registered for op {op!r}, which AUTOSEL_BACKEND forces")
+    if (unusable := forced_unusable(op, match, specs, platform)) is not None:
+        return f"AUTOSEL_BACKEND forces {backend.value}, which cannot run here: selection raises ValueError", unusable
+    return f"{backend.value}, forced by AUTOSEL_BACKEND (no stored decision is read, nothing is measured)", None
+
+
+def _forced_settings() -> config.Settings | None:
+    """AUTOSEL_BACKEND alone, for the commands that read DBs only; a bad value is warned of by settings_for."""
+    try:
+        return config.read_settings({"AUTOSEL_BACKEND": os.environ.get("AUTOSEL_BACKEND", "")})
+    except ConfigError:
+        return None
+
+
 def _made_elsewhere(entry: Entry, platform_key: str) -> bool:
     """A shipped DB's row for another platform: it can never be used here, and an image ships such rows by the
     hundred (one DB per machine type), which buried this machine's own rows in `show`."""
@@ -74,9 +103,10 @@ def _made_elsewhere(entry: Entry, platform_key: str) -> bool:
 def show(ops, db, include_all, as_json):
     """Show stored decisions, which layer each came from, and their evidence.
 
-    Status per row: "in use" (what selection on this machine uses), "shadowed" (an earlier layer has the same
-    key), "stale" (tuned on another platform or with other versions), "unusable" (its winner is not eligible
-    here), "unknown op" (not registered here). Rows of shipped DBs made for other platforms are counted, not
+    Status per row: "in use" (what selection on this machine uses), "overridden" (it would be, but AUTOSEL_BACKEND
+    forces a backend for its op), "shadowed" (an earlier layer has the same key), "stale" (tuned on another
+    platform or with other versions), "unusable" (its winner is not eligible here), "unknown op" (not registered
+    in this process). Rows of shipped DBs made for other platforms are counted, not
     listed, unless --all is given; the user DB's rows are always listed.
 
     \b
@@ -87,6 +117,7 @@ def show(ops, db, include_all, as_json):
     """
     settings = settings_for(db, full=False)
     platform, entries = _entries(read_db(settings, db), ops, match=settings.match)
+    entries = _overridden(entries, platform, _forced_settings())
     listed = entries if include_all else [e for e in entries if not _made_elsewhere(e, platform.key)]
     hidden, entries = len(entries) - len(listed), listed
     hidden_note = (f"{hidden} row(s) of shipped DBs made for other platforms not listed (`autosel show --all` lists "
@@ -114,6 +145,19 @@ def show(ops, db, include_all, as_json):
             if settings.match != "exact" else "")
     console.print(f"This machine: {platform.key}. {MEDIAN_NOTE}; score: time relative to the fastest per shape "
                   f"(geometric mean); * marks the winner.{near} {hidden_note}".rstrip(), markup=False)
+
+
+def _overridden(entries: list[Entry], platform, forced: config.Settings | None) -> list[Entry]:
+    """Rows that selection would use but for AUTOSEL_BACKEND: "overridden", with what selection does instead."""
+    from autosel import tuning
+
+    out = []
+    for e in entries:
+        if e.status == "in use" and (found := _forcing(e.decision.op, tuning.registry.get(e.decision.op), platform,
+                                                      forced)) is not None:
+            e = replace(e, status="overridden", detail=found[0])
+        out.append(e)
+    return out
 
 
 # --- doctor -----------------------------------------------------------------------------------------------
@@ -145,8 +189,9 @@ def doctor(db, as_json):
     registry_module = importlib.import_module("autosel.registry")  # `autosel.registry` the name is the object
 
     blocking = []
+    forced = None
     try:
-        settings_for(db, full=True)
+        forced = settings_for(db, full=True)
         config_error = None
     except ConfigError as exc:
         config_error = str(exc)
@@ -186,6 +231,9 @@ def doctor(db, as_json):
         else:
             selection = _contested_selection(op, eligible, shapes, tuning.modes_for(platform), in_use, other_buckets,
                                              shapes_failed=shapes_error is not None)
+        if (found := _forcing(op, specs, platform, forced)) is not None:
+            selection, problem = found
+            blocking += [problem] if problem else []
         if shapes_error is not None:
             selection += f"; problem: {shapes_error}"
         stored = {mode: {"winner": e.decision.winner, "layer": e.layer_path, "layer_kind": e.layer_kind,
@@ -195,7 +243,7 @@ def doctor(db, as_json):
                     "shapes": shapes, "shapes_error": shapes_error, "selection": selection, "stored": stored,
                     "backends": backends})
     layers = [vars(layer) for layer in database.layers]
-    notes = _bytecode_notes()
+    notes = _record_notes() + _bytecode_notes()
     ok = not blocking
     if as_json:
         echo_json({"ok": ok, "blocking": blocking, "config_error": config_error, "match": match,
@@ -210,6 +258,27 @@ def doctor(db, as_json):
         _print_doctor(platform, ops, layers, plugin_errors, plugin_conflicts, blocking, notes)
     if not ok:
         raise click.ClickException("selection is blocked: " + "; ".join(blocking))
+
+
+def _record_notes() -> list[str]:
+    """An AUTOSEL_RECORD path no call can append to (a missing folder is created at the first call): doctor passed it,
+    and the first kernel call warned."""
+    from autosel.db_tools import nearest_existing
+
+    try:
+        path = config.record_path()
+    except ConfigError:  # reported among the blocking problems
+        return []
+    if path is None:
+        return []
+    folder = path if path.exists() else nearest_existing(path)
+    problem = (f"{path} is a folder" if path.is_dir() else
+               None if folder is None else
+               f"{folder} is a file, not a folder" if not path.exists() and not folder.is_dir() else
+               f"{folder} is not writable" if not os.access(folder, os.W_OK) else None)
+    return [] if problem is None else [
+        f"AUTOSEL_RECORD={path}: {problem}, so no kernel call can record its shape (the kernels run all the same); "
+        "choose a path in a writable folder"]
 
 
 def _bytecode_notes() -> list[str]:
@@ -338,6 +407,11 @@ def report(out, ops, db, include_all, force):
     database = read_db(settings, db)
     platform, entries = _entries(database, ops, match=settings.match)  # "in use" as selection, show and doctor say
     chosen = entries if include_all else [e for e in entries if e.status == "in use"]
+    if not chosen and (unknown := sorted({e.decision.op for e in entries if e.status == "unknown op"})):
+        # It said "run `autosel tune` first" for the decisions of an op a script had registered, which the DB held.
+        rows = sum(e.decision.op in unknown for e in entries)
+        raise click.ClickException(f"no decisions in use on this machine: the DB holds {rows} row(s), but the "
+                                   f"{unregistered(*unknown)}; or pass --all to include their rows")
     if not chosen:
         raise click.ClickException(f"no decisions in use on this machine{' for ' + ', '.join(ops) if ops else ''}; "
                                    "run `autosel tune` first, or pass --all to include stale rows")
@@ -356,6 +430,4 @@ def report(out, ops, db, include_all, force):
         from autosel.db_tools import why_unwritable
 
         raise click.ClickException(f"cannot write {out} ({why_unwritable(out, exc)}); choose a writable path") from None
-    bucket_rows = sum(e.decision.bucket != OP_LEVEL_BUCKET for e in chosen)
-    click.echo(f"Wrote {out}: {len(chosen) - bucket_rows} decision(s)"
-               + (f" and {bucket_rows} bucket row(s)." if bucket_rows else "."))
+    click.echo(f"Wrote {out}: {counted(len(chosen), sum(e.decision.bucket != OP_LEVEL_BUCKET for e in chosen))}.")

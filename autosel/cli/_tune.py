@@ -14,6 +14,7 @@ from typing import Any
 
 import click
 
+from autosel import config
 from autosel.cli import main
 from autosel.cli._common import (MEDIAN_NOTE, db_option, decision_summary, echo_json, json_option, make_console,
                                  make_table, matches, op_option, refuse_unwritable, runner_up_text, settings_for,
@@ -215,7 +216,9 @@ def _nothing_to_tune(tuning, platform, ops: tuple[str, ...], named: list[str] | 
     registered = tuning.registry.ops()
     for pattern in ops:
         if not any(fnmatch.fnmatchcase(op, pattern) for op in registered):
-            return (f"no registered op matches --op {pattern!r}; registered ops: {', '.join(registered) or 'none'}")
+            hint = config.nearest_ops(pattern, registered)
+            return (f"no registered op matches --op {pattern!r}; {hint + ' ' if hint else ''}registered ops: "
+                    f"{', '.join(registered) or 'none'}")
     if named is not None and not named and untimed:
         return (f"every shape in {source} is for {' and '.join(untimed)} mode, which this {platform.device.value} "
                 f"machine does not time ({', '.join(tuning.modes_for(platform))} only); tune that file on a machine "

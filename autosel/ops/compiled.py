@@ -30,7 +30,7 @@ _add_rmsnorm_compiled = torch.compile(_add_rmsnorm_into_residual, dynamic=True)
 def fused_add_rmsnorm(x, residual, weight, eps) -> None:
     # Inductor (torch 2.13, CPU) fails with "KeyError: 'buf1'" on a graph that writes both inputs around a
     # reduction, so the graph writes the residual and x is written back by one extra copy outside it.
-    torch_impl.check_residual(x, residual)  # outside the graph, where a mismatch raises the torch backend's error
+    torch_impl.check_fused_add_rmsnorm(x, residual, weight)  # outside the graph: the torch backend's errors
     x.copy_(_add_rmsnorm_compiled(x, residual, weight, eps))
 
 

@@ -24,7 +24,9 @@ SHAPES = ShapesByDevice(
         _rope(1, 32, 2, 64, False), _rope(2048, 32, 2, 64, False),
         _rope(64, 4, 1, 128, True), _rope(16384, 4, 1, 128, True),
     ),
-    cpu=(_rope(1, 32, 8, 128, True), _rope(64, 32, 8, 128, True), _rope(16, 32, 2, 64, False)),
+    # 4 tokens: no token bucket from 1 to 64 without a tuned one within a factor of two (the norms' rule).
+    cpu=(_rope(1, 32, 8, 128, True), _rope(4, 32, 8, 128, True), _rope(64, 32, 8, 128, True),
+         _rope(16, 32, 2, 64, False)),
 )
 MAX_POSITIONS = 32768
 

@@ -20,7 +20,9 @@ SHAPES = ShapesByDevice(
         (64, 4096, 4096), (64, 6144, 4096), (128, 4096, 4096), (512, 28672, 4096), (1024, 4096, 14336),
         (4096, 6144, 4096), (8192, 4096, 4096), (16384, 4096, 14336),
     ]),
-    cpu=tuple({"m": m, "n": n, "k": k} for m, n, k in [(1, 4096, 4096), (16, 6144, 4096), (64, 4096, 4096)]),
+    # 4 tokens: no token bucket from 1 to 64 without a tuned one within a factor of two (the norms' rule).
+    cpu=tuple({"m": m, "n": n, "k": k} for m, n, k in [(1, 4096, 4096), (4, 4096, 4096), (16, 6144, 4096),
+                                                       (64, 4096, 4096)]),
 )
 
 

@@ -50,18 +50,46 @@ def _check_heads(query: torch.Tensor, key: torch.Tensor, head_size: int) -> None
                          f"head_size {head_size}")
 
 
+def _check_rows(name: str, x: torch.Tensor, signature: str) -> None:
+    # x[2, 4, 64] and a 1-D x were accepted here although the signature says x[T, H]; the vendors' kernels that
+    # selection picks on a GPU take 2-D rows only, so a call that ran on a CPU failed on another machine.
+    if x.dim() != 2:
+        raise ValueError(f"{name} has shape {tuple(x.shape)}; the op takes {signature}, 2-D: "
+                         f"reshape it to (-1, {x.shape[-1] if x.dim() else 1}) first")
+
+
+def _check_cache(positions: torch.Tensor, cos_sin_cache: torch.Tensor, head_size: int) -> None:
+    # Float positions and a cache wider than head_size failed inside torch.compile's tracing (34 lines about fake
+    # tensors), or were truncated silently; the Triton kernel's words.
+    if positions.dtype not in (torch.int64, torch.int32):
+        raise ValueError(f"positions must be int64 or int32, got {positions.dtype}")
+    if cos_sin_cache.dim() != 2:
+        raise ValueError(f"cos_sin_cache must be 2-D [positions, rotary_dim], got shape {tuple(cos_sin_cache.shape)}")
+    rotary_dim = cos_sin_cache.shape[-1]
+    if rotary_dim % 2 or rotary_dim > head_size:
+        raise ValueError(f"cos_sin_cache last dim {rotary_dim} must be even and <= head_size {head_size}")
+
+
 def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     _check_float("x", x)
+    _check_rows("x", x, "x[T, H]")
     _check_weight(x, weight)
     xf = x.float()
     return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * weight.float()).to(x.dtype)
 
 
-def fused_add_rmsnorm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float) -> None:
-    """In place, as flashinfer and sgl-kernel do it: residual <- x + residual; x <- rmsnorm(residual)."""
+def check_fused_add_rmsnorm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor) -> None:
+    """The arguments of fused_add_rmsnorm, checked where the torch_compile backend checks them too: outside its
+    graph, whose tracing turned every mismatch into a message about fake tensors."""
     check_residual(x, residual)
     _check_float("x", x)
+    _check_rows("x", x, "x[T, H]")
     _check_weight(x, weight)
+
+
+def fused_add_rmsnorm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float) -> None:
+    """In place, as flashinfer and sgl-kernel do it: residual <- x + residual; x <- rmsnorm(residual)."""
+    check_fused_add_rmsnorm(x, residual, weight)
     summed = x.float() + residual.float()
     residual.copy_(summed)
     x.copy_(summed * torch.rsqrt(summed.pow(2).mean(-1, keepdim=True) + eps) * weight.float())
@@ -69,12 +97,14 @@ def fused_add_rmsnorm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Ten
 
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     _check_float("x", x)
+    _check_rows("x", x, "x[T, 2I]")
     d = _halves(x)
     return (F.silu(x[..., :d].float()) * x[..., d:].float()).to(x.dtype)
 
 
 def gelu_and_mul(x: torch.Tensor) -> torch.Tensor:
     _check_float("x", x)
+    _check_rows("x", x, "x[T, 2I]")
     d = _halves(x)
     return (F.gelu(x[..., :d].float(), approximate="none") * x[..., d:].float()).to(x.dtype)
 
@@ -97,11 +127,14 @@ def rope(positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor, head_s
          cos_sin_cache: torch.Tensor, is_neox: bool) -> None:
     """Rotary embedding in place on query and key; cos_sin_cache rows are [cos | sin] (vLLM/flashinfer layout).
     Positions index the cache unchecked on the device (a check would wait for the GPU): torch raises an IndexError
-    for one past its rows, torch.compile's CPU code aborts the process, and the GPU kernels read out of bounds."""
+    for one past its rows, torch.compile's CPU code a RuntimeError, or aborts the process where the index is read
+    inside its parallel loop (2 tokens of 8 rows: "terminate called ...", exit code 134), and the GPU kernels read
+    out of bounds."""
     _check_float("query", query)
     _check_float("key", key)
     _check_heads(query, key, head_size)
     check_tensors(positions=positions, cos_sin_cache=cos_sin_cache)
+    _check_cache(positions, cos_sin_cache, head_size)
     if positions.numel() == 0:  # an idle rank's empty batch: view(0, -1, head_size) cannot infer its -1
         return
     cos, sin = cos_sin_cache.index_select(0, positions).float().chunk(2, dim=-1)
