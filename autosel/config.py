@@ -10,15 +10,15 @@ import sys
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Mapping, Sequence
+from typing import Callable, Iterable, Mapping, Sequence
 
 from autosel.errors import ConfigError
+from autosel.platforms import EXECUTION_MODES
 from autosel.spec import KernelBackend
 
 log = logging.getLogger(__name__)
 
 TUNE_MODES = ("auto", "off", "force")
-EXECUTION_MODES = ("eager", "graph")
 LOG_LEVELS = ("debug", "info", "warning", "error")
 MATCH_MODES = ("exact", "device", "arch")
 SWITCHES = ("0", "1", "off", "on")
@@ -232,6 +232,15 @@ def log_to_stderr(level: str | None) -> None:
 
 
 _checked_forced_ops: set[str] = set()
+# The registered ops' names, read when AUTOSEL_BACKEND names an op: autosel.registry hands its reader in when it is
+# imported (set_registered_ops), so that this module, which the registry's plug-ins read, never imports the registry.
+_registered_ops: Callable[[], Iterable[str]] = tuple
+
+
+def set_registered_ops(reader: Callable[[], Iterable[str]]) -> None:
+    """Where settings() finds the registered ops' names to check AUTOSEL_BACKEND's against (autosel.registry's)."""
+    global _registered_ops
+    _registered_ops = reader
 
 
 def _warn_unknown_forced_ops(result: Settings) -> None:
@@ -241,8 +250,6 @@ def _warn_unknown_forced_ops(result: Settings) -> None:
     if not unchecked:
         return
     _checked_forced_ops.update(unchecked)
-    from autosel.registry import registry  # here, not at the top: registry's plug-ins may read settings
-
-    for problem in unknown_op_problems(sorted(unchecked), registry.ops()):
+    for problem in unknown_op_problems(sorted(unchecked), list(_registered_ops())):
         log.warning("%s; this entry forces nothing until such an op is registered. Correct the op name in "
                     "AUTOSEL_BACKEND, or remove the entry", problem)
