@@ -7,7 +7,6 @@ import logging
 import os
 import sqlite3
 import stat
-import sys
 from contextlib import contextmanager, suppress
 from dataclasses import MISSING, astuple, dataclass, fields, replace
 from pathlib import Path
@@ -17,6 +16,7 @@ from sqlite_utils import Database
 
 from autosel.decisions import OP_LEVEL_BUCKET, Decision, DecisionKey
 from autosel.errors import DatabaseError
+from autosel.version import __version__
 
 logger = logging.getLogger(__name__)
 
@@ -37,8 +37,7 @@ SCHEMA_1_COLUMNS = {
 
 
 def autosel_version() -> str:
-    # Read at call time: autosel/__init__ may still be importing when this module loads.
-    return str(getattr(sys.modules.get("autosel"), "__version__", "unknown"))
+    return __version__
 
 
 def _migrate_to_1(db: Database) -> None:

@@ -189,3 +189,20 @@ def format_lead(decision: Decision) -> str:
     if lead >= 0:
         return f"{lead:+.1%}"
     return f"default kept: runner-up {-lead:.1%} faster, not beyond the noise in every round"
+
+
+def version_diff(stored: dict[str, str], current: dict[str, str]) -> str:
+    """The versions that differ between a stored decision's vector and this machine's, in words."""
+    changed = [f"{k} {stored.get(k, '(none)')} -> {current.get(k, '(none)')}"
+               for k in sorted(set(stored) | set(current)) if stored.get(k) != current.get(k)]
+    return ", ".join(changed) or "same versions, different eligible backends"
+
+
+def near_detail(decision: Decision, platform_key: str, versions: dict[str, str]) -> str:
+    """What differs between a decision taken as a near match (AUTOSEL_MATCH) and this machine."""
+    parts = []
+    if decision.platform_key != platform_key:
+        parts.append(f"tuned on {decision.platform_key}, this machine is {platform_key}")
+    if decision.key.versions_hash != versions_hash(versions):
+        parts.append(f"versions differ: {version_diff(decision.versions, versions)}")
+    return "near match: " + ("; ".join(parts) or "same key")

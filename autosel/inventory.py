@@ -7,7 +7,7 @@ from typing import Callable, Iterable
 
 from autosel.db import closest
 from autosel.db_tools import table_key
-from autosel.decisions import OP_LEVEL_BUCKET, Decision, versions_hash
+from autosel.decisions import OP_LEVEL_BUCKET, Decision, near_detail, version_diff, versions_hash
 from autosel.platforms import PlatformInfo, near_rank, version_vector
 from autosel.registry import KernelRegistry
 
@@ -22,22 +22,6 @@ class Entry:
     status: str  # "in use", "shadowed", "stale", "unusable", "unknown op"
     detail: str = ""
     near: bool = False  # in use as a near match (AUTOSEL_MATCH=device or arch); detail says what differs
-
-
-def version_diff(stored: dict[str, str], current: dict[str, str]) -> str:
-    changed = [f"{k} {stored.get(k, '(none)')} -> {current.get(k, '(none)')}"
-               for k in sorted(set(stored) | set(current)) if stored.get(k) != current.get(k)]
-    return ", ".join(changed) or "same versions, different eligible backends"
-
-
-def near_detail(decision: Decision, platform_key: str, versions: dict[str, str]) -> str:
-    """What differs between a decision taken as a near match (AUTOSEL_MATCH) and this machine."""
-    parts = []
-    if decision.platform_key != platform_key:
-        parts.append(f"tuned on {decision.platform_key}, this machine is {platform_key}")
-    if decision.key.versions_hash != versions_hash(versions):
-        parts.append(f"versions differ: {version_diff(decision.versions, versions)}")
-    return "near match: " + ("; ".join(parts) or "same key")
 
 
 class StoredRows:

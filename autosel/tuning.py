@@ -7,16 +7,19 @@ import fnmatch
 import json
 import logging
 import threading
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any, Callable, NamedTuple
 
 from autosel import config, platforms
-from autosel.decisions import OP_LEVEL_BUCKET, Decision, DecisionKey, bucket_text, parse_bucket, versions_hash
+from autosel.decisions import (OP_LEVEL_BUCKET, Decision, DecisionKey, bucket_text, near_detail, parse_bucket,
+                               versions_hash)
 from autosel.dispatch import BucketTable
 from autosel.errors import NoCandidateError, TuningError
+from autosel.jobs import TuneJob, TuneOutcome
 from autosel.platforms import PlatformInfo, capturing_cuda_graph, version_vector
 from autosel.policy import WEIGHTS_FROM_MEMORY
 from autosel.timing import CudaGraphTimer, reads_weights
+from autosel.version import __version__
 from autosel.registry import load_plugins, registry
 from autosel.spec import KernelBackend, KernelSpec, OpDefinition, spec_list
 
@@ -192,8 +195,6 @@ def lookup_stored(db, key: DecisionKey, eligible: list[KernelSpec], *, match: st
 
 
 def _say_near(key: DecisionKey, decision: Decision, layer, buckets: int, match: str, versions: dict[str, str]) -> None:
-    from autosel.inventory import near_detail
-
     said = (key.op, key.mode, layer.path, decision.platform_key, decision.key.versions_hash)
     if said in _near_said:
         return
@@ -320,7 +321,6 @@ def tune_and_record(definition: OpDefinition, eligible: list[KernelSpec], *, pla
     the candidates are checked against, by default reference_for(definition). check_shapes: the op's representative
     shapes on `platform` (by default read here): every candidate is checked on them, and on `shapes`, before any is
     timed, so that a candidate wrong at a shape `shapes` leave out never wins (its bucket would run it)."""
-    from autosel import __version__
     from autosel.timing import timer_for
     from autosel.tuner import Tuner
 
@@ -387,38 +387,6 @@ def reference_spec(definition: OpDefinition) -> KernelSpec | None:
 
 # --- offline tuning of many ops (what `autosel tune` runs) -------------------------------------------------
 
-@dataclass(frozen=True)
-class TuneOutcome:
-    """One (op, mode) of a batch tune: a fresh decision, a stored one reused, or why there is none.
-    buckets: the per-bucket decisions beside it (empty for an op without a bucket function).
-    platform_key: the platform it was decided for (several with tune_ops(devices=...) on a host whose GPUs differ).
-    device: with devices=..., the GPU whose worker tuned it ("cuda:1"); "" otherwise."""
-
-    op: str
-    mode: str
-    status: str  # "tuned", "stored", "copied" (from a shipped layer), "failed"
-    decision: Decision | None = None
-    detail: str = ""
-    buckets: tuple[Decision, ...] = ()
-    platform_key: str = ""
-    device: str = ""
-
-
-@dataclass(frozen=True)
-class TuneJob:
-    """One (op, mode) that plan_jobs found undecided on `platform_key`: everything a tune of it needs, as values
-    that pickle (module-level callables only), so a worker process (autosel.parallel) can run it."""
-
-    op: str
-    mode: str
-    platform_key: str
-    definition: OpDefinition
-    eligible: tuple[KernelSpec, ...]
-    shapes: tuple[dict, ...]  # timed: the given ones, else the representative ones
-    reference: KernelSpec | None  # the backend checked against; None: definition.reference is a callable
-    check_shapes: tuple[dict, ...] = ()  # the op's representative shapes: checked (with `shapes`), timed only as those
-
-
 def contested_ops(platform: PlatformInfo, patterns: list[str] | None = None) -> list[tuple[str, list[KernelSpec]]]:
     """Registered ops matching the glob patterns that have several backends eligible on `platform`."""
     load_plugins()
@@ -473,7 +441,8 @@ def tune_ops(patterns: list[str] | None = None, *, force: bool = False, budget_s
         done = [run_job(job, platform=targets[0], db=db, budget_s=budget_s, force=force, on_event=on_event,
                         isolate_timeout_s=isolate_timeout_s) for job in jobs]
     else:
-        done = parallel.run_jobs(jobs, workers, settings=settings, budget_s=budget_s, force=force,
+        done = parallel.run_jobs(jobs, workers, run=run_job, open_db=database, settings=settings, budget_s=budget_s,
+                                 force=force,
                                  isolate_timeout_s=isolate_timeout_s,
                                  on_event=on_event and (lambda event, worker: on_event(replace(event, device=worker))))
     results = iter(done)

@@ -47,6 +47,10 @@ def reg(monkeypatch):
     return fresh
 
 
+# What tune_ops hands run_jobs: the function that tunes one job, and the one that opens the DB once a process.
+TUNING = dict(run=tuning.run_job, open_db=tuning.database)
+
+
 def plan(db=None) -> list[TuneJob]:
     return [j for j in tuning.plan_jobs(HOST, db or tuning.database(), ["toy.*"]) if isinstance(j, TuneJob)]
 
@@ -57,7 +61,8 @@ def stored(db_file) -> list[tuple]:
 
 def test_two_workers_tune_every_job_once_into_the_one_db_and_report_a_failing_one(reg):
     events = []
-    outcomes = parallel.run_jobs(plan(), cpu_workers("cpu-a", "cpu-b"), settings=config.settings(), budget_s=5,
+    outcomes = parallel.run_jobs(plan(), cpu_workers("cpu-a", "cpu-b"),
+                                 **TUNING, settings=config.settings(), budget_s=5,
                                  on_event=lambda event, worker: events.append((worker, event)))
     assert [(o.op, o.status, o.decision and o.decision.winner) for o in outcomes] == [
         ("toy.broken", "failed", None), ("toy.large", "tuned", "triton"), ("toy.small", "tuned", "triton")]
@@ -100,7 +105,7 @@ def test_one_worker_that_is_this_process_starts_no_process_and_decides_as_the_on
                                                                                                 tmp_path):
     no_process_starts(monkeypatch)
     events = []
-    outcomes = parallel.run_jobs(plan(), cpu_workers("cpu-here", here="cpu-here"), settings=config.settings(),
+    outcomes = parallel.run_jobs(plan(), cpu_workers("cpu-here", here="cpu-here"), **TUNING, settings=config.settings(),
                                  budget_s=5, on_event=lambda event, worker: events.append((worker, event.kind)))
     one_db = config.read_settings({"AUTOSEL_DB": str(tmp_path / "one.db")})
     alone = tuning.tune_ops(["toy.*"], budget_s=5, settings=one_db)
@@ -114,7 +119,7 @@ def test_one_worker_that_is_this_process_starts_no_process_and_decides_as_the_on
 def test_this_process_and_a_spawned_worker_tune_every_job_once(reg):
     events = []
     outcomes = parallel.run_jobs(plan(), cpu_workers("cpu-here", "cpu-b", here="cpu-here"),
-                                 settings=config.settings(), budget_s=5,
+                                 **TUNING, settings=config.settings(), budget_s=5,
                                  on_event=lambda event, worker: events.append((worker, event)))
     assert [(o.op, o.status) for o in outcomes] == [("toy.broken", "failed"), ("toy.large", "tuned"),
                                                     ("toy.small", "tuned")]
@@ -130,14 +135,15 @@ def test_an_error_while_serving_the_workers_is_raised_not_a_hang(reg):
         raise RuntimeError("the progress display broke")
 
     with pytest.raises(RuntimeError, match="the progress display broke"):
-        parallel.run_jobs(plan(), cpu_workers("cpu-here", "cpu-b", here="cpu-here"), settings=config.settings(),
+        parallel.run_jobs(plan(), cpu_workers("cpu-here", "cpu-b", here="cpu-here"),
+                          **TUNING, settings=config.settings(),
                           budget_s=5, on_event=on_event)
 
 
 def test_only_one_worker_can_be_this_process(reg):
     with pytest.raises(ValueError, match="only one worker can be this process, got cpu-a, cpu-b"):
         parallel.run_jobs(plan(), [parallel.Worker(n, {}, HOST, in_process_device=0) for n in ("cpu-a", "cpu-b")],
-                          settings=config.settings(), budget_s=5)
+                          **TUNING, settings=config.settings(), budget_s=5)
 
 
 def test_a_worker_that_dies_fails_its_job_and_the_others_take_the_rest(reg):
@@ -147,7 +153,8 @@ def test_a_worker_that_dies_fails_its_job_and_the_others_take_the_rest(reg):
     import toy_kernels
 
     reg.define(OpDefinition("toy.crash", shapes=[{"n": 4}] * 9, make_inputs=toy_kernels.inputs))  # the longest
-    outcomes = parallel.run_jobs(plan(), cpu_workers("cpu-a", "cpu-b"), settings=config.settings(), budget_s=5)
+    outcomes = parallel.run_jobs(plan(), cpu_workers("cpu-a", "cpu-b"),
+                                 **TUNING, settings=config.settings(), budget_s=5)
     by_op = {o.op: o for o in outcomes}
     assert by_op["toy.crash"].status == "failed" and "died (exit code -11)" in by_op["toy.crash"].detail
     assert (by_op["toy.small"].status, by_op["toy.large"].status) == ("tuned", "tuned")
@@ -160,7 +167,8 @@ def test_a_worker_interrupted_by_ctrl_c_exits_quietly_and_its_job_fails_naming_t
     import toy_kernels
 
     reg.define(OpDefinition("toy.interrupted", shapes=[{"n": 4}] * 9, make_inputs=toy_kernels.inputs))
-    outcomes = parallel.run_jobs(plan(), cpu_workers("cpu-a", "cpu-b"), settings=config.settings(), budget_s=5)
+    outcomes = parallel.run_jobs(plan(), cpu_workers("cpu-a", "cpu-b"),
+                                 **TUNING, settings=config.settings(), budget_s=5)
     by_op = {o.op: o for o in outcomes}
     assert "died (exit code 130)" in by_op["toy.interrupted"].detail
     assert (by_op["toy.small"].status, by_op["toy.large"].status) == ("tuned", "tuned")

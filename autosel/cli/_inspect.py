@@ -330,7 +330,7 @@ def report(out, ops, db, include_all, force):
       autosel report --out report.html
       autosel report --out activation.html --op 'activation.*' --db build.db
     """
-    from autosel import __version__
+    from autosel.version import __version__
     from autosel.report import render_report
 
     refuse_overwrite(out, force)
