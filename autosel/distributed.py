@@ -27,6 +27,8 @@ from typing import TYPE_CHECKING, Callable, TypeVar
 
 from autosel.decisions import key_order
 from autosel.errors import TuningError
+from autosel.registry import registry
+from autosel.spec import spec_list
 
 if TYPE_CHECKING:
     from autosel.dispatch import BucketTable
@@ -233,16 +235,20 @@ def agree(decide: Callable[[], T], *, what: str, key: tuple, in_capture: bool = 
         flight.done.set()
 
 
+# Ops whose cached kernel came from a decision made with no process group up: this rank's own choice, kept until
+# clear_cache() (get_kernel notes them through tuning.cached_alone); agree warns about them when a process group
+# first agrees on a decision.
+chosen_alone: set[str] = set()
+
+
 def _say_chosen_alone(world: tuple) -> None:
     """Warn once per process group about kernels get_kernel resolved before the group was up: this rank's own
     choices, cached, which the other ranks may not share."""
-    from autosel import selector
-
-    if selector.chosen_alone:
+    if chosen_alone:
         log.warning("rank %d of %d: get_kernel resolved %s before the process group was up, from this rank's own "
                     "decisions, and keeps them (the other ranks may run others); call autosel.clear_cache() on "
                     "every rank after init_process_group, or select kernels only after it", world[0], world[1],
-                    ", ".join(repr(op) for op in sorted(selector.chosen_alone)))
+                    ", ".join(repr(op) for op in sorted(chosen_alone)))
 
 
 def _broadcast(decide: Callable[[], T], what: str, world: tuple,
@@ -291,10 +297,7 @@ def _broadcast(decide: Callable[[], T], what: str, world: tuple,
 
 def _registrations() -> dict[str, tuple[str, ...]]:
     """Every registered op's backends on this rank: rank 0 sends them with each answer."""
-    from autosel import selector
-    from autosel.spec import spec_list
-
-    return {op: tuple(sorted(spec_list(selector.registry.get(op)))) for op in selector.registry.ops()}
+    return {op: tuple(sorted(spec_list(registry.get(op)))) for op in registry.ops()}
 
 
 def _registration_gaps(rank0: dict[str, tuple[str, ...]]) -> list[str]:

@@ -8,9 +8,8 @@ import sys
 import threading
 from typing import Any, Callable
 
-from autosel import config, platforms
+from autosel import config, platforms, tuning
 from autosel.dispatch import BucketTable, dispatcher, recording, trace_as
-from autosel.distributed import agree_on_fewer, agreement_kept, decision_kernels, in_process_group
 from autosel.platforms import PlatformInfo, capturing_cuda_graph
 from autosel.registry import load_plugins, on_register, registry
 from autosel.spec import KernelBackend, KernelSpec, spec_list
@@ -65,10 +64,10 @@ def _choose(op: str, backend: KernelBackend | str | None, mode: str | None
     if forced is not None:
         match = next((s for s in specs if s.backend == forced), None)
         missing = f"No '{forced.value}' backend registered for op {op!r}"
-        if in_process_group() and (match is not None or per_op):  # the ranks not forced alike make the op's
-            platform = platforms.current_platform()  # agreement: this one takes part too, or they wait for it
-            agree_on_fewer(op, [forced.value] if match is not None else [], missing,
-                           mode=resolve_mode(mode, platform, settings), platform_key=platform.key, forced=forced.value)
+        if match is not None or per_op:  # the ranks not forced alike make the op's agreement: this one takes part too
+            platform = platforms.current_platform()
+            tuning.decide_fewer(op, [forced.value] if match is not None else [], missing,
+                                mode=resolve_mode(mode, platform, settings), platform=platform, forced=forced.value)
         if match is not None:
             log.info("op %r: AUTOSEL_BACKEND forces %r", op, forced.value)
             return match
@@ -79,15 +78,13 @@ def _choose(op: str, backend: KernelBackend | str | None, mode: str | None
     if len(eligible) < 2:
         none_usable = (f"op {op!r} has no backend usable on device {platform.device.value!r} "
                        f"(registered: {spec_list(specs)})")
-        if in_process_group():  # ranks that see several make the op's agreement: this one takes part, or they hang
-            agree_on_fewer(op, [s.backend.value for s in eligible], none_usable,
-                           mode=resolve_mode(mode, platform, settings), platform_key=platform.key)
+        # ranks that see several make the op's agreement: this one takes part, or they hang
+        tuning.decide_fewer(op, [s.backend.value for s in eligible], none_usable,
+                            mode=resolve_mode(mode, platform, settings), platform=platform)
         if not eligible:
             raise ValueError(none_usable)
         return eligible[0]
-    from autosel.tuning import decide
-
-    table = decide(op, eligible, platform, resolve_mode(mode, platform, settings), settings)
+    table = tuning.decide(op, eligible, platform, resolve_mode(mode, platform, settings), settings)
     by_backend = {s.backend.value: s for s in eligible}
     return by_backend[table.default], table, eligible
 
@@ -125,15 +122,15 @@ def get_kernel(op: str, backend: KernelBackend | str | None = None, *, mode: str
     if _compiling():  # a first call inside code torch.compile traces, as the selector autosel replaces allowed
         return getattr(sys.modules[__name__], _traced_name(key))
     load_plugins()  # before the stamp: the plug-ins' registrations are not news to this lookup
-    during_decision = decision_kernels()  # this thread decides another op for the ranks: kept for that decision
+    during_decision = tuning.kernels_while_deciding()  # this thread decides another op for the ranks: kept for that decision
     if during_decision is not None:
         if key not in during_decision:
             during_decision[key] = _build(*key)
         return during_decision[key]
     stamp = _stamp(op)
-    agreement_kept()  # forget an earlier lookup's answer: this one's comes from _build
+    tuning.agreement_kept()  # forget an earlier lookup's answer: this one's comes from _build
     fn = _build(*key)
-    kept = agreement_kept()  # with several ranks, whether rank 0 had every rank keep this op's table
+    kept = tuning.agreement_kept()  # with several ranks, whether rank 0 had every rank keep this op's table
     with _cache_lock:
         # A clear_cache(), or a registration for op, during the lookup wins: its result, chosen from the specs
         # before it, is returned but not stored, so the next call selects again. With several ranks rank 0's word
@@ -189,8 +186,7 @@ def _build(op: str, backend: KernelBackend | str | None, mode: str | None) -> Ca
     else:
         _, table, eligible = choice
         mode_name = table.mode
-        if not in_process_group():
-            chosen_alone.add(op)
+        tuning.cached_alone(op)
         named = {table.default, *table.winners.values()}
         kernels = {s.backend.value: s.load() for s in eligible if s.backend.value in named}
         traced = {b: definition.traced_kernel(b, k) for b, k in kernels.items()} if definition else kernels
@@ -204,11 +200,6 @@ def _build(op: str, backend: KernelBackend | str | None, mode: str | None) -> Ca
     if record_to is not None:
         fn = recording(op, fn, record_to, mode_name, definition.shape_of if definition else None)
     return fn
-
-
-# Ops whose cached kernel came from a decision made with no process group up: this rank's own choice, kept until
-# clear_cache(); autosel.distributed warns about them when a process group first agrees on a decision.
-chosen_alone: set[str] = set()
 
 
 def clear_cache() -> None:
@@ -225,8 +216,6 @@ def _forget_kernels(op: str | None = None) -> None:
     again, which never timed the new backend (registered on every rank alike, the next selection is a collective
     on each)."""
     global _cache, _generation
-    from autosel.distributed import forget_agreements
-
     with _cache_lock:
         if op is None:
             _generation += 1
@@ -239,11 +228,7 @@ def _forget_kernels(op: str | None = None) -> None:
                 setattr(sys.modules[__name__], name, None)
     for fn in dropped:  # a dispatcher lives on with torch's stand-in: its learned shapes need not
         getattr(fn, "forget_shapes", lambda: None)()
-    if op is None:
-        chosen_alone.clear()
-    else:
-        chosen_alone.discard(op)
-    forget_agreements(op)
+    tuning.forget_decided(op)
 
 
 # A backend registered for an op already resolved is timed at its next selection (a stored decision that never

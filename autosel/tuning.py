@@ -10,7 +10,7 @@ import threading
 from dataclasses import replace
 from typing import Any, Callable, NamedTuple
 
-from autosel import config, platforms
+from autosel import config, distributed, platforms
 from autosel.decisions import (OP_LEVEL_BUCKET, Decision, DecisionKey, bucket_text, near_detail, parse_bucket,
                                versions_hash)
 from autosel.dispatch import BucketTable
@@ -81,17 +81,57 @@ def decide(op: str, eligible: list[KernelSpec], platform: PlatformInfo, mode: st
            settings: config.Settings) -> BucketTable:
     """The stored or measured decision of `op` as a bucket table; with several ranks, rank 0's whole table
     (autosel.distributed), so every rank dispatches every bucket alike."""
-    from autosel.distributed import agree, check_against_local, check_eligible, op_agreement
-
-    what, key = op_agreement(op, mode, platform.key)
+    what, key = distributed.op_agreement(op, mode, platform.key)
     in_capture = capturing_cuda_graph()
-    table = agree(lambda: _decide_here(op, eligible, platform, mode, settings), what=what, in_capture=in_capture,
-                  key=key)
-    check_eligible({table.default, *table.winners.values()}, {s.backend.value for s in eligible}, what=what)
+    table = distributed.agree(lambda: _decide_here(op, eligible, platform, mode, settings), what=what,
+                              in_capture=in_capture, key=key)
+    distributed.check_eligible({table.default, *table.winners.values()}, {s.backend.value for s in eligible},
+                               what=what)
     if settings.check_ranks:
-        check_against_local(table, lambda: stored_table(op, eligible, platform, mode, settings), what=what,
-                            in_capture=in_capture)
+        distributed.check_against_local(table, lambda: stored_table(op, eligible, platform, mode, settings),
+                                        what=what, in_capture=in_capture)
     return table
+
+
+# --- what selection asks of the ranks' agreement (autosel.distributed), so that the contract never calls it ------
+
+def decide_fewer(op: str, usable: list[str], none_usable: str, *, mode: str, platform: PlatformInfo,
+                 forced: str | None = None) -> None:
+    """With several ranks, take part in `op`'s agreement where this rank has nothing to decide (fewer than two
+    usable backends, or one AUTOSEL_BACKEND forces), as decide does where it has: the ranks that decide would
+    otherwise wait for this one (distributed.agree_on_fewer, which raises where this rank cannot run rank 0's
+    table). In a single process, nothing."""
+    if distributed.in_process_group():
+        distributed.agree_on_fewer(op, usable, none_usable, mode=mode, platform_key=platform.key, forced=forced)
+
+
+def kernels_while_deciding() -> dict | None:
+    """While this thread makes rank 0's decision of another op, get_kernel's cache for what it selects meanwhile
+    (distributed.decision_kernels); None otherwise."""
+    return distributed.decision_kernels()
+
+
+def agreement_kept() -> bool | None:
+    """Whether every rank keeps the decision this thread's last selection agreed on (rank 0's word); None where it
+    agreed on none. Asking clears it (distributed.agreement_kept)."""
+    return distributed.agreement_kept()
+
+
+def cached_alone(op: str) -> None:
+    """get_kernel cached `op`'s kernel from a measured decision: with no process group up, this rank's own choice,
+    which the ranks warn about when they first agree (distributed.chosen_alone)."""
+    if not distributed.in_process_group():
+        distributed.chosen_alone.add(op)
+
+
+def forget_decided(op: str | None = None) -> None:
+    """Forget the decisions agreed with rank 0 and the ops chosen alone, of `op` only if given (clear_cache, or a
+    registration for op): the next selection of each is a collective again, on every rank alike."""
+    if op is None:
+        distributed.chosen_alone.clear()
+    else:
+        distributed.chosen_alone.discard(op)
+    distributed.forget_agreements(op)
 
 
 def stored_table(op: str, eligible: list[KernelSpec], platform: PlatformInfo, mode: str,

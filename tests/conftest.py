@@ -53,10 +53,11 @@ def isolated_autosel(tmp_path, monkeypatch):
 
 
 def use_registry(monkeypatch, fresh) -> None:
-    """Selection, tuning and the CLI all read this registry for the test (each module bound the global one)."""
-    from autosel import selector, tuning
+    """Selection, tuning, the ranks' agreement and the CLI all read this registry for the test (each module bound
+    the global one)."""
+    from autosel import distributed, selector, tuning
 
-    for module in (selector, tuning):
+    for module in (selector, tuning, distributed):
         monkeypatch.setattr(module, "registry", fresh)
 
 

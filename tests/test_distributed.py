@@ -831,14 +831,14 @@ def test_kernels_resolved_before_the_process_group_was_up_are_named_at_its_first
     world = distributed._world
     monkeypatch.setattr(distributed, "_world", lambda: None)  # before init_process_group
     selector.get_kernel("toy.double")
-    assert selector.chosen_alone == {"toy.double"}
+    assert distributed.chosen_alone == {"toy.double"}
     monkeypatch.setattr(distributed, "_world", world)
     caplog.set_level(logging.WARNING, logger="autosel")
     distributed.agree(lambda: "torch", what="op", key=("toy.other", "eager"))
     assert ("rank 0 of 2: get_kernel resolved 'toy.double' before the process group was up, from this rank's own "
             "decisions, and keeps them") in " ".join(caplog.messages)
     selector.clear_cache()
-    assert not selector.chosen_alone
+    assert not distributed.chosen_alone
 
 
 def test_set_group_takes_a_process_group_or_none():
