@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable, Mapping, Sequence
 
+from autosel import state
 from autosel.errors import ConfigError
 from autosel.platforms import EXECUTION_MODES
 from autosel.spec import KernelBackend
@@ -231,7 +232,6 @@ def log_to_stderr(level: str | None) -> None:
     logger.setLevel(level.upper())
 
 
-_checked_forced_ops: set[str] = set()
 # The registered ops' names, read when AUTOSEL_BACKEND names an op: autosel.registry hands its reader in when it is
 # imported (set_registered_ops), so that this module, which the registry's plug-ins read, never imports the registry.
 _registered_ops: Callable[[], Iterable[str]] = tuple
@@ -246,10 +246,11 @@ def set_registered_ops(reader: Callable[[], Iterable[str]]) -> None:
 def _warn_unknown_forced_ops(result: Settings) -> None:
     """Selection warns once per AUTOSEL_BACKEND op that is not registered; it goes on (the entry forces nothing),
     since an engine may register its own ops later. `autosel doctor` reports it as blocking."""
-    unchecked = {op for op, _ in result.forced_per_op} - _checked_forced_ops
+    checked = state.current().memos.forced_ops_checked
+    unchecked = {op for op, _ in result.forced_per_op} - checked
     if not unchecked:
         return
-    _checked_forced_ops.update(unchecked)
+    checked.update(unchecked)
     for problem in unknown_op_problems(sorted(unchecked), list(_registered_ops())):
         log.warning("%s; this entry forces nothing until such an op is registered. Correct the op name in "
                     "AUTOSEL_BACKEND, or remove the entry", problem)

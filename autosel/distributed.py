@@ -25,6 +25,7 @@ import weakref
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, TypeVar
 
+from autosel import state
 from autosel.decisions import key_order
 from autosel.errors import TuningError
 from autosel.registry import registry
@@ -95,13 +96,8 @@ def in_process_group() -> bool:
     return _world() is not None
 
 
-_agreed: dict[tuple, object] = {}  # key -> the answer every rank received for it, in the current process group
-_flights: dict[tuple, "_Flight"] = {}  # key -> the broadcast of it under way on this rank
-_agreed_lock = threading.Lock()
-_broadcast_lock = threading.Lock()  # one broadcast at a time on this rank, whatever its key
-_generation = 0  # forget_agreements() during a broadcast: its answer is not kept
-_op_generations: dict[str, int] = {}  # ...and forget_agreements(op), for a broadcast of that op
-_group: Callable[[], object] = lambda: None  # a weak reference to the process group the answers were agreed in
+# The agreed answers, the broadcasts under way, their generations and locks: the process state's Agreements
+# (autosel.state), which a forked child starts without.
 
 
 class _Flight:
@@ -114,15 +110,15 @@ class _Flight:
 def forget_agreements(op: str | None = None) -> None:
     """Forget every agreed answer (selector.clear_cache), or those of `op` only (a backend registered for it): the
     next selection of each op forgotten is a collective again, so every rank must forget alike."""
-    global _generation
-    with _agreed_lock:
+    agreements = state.current().agreements
+    with agreements.lock:
         if op is None:
-            _agreed.clear()
-            _generation += 1
+            agreements.agreed.clear()
+            agreements.generation += 1
         else:
-            for key in [key for key in _agreed if key[0] == op]:
-                del _agreed[key]
-            _op_generations[op] = _op_generations.get(op, 0) + 1
+            for key in [key for key in agreements.agreed if key[0] == op]:
+                del agreements.agreed[key]
+            agreements.op_generations[op] = agreements.op_generations.get(op, 0) + 1
 
 
 _local = threading.local()  # .kernels: while this thread makes rank 0's decision of an op (_broadcast), a dict
@@ -154,10 +150,10 @@ def decision_kernels() -> dict | None:
     return getattr(_local, "kernels", None)
 
 
-def _stamp_locked(key: tuple) -> tuple[int, int]:
+def _stamp_locked(agreements: state.Agreements, key: tuple) -> tuple[int, int]:
     """What rank 0 compares when a broadcast of `key` begins and before it sends the answer: a forget_agreements()
     meanwhile keeps the answer out, on every rank."""
-    return _generation, _op_generations.get(key[0], 0)
+    return agreements.generation, agreements.op_generations.get(key[0], 0)
 
 
 def agree(decide: Callable[[], T], *, what: str, key: tuple, in_capture: bool = False) -> T:
@@ -174,26 +170,26 @@ def agree(decide: Callable[[], T], *, what: str, key: tuple, in_capture: bool = 
     (a backend's own sub-op) is decided there alone and sent with the answer, and agreed with it. Whether the
     answer is kept is also left for this thread's next agreement_kept(). key: a tuple whose first item is the op
     (forget_agreements(op) drops the keys of that op)."""
-    global _group
     world = _world()
     if world is None:
         return decide()
     group = _agreeing(world[2])[0]
     nested = deciding()  # selected while rank 0 decides another op: the other ranks wait in that op's broadcast
-    with _agreed_lock:
-        if _group() is not group:  # a new process group (an elastic restart): nothing agreed in the old one holds
-            _agreed.clear()
-            _group = weakref.ref(group)
-            _say_chosen_alone(world)
-        if key in _agreed:
+    agreements = state.current().agreements
+    with agreements.lock:
+        if agreements.group() is not group:  # a new process group (an elastic restart): nothing agreed in the old one
+            agreements.agreed.clear()
+            agreements.group = weakref.ref(group)
+            _say_chosen_alone(world, agreements.chosen_alone)
+        if key in agreements.agreed:
             _local.kept = True
-            return _agreed[key]  # type: ignore[return-value]
-        flight = None if in_capture or nested else _flights.get(key)
+            return agreements.agreed[key]  # type: ignore[return-value]
+        flight = None if in_capture or nested else agreements.flights.get(key)
         mine = flight is None and not in_capture and not nested
         if mine or nested:
-            stamp = _stamp_locked(key)
+            stamp = _stamp_locked(agreements, key)
         if mine:
-            flight = _flights[key] = _Flight()
+            flight = agreements.flights[key] = _Flight()
     if nested:
         answer = decide()
         _local.nested[key] = (answer, stamp)
@@ -212,38 +208,33 @@ def agree(decide: Callable[[], T], *, what: str, key: tuple, in_capture: bool = 
         then predate a registration), and with it the answers it selected meanwhile, each unless forgotten since.
         One that lands while the answer is being sent is ignored on every rank: one rank dropping the answer alone
         would select again with a collective the others do not make."""
-        with _agreed_lock:
-            if stamp != _stamp_locked(key):
+        with agreements.lock:
+            if stamp != _stamp_locked(agreements, key):
                 return False, {}
-            return True, {k: answer for k, (answer, began) in nested.items() if began == _stamp_locked(k)}
+            return True, {k: answer for k, (answer, began) in nested.items() if began == _stamp_locked(agreements, k)}
 
     try:
-        with _broadcast_lock:
+        with agreements.broadcast_lock:
             flight.answer, flight.kept, nested_answers = _broadcast(decide, what, world, keep)
         if flight.kept:  # as rank 0 said when it sent it, whatever was forgotten here since: every rank alike
-            with _agreed_lock:
-                _agreed.update(nested_answers)
-                _agreed[key] = flight.answer
+            with agreements.lock:
+                agreements.agreed.update(nested_answers)
+                agreements.agreed[key] = flight.answer
         _local.kept = flight.kept
         return flight.answer  # type: ignore[return-value]
     except BaseException as exc:
         flight.error = exc
         raise
     finally:
-        with _agreed_lock:
-            _flights.pop(key, None)
+        with agreements.lock:
+            agreements.flights.pop(key, None)
         flight.done.set()
 
 
-# Ops whose cached kernel came from a decision made with no process group up: this rank's own choice, kept until
-# clear_cache() (get_kernel notes them through tuning.cached_alone); agree warns about them when a process group
-# first agrees on a decision.
-chosen_alone: set[str] = set()
-
-
-def _say_chosen_alone(world: tuple) -> None:
-    """Warn once per process group about kernels get_kernel resolved before the group was up: this rank's own
-    choices, cached, which the other ranks may not share."""
+def _say_chosen_alone(world: tuple, chosen_alone: set[str]) -> None:
+    """Warn once per process group about kernels get_kernel resolved before the group was up (Agreements'
+    chosen_alone, noted through tuning.cached_alone): this rank's own choices, cached, which the other ranks may
+    not share."""
     if chosen_alone:
         log.warning("rank %d of %d: get_kernel resolved %s before the process group was up, from this rank's own "
                     "decisions, and keeps them (the other ranks may run others); call autosel.clear_cache() on "
@@ -312,14 +303,12 @@ def _registration_gaps(rank0: dict[str, tuple[str, ...]]) -> list[str]:
             for op in sorted(set(rank0) | set(here)) if rank0.get(op, ()) != here.get(op, ())]
 
 
-_gaps_warned: set[tuple[str, ...]] = set()
-
-
 def _warn_gaps(rank: int, size: int, gaps: list[str]) -> None:
     """Warn once per set of differences: no selection has gone wrong yet, but one of those ops may."""
-    if tuple(gaps) in _gaps_warned:
+    warned = state.current().agreements.gaps_warned
+    if tuple(gaps) in warned:
         return
-    _gaps_warned.add(tuple(gaps))
+    warned.add(tuple(gaps))
     log.warning("rank %d of %d registers other backends than rank 0 for %s: a selection of such an op can leave "
                 "the ranks waiting in different collectives until the process group's timeout, or running "
                 "different kernels; install the same plug-ins on every rank and register their backends before "
@@ -410,9 +399,6 @@ def differences(local: BucketTable | None, agreed: BucketTable) -> list[RankDiff
     return found
 
 
-_reported: set[tuple] = set()  # (op, mode, differences) this process has warned about
-
-
 def check_against_local(agreed: BucketTable, local: Callable[[], BucketTable | None], *, what: str,
                         in_capture: bool = False) -> list[RankDifference]:
     """AUTOSEL_CHECK_RANKS: on a rank other than 0, the differences between `local()` (what this rank's own DB
@@ -430,8 +416,9 @@ def check_against_local(agreed: BucketTable, local: Callable[[], BucketTable | N
         return []
     found = differences(own, agreed)
     said = (agreed.op, agreed.mode, tuple(found))
-    if found and said not in _reported:
-        _reported.add(said)
+    reported = state.current().agreements.reported  # (op, mode, differences) this process has warned about
+    if found and said not in reported:
+        reported.add(said)
         log.warning("%s: rank %d of %d runs rank 0's decision, and on its own would differ: %s. "
                     "[AUTOSEL_CHECK_RANKS: every rank still runs rank 0's table; only inside CUDA-graph capture, "
                     "where nothing is broadcast, does a rank run its own. To make the ranks' DBs agree, tune once "

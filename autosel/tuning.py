@@ -6,11 +6,10 @@ from __future__ import annotations
 import fnmatch
 import json
 import logging
-import threading
 from dataclasses import replace
 from typing import Any, Callable, NamedTuple
 
-from autosel import config, distributed, platforms
+from autosel import config, distributed, platforms, state
 from autosel.decisions import (OP_LEVEL_BUCKET, Decision, DecisionKey, bucket_text, near_detail, parse_bucket,
                                versions_hash)
 from autosel.dispatch import BucketTable
@@ -40,10 +39,8 @@ def multiple_backends_message(op: str, platform: PlatformInfo, eligible: list[Ke
             f"({spec_list(eligible)}); pass backend=... to choose one")
 
 
-_databases: dict[tuple, Any] = {}
-_databases_lock = threading.Lock()
-_tunes_here: dict[DecisionKey, int] = {}  # key -> how many tunes of it this process has recorded
-_announced: set[tuple[str, str]] = set()  # (op, mode) whose run-time tune this process has warned about
+# The open DBs, the tunes this process recorded and the warnings given once: the process state's Memos
+# (autosel.state).
 
 
 def database(settings: config.Settings | None = None):
@@ -52,10 +49,11 @@ def database(settings: config.Settings | None = None):
 
     settings = settings or config.settings()
     key = (settings.db, settings.db_path)
-    with _databases_lock:
-        if key not in _databases:
-            _databases[key] = TuningDB.from_settings(settings)
-        return _databases[key]
+    memos = state.current().memos
+    with memos.lock:
+        if key not in memos.databases:
+            memos.databases[key] = TuningDB.from_settings(settings)
+        return memos.databases[key]
 
 
 def decision_key(op: str, eligible: list[KernelSpec], platform: PlatformInfo, mode: str,
@@ -119,18 +117,19 @@ def agreement_kept() -> bool | None:
 
 def cached_alone(op: str) -> None:
     """get_kernel cached `op`'s kernel from a measured decision: with no process group up, this rank's own choice,
-    which the ranks warn about when they first agree (distributed.chosen_alone)."""
+    which the ranks warn about when they first agree (state.Agreements.chosen_alone)."""
     if not distributed.in_process_group():
-        distributed.chosen_alone.add(op)
+        state.current().agreements.chosen_alone.add(op)
 
 
 def forget_decided(op: str | None = None) -> None:
     """Forget the decisions agreed with rank 0 and the ops chosen alone, of `op` only if given (clear_cache, or a
     registration for op): the next selection of each is a collective again, on every rank alike."""
+    chosen_alone = state.current().agreements.chosen_alone
     if op is None:
-        distributed.chosen_alone.clear()
+        chosen_alone.clear()
     else:
-        distributed.chosen_alone.discard(op)
+        chosen_alone.discard(op)
     distributed.forget_agreements(op)
 
 
@@ -145,9 +144,6 @@ def stored_table(op: str, eligible: list[KernelSpec], platform: PlatformInfo, mo
         found = lookup_stored(db, key, eligible, match=settings.match, versions=versions, say=False,
                               every_backend=False)
     return None if found is None else table_of(*found[:2])
-
-
-_near_said: set[tuple] = set()  # near-match rows this process has said it uses
 
 
 def outdated(db, decision: Decision, layer, names: list[str], definition) -> str:
@@ -236,9 +232,10 @@ def lookup_stored(db, key: DecisionKey, eligible: list[KernelSpec], *, match: st
 
 def _say_near(key: DecisionKey, decision: Decision, layer, buckets: int, match: str, versions: dict[str, str]) -> None:
     said = (key.op, key.mode, layer.path, decision.platform_key, decision.key.versions_hash)
-    if said in _near_said:
+    near_said = state.current().memos.near_said
+    if said in near_said:
         return
-    _near_said.add(said)
+    near_said.add(said)
     log.warning("op %r (%s mode): no decision is stored for this machine (%s) with its versions; AUTOSEL_MATCH=%s "
                 "takes %s (and %d bucket row(s)) from the %s DB %s, a %s. Run `autosel tune` here to store an exact "
                 "decision, or set AUTOSEL_MATCH=exact to refuse near matches", key.op, key.mode, key.platform_key,
@@ -246,13 +243,11 @@ def _say_near(key: DecisionKey, decision: Decision, layer, buckets: int, match: 
                 near_detail(decision, key.platform_key, versions))
 
 
-_untimed_said: set[tuple[str, str]] = set()  # (op, mode) whose older decision this process has said it keeps
-
-
 def _say_untimed(op: str, mode: str, decision: Decision, reason: str, why: str) -> None:
-    if (op, mode) in _untimed_said:
+    untimed_said = state.current().memos.untimed_said
+    if (op, mode) in untimed_said:
         return
-    _untimed_said.add((op, mode))
+    untimed_said.add((op, mode))
     log.warning("op %r (%s mode): the stored decision (%s) %s; it is kept, since nothing can be timed now (%s). "
                 "Run `autosel tune` to time every eligible backend", op, mode, decision.winner, reason, why)
 
@@ -263,7 +258,8 @@ def _decide_here(op: str, eligible: list[KernelSpec], platform: PlatformInfo, mo
     versions = version_vector(platform, eligible)
     key = decision_key(op, eligible, platform, mode, versions)
     db = database(settings)
-    retune = settings.tune == "force" and key not in _tunes_here  # force: once per process
+    memos = state.current().memos
+    retune = settings.tune == "force" and key not in memos.tunes_here  # force: once per process
     older = None
     if not retune:
         found = lookup_stored(db, key, eligible, match=settings.match, versions=versions)
@@ -285,8 +281,8 @@ def _decide_here(op: str, eligible: list[KernelSpec], platform: PlatformInfo, mo
             _say_near(key, older[0], older[2], len(older[1]), settings.match, versions)
         return table_of(*older[:2])
     definition = _tunable(op, eligible, platform, mode, why_not)
-    if (op, mode) not in _announced:  # a tune blocks the caller for tens of seconds: say so, once
-        _announced.add((op, mode))
+    if (op, mode) not in memos.announced:  # a tune blocks the caller for tens of seconds: say so, once
+        memos.announced.add((op, mode))
         why = (": AUTOSEL_TUNE=force is set" if retune else f"'s stored decision {reason}" if older is not None
                else " has no stored decision for this machine")
         _announce_tune(op, mode, why, eligible, settings, db)
@@ -367,10 +363,11 @@ def tune_and_record(definition: OpDefinition, eligible: list[KernelSpec], *, pla
     op = definition.op
     versions = version_vector(platform, eligible)  # read once: it asks the installed packages' metadata
     key = decision_key(op, eligible, platform, mode, versions)
-    tunes_before = _tunes_here.get(key, 0)
+    tunes_here = state.current().memos.tunes_here
+    tunes_before = tunes_here.get(key, 0)
     while True:
         with db.lease(platform.key, op, mode, budget_s=budget_s) as took:  # expires, and waiters stop, with the budget
-            retune = force and _tunes_here.get(key, 0) == tunes_before  # another thread's forced tune is this one's
+            retune = force and tunes_here.get(key, 0) == tunes_before  # another thread's forced tune is this one's
             found = None if retune else lookup_stored(db, key, eligible)
             if found is not None and (shapes is None or _decided_on(found[0], shapes)):
                 return Recorded(*found[:2], tuned=False)
@@ -385,7 +382,7 @@ def tune_and_record(definition: OpDefinition, eligible: list[KernelSpec], *, pla
                 shapes=shapes or check_shapes, check_shapes=check_shapes, mode=mode, platform_key=platform.key,
                 versions=versions, autosel_version=__version__)
             db.record(decision, buckets)
-            _tunes_here[key] = _tunes_here.get(key, 0) + 1
+            tunes_here[key] = tunes_here.get(key, 0) + 1
         break
     log.info("op %r (%s mode): %s chosen %s", op, mode, decision.winner,
              f"over {decision.runner_up}" if decision.runner_up else "(no runner-up measured to the end)")

@@ -1,4 +1,4 @@
-"""Shared fixtures: every test gets its own user DB and environment, and the selector's caches are reset."""
+"""Shared fixtures: every test gets its own user DB and environment, and a process state (autosel.state) of its own."""
 
 from __future__ import annotations
 
@@ -45,10 +45,12 @@ def isolated_autosel(tmp_path, monkeypatch):
     from autosel import db
 
     monkeypatch.setattr(db, "package_folder", lambda: None)
-    from autosel import selector
+    from autosel import selector, state
 
-    selector.clear_cache()
+    selector.clear_cache()  # also drops the kernels compiled code reads from selector's attributes
+    previous = state.use(state.ProcessState())  # caches, agreements and memos of this test's own
     yield
+    state.use(previous)
     selector.clear_cache()
 
 

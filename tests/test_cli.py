@@ -17,6 +17,7 @@ import pytest
 from conftest import use_platform, use_registry
 from click.testing import CliRunner
 
+from autosel import state
 from autosel import cli, tuning
 from autosel.cli._common import settings_for
 from autosel.decisions import CandidateResult, Decision, Measurement, ShapeResult
@@ -1334,7 +1335,7 @@ def test_tune_with_the_db_locked_past_the_busy_timeout_prints_the_outcome_and_ex
     toy(reg, B.TORCH, B.TRITON)
     store(decision(op="other.op"))  # the user DB exists, in WAL mode
     monkeypatch.setattr(db_tools, "BUSY_TIMEOUT_S", 0.2)
-    tuning._databases.clear()  # reopen with the short busy timeout
+    state.current().memos.databases.clear()  # reopen with the short busy timeout
     other = sqlite3.connect(os.environ["AUTOSEL_DB"], isolation_level=None)
     other.execute("BEGIN IMMEDIATE")  # another process's long write transaction
     try:
