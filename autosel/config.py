@@ -37,6 +37,8 @@ VARIABLES = {
                      "arch (also another device model of this arch)",
     "AUTOSEL_CHECK_RANKS": "0/off (default) or 1/on: with several ranks, each rank also looks up its own stored "
                            "decision and logs where it differs from rank 0's",
+    "AUTOSEL_FAST_LAUNCH": "1/on (default) or 0/off: autosel's Triton kernels launch from C after their first call; "
+                           "off, every call goes through Triton's own launch (read when the built-in ops load)",
 }
 
 
@@ -162,6 +164,12 @@ def _path(name: str, raw: str) -> Path:
 def log_level(env: Mapping[str, str] | None = None) -> str | None:
     """AUTOSEL_LOG alone, for the CLI, which reads the other variables per command."""
     return _choice(os.environ if env is None else env, "AUTOSEL_LOG", LOG_LEVELS, None)
+
+
+def fast_launch(env: Mapping[str, str] | None = None) -> bool:
+    """AUTOSEL_FAST_LAUNCH alone, for autosel.ops.triton_launch, which reads it when autosel's Triton kernels load:
+    whether their calls after the first launch from C (the default) or all go through Triton's own launch."""
+    return _choice(os.environ if env is None else env, "AUTOSEL_FAST_LAUNCH", SWITCHES, "1") in ("1", "on")
 
 
 def record_path(env: Mapping[str, str] | None = None) -> Path | None:

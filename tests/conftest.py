@@ -37,7 +37,8 @@ def pytest_configure(config):
 @pytest.fixture(autouse=True)
 def isolated_autosel(tmp_path, monkeypatch):
     for name in ("AUTOSEL_DB_PATH", "AUTOSEL_TUNE", "AUTOSEL_BACKEND", "AUTOSEL_MODE", "AUTOSEL_RECORD",
-                 "AUTOSEL_BUDGET_S", "AUTOSEL_LOG", "AUTOSEL_MATCH", "AUTOSEL_CHECK_RANKS"):
+                 "AUTOSEL_BUDGET_S", "AUTOSEL_LOG", "AUTOSEL_MATCH", "AUTOSEL_CHECK_RANKS",
+                 "AUTOSEL_FAST_LAUNCH"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("AUTOSEL_DB", str(tmp_path / "user.db"))
     # The package's shipped DBs (tuning_db/) hold real decisions for CI's machine type; a test sees them only
