@@ -6,7 +6,7 @@ from dataclasses import dataclass, replace
 from typing import Callable, Iterable
 
 from autosel.db import closest
-from autosel.db_tools import table_key
+from autosel.db.tools import table_key
 from autosel.decisions import OP_LEVEL_BUCKET, Decision, near_detail, version_diff, versions_hash
 from autosel.platforms import PlatformInfo, near_rank, version_vector
 from autosel.registry import KernelRegistry

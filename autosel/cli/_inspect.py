@@ -353,7 +353,7 @@ def report(out, ops, db, include_all, force):
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(page, encoding="utf-8")
     except OSError as exc:
-        from autosel.db_tools import why_unwritable
+        from autosel.db.tools import why_unwritable
 
         raise click.ClickException(f"cannot write {out} ({why_unwritable(out, exc)}); choose a writable path") from None
     bucket_rows = sum(e.decision.bucket != OP_LEVEL_BUCKET for e in chosen)
