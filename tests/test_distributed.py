@@ -16,7 +16,7 @@ import autosel.tuner
 from autosel import state
 from autosel import config, platforms, tuning
 from autosel.dispatch import BucketTable
-from autosel.distributed import RankDifference, check_against_local, differences
+from autosel.rank_check import RankDifference, check_against_local, differences
 from autosel.errors import TuningError
 from autosel.registry import KernelRegistry
 from autosel.spec import KernelBackend as B, KernelSpec
@@ -502,7 +502,7 @@ DURING = textwrap.dedent("""
     import torch
     import torch.distributed as dist
     import toy_kernels
-    from autosel import distributed, selector, tuning
+    from autosel import distributed, selector, state, tuning
     from autosel.spec import KernelBackend as B, KernelSpec
 
     rank = int(os.environ["RANK"])
