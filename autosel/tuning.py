@@ -9,7 +9,7 @@ import logging
 from dataclasses import replace
 from typing import Any, Callable, NamedTuple
 
-from autosel import config, distributed, platforms, state
+from autosel import config, distributed, platforms, rank_check, state
 from autosel.decisions import (OP_LEVEL_BUCKET, Decision, DecisionKey, bucket_text, near_detail, parse_bucket,
                                versions_hash)
 from autosel.dispatch import BucketTable
@@ -86,8 +86,8 @@ def decide(op: str, eligible: list[KernelSpec], platform: PlatformInfo, mode: st
     distributed.check_eligible({table.default, *table.winners.values()}, {s.backend.value for s in eligible},
                                what=what)
     if settings.check_ranks:
-        distributed.check_against_local(table, lambda: stored_table(op, eligible, platform, mode, settings),
-                                        what=what, in_capture=in_capture)
+        rank_check.check_against_local(table, lambda: stored_table(op, eligible, platform, mode, settings),
+                                       what=what, in_capture=in_capture)
     return table
 
 
