@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 from autosel.errors import TuningError
-from autosel.policy import shape_text
+from autosel.formatting import shape_text
 from autosel.spec import OpDefinition
 from autosel.timing import synchronize
 

@@ -180,15 +180,7 @@ def _candidate_from_dict(data: dict[str, Any]) -> CandidateResult:
     )
 
 
-def format_lead(decision: Decision) -> str:
-    """How much slower the runner-up is than the winner; a runner-up that was faster overall is said in words:
-    it did not beat the default by more than the noise round after round, so the default was kept."""
-    lead = decision.lead_over_runner_up
-    if lead is None:
-        return "-"
-    if lead >= 0:
-        return f"{lead:+.1%}"
-    return f"default kept: runner-up {-lead:.1%} faster, not beyond the noise in every round"
+
 
 
 def version_diff(stored: dict[str, str], current: dict[str, str]) -> str:

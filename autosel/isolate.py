@@ -27,7 +27,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 from autosel import checks
 from autosel.errors import TuningError
-from autosel.policy import shape_text
+from autosel.formatting import shape_text
 from autosel.platforms import visible_gpu_name
 from autosel.spec import KernelSpec, OpDefinition, resolve_target, target_of
 

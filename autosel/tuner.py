@@ -13,9 +13,10 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 from autosel import checks
-from autosel.decisions import OP_LEVEL_BUCKET, CandidateResult, Decision, ShapeResult, bucket_text, format_lead
+from autosel.decisions import OP_LEVEL_BUCKET, CandidateResult, Decision, ShapeResult, bucket_text
 from autosel.errors import NoCandidateError, TuningError
-from autosel.policy import DEFAULT_POLICY, WEIGHTS_FROM_MEMORY, Policy, Verdict, relative_scores, shape_text
+from autosel.formatting import format_lead, shape_text
+from autosel.policy import DEFAULT_POLICY, WEIGHTS_FROM_MEMORY, Policy, Verdict, relative_scores
 from autosel.spec import KernelSpec, OpDefinition
 from autosel.timing import Timer, measure_together, reads_weights, summarize, synchronize
 

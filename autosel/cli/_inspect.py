@@ -14,10 +14,10 @@ from autosel.cli import main
 from autosel.cli._common import (MEDIAN_NOTE, check_globs, db_option, decision_summary, echo_json, force_option,
                                  json_option, make_console, make_table, matches, op_option, out_option, read_db,
                                  refuse_overwrite, runner_up_text, settings_for)
-from autosel.decisions import OP_LEVEL_BUCKET, bucket_order, format_lead
+from autosel.decisions import OP_LEVEL_BUCKET, bucket_order
 from autosel.errors import ConfigError, TuningError
 from autosel.inventory import Entry, Inventory
-from autosel.chart import format_us
+from autosel.formatting import format_lead, format_us
 from autosel.report import candidate_median_us, first_call_s
 
 

@@ -17,8 +17,7 @@ from autosel.cli import main
 from autosel.cli._common import (MEDIAN_NOTE, db_option, decision_summary, echo_json, json_option, make_console,
                                  make_table, matches, op_option, refuse_unwritable, runner_up_text, settings_for,
                                  writable_db)
-from autosel.decisions import format_lead
-from autosel.chart import format_us
+from autosel.formatting import format_lead, format_us
 from autosel.report import candidate_median_us
 
 RECORD_EXAMPLE = '{"op": "layernorm.rmsnorm", "shape": {"tokens": 64, "hidden": 4096}, "mode": "eager"}'
