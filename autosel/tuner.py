@@ -6,13 +6,13 @@ import datetime
 import itertools
 import json
 import logging
-import math
 import statistics
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 from autosel import checks
+from autosel.buckets import bucket_of
 from autosel.decisions import OP_LEVEL_BUCKET, CandidateResult, Decision, ShapeResult, bucket_text
 from autosel.errors import NoCandidateError, TuningError
 from autosel.formatting import format_lead, shape_text
@@ -346,21 +346,6 @@ def settled_pairs(first_round: dict[str, list[float]], factor: float) -> set[tup
     n_shapes = len(next(iter(first_round.values()), []))
     best = [min(times[i] for times in first_round.values()) for i in range(n_shapes)]
     return {(b, i) for b, times in first_round.items() for i in range(n_shapes) if times[i] > factor * best[i]}
-
-
-def bucket_of(definition: OpDefinition, args: tuple) -> tuple:
-    """definition.bucket of one call's arguments, checked to be a tuple of JSON scalars (it is stored as text)."""
-    try:
-        key = definition.bucket(*args)
-    except Exception as exc:
-        raise TuningError(f"op {definition.op!r}: its bucket function raised {type(exc).__name__}: {exc}; it takes a "
-                          "call's arguments, as the kernels do, and returns a tuple") from exc
-    if not isinstance(key, tuple) or not all(isinstance(v, (int, float, str, bool)) for v in key) or any(
-            isinstance(v, float) and not math.isfinite(v) for v in key):  # NaN != NaN: one bucket stored per call
-        raise TuningError(f"op {definition.op!r}: its bucket function returned {key!r}; it must return a tuple "
-                          "of ints, finite floats, strings or bools (such as (tokens rounded to a power of two, "
-                          "hidden))")
-    return key
 
 
 def _check_route(definition: OpDefinition, args: tuple, bucket: tuple, routes: dict[tuple, tuple]) -> None:

@@ -58,7 +58,7 @@ def test_a_later_set_has_no_token_count_or_width_of_an_earlier_set(bench, name):
                                 "activation.gelu_and_mul", "embeddings.rope", "gemm.mm"])
 def test_every_shape_builds_its_inputs_and_bucket(bench, op, name):
     # The H200 run must work first time: each shape's inputs and bucket, on the meta device (no memory).
-    from autosel.tuner import bucket_of
+    from autosel.buckets import bucket_of
 
     definition = registry.definition(op)
     for shape in bench.SETS[name][op]:

@@ -177,7 +177,7 @@ def test_mm_records_the_shape_its_dispatcher_buckets(a_shape, tmp_path, monkeypa
 def test_token_buckets_round_to_the_nearest_power_of_two_and_gemms_round_up():
     import torch
 
-    from autosel.dispatch import token_bucket_up
+    from autosel.buckets import token_bucket_up
     from autosel.ops.common import rows_bucket, token_bucket
     from autosel.ops.embeddings import rope_bucket
     from autosel.ops.gemm import mm_bucket
@@ -210,7 +210,7 @@ def test_every_built_in_op_buckets_its_own_inputs(op):
     # The tuner computes each representative shape's bucket from the inputs it built: it must be a tuple of scalars.
     from autosel.ops import register_builtin_ops
     from autosel.registry import KernelRegistry
-    from autosel.tuner import bucket_of
+    from autosel.buckets import bucket_of
 
     reg = KernelRegistry()
     register_builtin_ops(reg)

@@ -18,10 +18,10 @@ from pathlib import Path
 
 from autosel.db import TuningDB
 from autosel.decisions import OP_LEVEL_BUCKET, is_number, key_order
-from autosel.dispatch import NEAREST_WITHIN, log_gaps
+from autosel.buckets import NEAREST_WITHIN, log_gaps
 from autosel.policy import DEFAULT_POLICY, geomean
 from autosel.registry import load_plugins, registry
-from autosel.tuner import bucket_of
+from autosel.buckets import bucket_of
 
 
 def key_of(op: str, shape: dict) -> tuple:
