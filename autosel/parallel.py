@@ -4,7 +4,7 @@ The first GPU's worker is the tune's own process: it tunes there in its main thr
 the others, so a tune over one GPU starts no process and one over several pays no process start before its first
 job. Every other worker is a spawned process started with CUDA_VISIBLE_DEVICES naming its GPU (ROCm's HIP
 runtime reads it too), so it sees one device as device 0. Each tunes exactly as a single-process `autosel tune`
-does: the same Tuner, seed, policy and lease (tuning.run_job). GPUs of different kinds (platform keys) are
+does: the same Tuner, seed, policy and lease (batch.run_job). GPUs of different kinds (platform keys) are
 grouped: every job is done once per kind, by a worker of that kind, so each kind gets its own decisions. Every
 worker writes into the one DB, whose WAL mode and per-(platform, op, mode) leases already let processes write at
 once.
@@ -124,7 +124,7 @@ def run_jobs(jobs: Sequence[TuneJob], workers: Sequence[Worker], *, run: Callabl
              on_event: Callable[[object, str], None] | None = None) -> list[TuneOutcome]:
     """Tune each job on a worker of its platform; the outcomes, in the order of `jobs`.
 
-    run: what tunes one job in a worker (tuning.run_job), a module-level function so that a spawned worker
+    run: what tunes one job in a worker (batch.run_job), a module-level function so that a spawned worker
     receives it by name; open_db: the tuning DB for `settings`, opened once per process (tuning.database). Both
     are handed in so that this module, which only carries jobs to workers, never imports the deciding above it.
 

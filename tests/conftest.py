@@ -58,9 +58,9 @@ def isolated_autosel(tmp_path, monkeypatch):
 def use_registry(monkeypatch, fresh) -> None:
     """Selection, tuning, the ranks' agreement and the CLI all read this registry for the test (each module bound
     the global one)."""
-    from autosel import distributed, selector, tuning
+    from autosel import batch, distributed, selector, tuning
 
-    for module in (selector, tuning, distributed):
+    for module in (selector, tuning, distributed, batch):
         monkeypatch.setattr(module, "registry", fresh)
 
 

@@ -10,13 +10,13 @@ from pathlib import Path
 import pytest
 from conftest import use_registry
 
-from autosel import config, parallel, tuning
+from autosel import batch, config, parallel, tuning
 from autosel.decisions import Decision
 from autosel.errors import DeviceError
 from autosel.platforms import PlatformInfo
 from autosel.registry import KernelRegistry
 from autosel.spec import KernelBackend as B, KernelSpec, OpDefinition
-from autosel.tuning import TuneJob
+from autosel.jobs import TuneJob, TuneOutcome
 
 HERE = Path(__file__).parent
 HOST = PlatformInfo.detect()  # what a worker on this machine detects: its jobs must be for this platform
@@ -48,11 +48,11 @@ def reg(monkeypatch):
 
 
 # What tune_ops hands run_jobs: the function that tunes one job, and the one that opens the DB once a process.
-TUNING = dict(run=tuning.run_job, open_db=tuning.database)
+TUNING = dict(run=batch.run_job, open_db=tuning.database)
 
 
 def plan(db=None) -> list[TuneJob]:
-    return [j for j in tuning.plan_jobs(HOST, db or tuning.database(), ["toy.*"]) if isinstance(j, TuneJob)]
+    return [j for j in batch.plan_jobs(HOST, db or tuning.database(), ["toy.*"]) if isinstance(j, TuneJob)]
 
 
 def stored(db_file) -> list[tuple]:
@@ -80,9 +80,9 @@ def test_two_workers_tune_every_job_once_into_the_one_db_and_report_a_failing_on
 
 def test_tune_ops_over_devices_decides_as_the_one_process_tune_does(reg, monkeypatch, tmp_path):
     monkeypatch.setattr(parallel, "gpu_workers", lambda devices: cpu_workers("cpu-a", "cpu-b"))
-    spread = tuning.tune_ops(["toy.*"], budget_s=5, devices=[0, 1])
+    spread = batch.tune_ops(["toy.*"], budget_s=5, devices=[0, 1])
     one_db = config.read_settings({"AUTOSEL_DB": str(tmp_path / "one.db")})
-    alone = tuning.tune_ops(["toy.*"], budget_s=5, settings=one_db)
+    alone = batch.tune_ops(["toy.*"], budget_s=5, settings=one_db)
 
     def decided(outcomes):
         return [(o.op, o.mode, o.status, o.platform_key, o.decision and o.decision.winner,
@@ -108,7 +108,7 @@ def test_one_worker_that_is_this_process_starts_no_process_and_decides_as_the_on
     outcomes = parallel.run_jobs(plan(), cpu_workers("cpu-here", here="cpu-here"), **TUNING, settings=config.settings(),
                                  budget_s=5, on_event=lambda event, worker: events.append((worker, event.kind)))
     one_db = config.read_settings({"AUTOSEL_DB": str(tmp_path / "one.db")})
-    alone = tuning.tune_ops(["toy.*"], budget_s=5, settings=one_db)
+    alone = batch.tune_ops(["toy.*"], budget_s=5, settings=one_db)
     assert [(o.op, o.status, o.decision and o.decision.winner) for o in outcomes] == [
         (o.op, o.status, o.decision and o.decision.winner) for o in alone] == [
         ("toy.broken", "failed", None), ("toy.large", "tuned", "triton"), ("toy.small", "tuned", "triton")]
@@ -216,7 +216,7 @@ def test_devices_without_a_gpu_is_an_error_that_says_so(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     with pytest.raises(DeviceError, match="^no GPU is visible to torch here"):
-        tuning.tune_ops(devices="all")
+        batch.tune_ops(devices="all")
 
 
 def fake_gpus(monkeypatch, kinds: list[PlatformInfo], visible: str | None) -> None:
@@ -254,10 +254,10 @@ def test_gpus_of_two_kinds_each_get_every_job_once(reg, monkeypatch):
 
     def run_jobs(jobs, workers, **options):
         handed.update(jobs=[(j.op, j.platform_key) for j in jobs], workers=[w.platform.key for w in workers])
-        return [tuning.TuneOutcome(j.op, j.mode, "failed", None, "not run", platform_key=j.platform_key) for j in jobs]
+        return [TuneOutcome(j.op, j.mode, "failed", None, "not run", platform_key=j.platform_key) for j in jobs]
 
     monkeypatch.setattr(parallel, "run_jobs", run_jobs)
-    outcomes = tuning.tune_ops(["toy.small"], modes=["eager"], devices="all")
+    outcomes = batch.tune_ops(["toy.small"], modes=["eager"], devices="all")
     assert handed == {"jobs": [("toy.small", A100.key), ("toy.small", H100.key)],
                       "workers": [A100.key, H100.key, A100.key]}
     assert [(o.op, o.platform_key) for o in outcomes] == [("toy.small", A100.key), ("toy.small", H100.key)]

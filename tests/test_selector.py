@@ -17,7 +17,8 @@ import pytest
 from conftest import use_platform, use_registry
 
 from autosel import state
-from autosel import config, dispatch, selector, tuning
+from autosel import batch, config, dispatch, selector, tuning
+from autosel.jobs import TuneJob
 from autosel.errors import TuningError
 from autosel.platforms import PlatformInfo
 from autosel.registry import KernelRegistry
@@ -1045,7 +1046,7 @@ def test_candidates_are_checked_against_the_reference_backend_s_kernel_else_the_
     reg.register(KernelSpec("toy.ref", B.TRITON, "toy_kernels:fast"))
     definition = reg.define(OpDefinition("toy.ref", shapes=toy_kernels.SHAPES, make_inputs=toy_kernels.inputs,
                                          reference=toy_kernels.nan if reference == "callable" else reference))
-    [job] = tuning.plan_jobs(CPU, tuning.database(), ["toy.ref"], modes=["eager"])
+    [job] = batch.plan_jobs(CPU, tuning.database(), ["toy.ref"], modes=["eager"])
     assert tuning.reference_for(definition) is tuning.reference_for(definition, job.reference) \
         is getattr(toy_kernels, expected)
 
@@ -1053,10 +1054,10 @@ def test_candidates_are_checked_against_the_reference_backend_s_kernel_else_the_
 def test_a_batch_job_another_process_recorded_meanwhile_is_reported_stored_not_tuned(reg):
     # Used to break: `autosel tune` said "tuned" for a job whose decision it found when it took the lease.
     toy(reg, B.TORCH, B.TRITON)
-    [job] = [j for j in tuning.plan_jobs(CPU, tuning.database(), ["toy.double"], modes=["eager"])
-             if isinstance(j, tuning.TuneJob)]
+    [job] = [j for j in batch.plan_jobs(CPU, tuning.database(), ["toy.double"], modes=["eager"])
+             if isinstance(j, TuneJob)]
     stored = selector.select_kernel("toy.double")  # "the other process" tunes and records after the plan
-    outcome = tuning.run_job(job, platform=CPU, db=tuning.database(), budget_s=5)
+    outcome = batch.run_job(job, platform=CPU, db=tuning.database(), budget_s=5)
     assert (outcome.status, outcome.decision.winner) == ("stored", stored.backend.value)
     assert "another process" in outcome.detail
 

@@ -28,7 +28,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from autosel import config, tuning
+from autosel import batch, config, tuning
 from autosel.decisions import OP_LEVEL_BUCKET
 from autosel.platforms import current_platform
 from autosel.policy import DEFAULT_POLICY, Policy
@@ -56,7 +56,7 @@ def tune_once(db: Path, patterns, budget_s: float):
             print(f"  [{now - began:7.1f}s] {event.op} {event.mode} {event.kind} {event.backend or ''} {detail}",
                   flush=True)
 
-    outcomes = tuning.tune_ops(patterns, force=True, budget_s=budget_s, on_event=progress, settings=settings)
+    outcomes = batch.tune_ops(patterns, force=True, budget_s=budget_s, on_event=progress, settings=settings)
     return outcomes, time.perf_counter() - began
 
 
@@ -217,7 +217,7 @@ def _inside_margin(decision, shape, a, b) -> bool:
 
 @dataclass
 class Stored:
-    """A decision read back from a tune's DB, shaped like tuning.TuneOutcome for the comparisons."""
+    """A decision read back from a tune's DB, shaped like jobs.TuneOutcome for the comparisons."""
 
     op: str
     mode: str

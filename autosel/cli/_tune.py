@@ -275,7 +275,7 @@ def tune(ops, shapes_file, record_file, db, force, budget_s, isolate, isolate_ti
     if _torch_missing():
         raise click.ClickException(f"tuning runs the kernels, which needs PyTorch, and torch is not installed for "
                                    f"{sys.executable}; pip install torch, then run `autosel tune` again")
-    from autosel import parallel, platforms, tuning
+    from autosel import batch, parallel, platforms, tuning
     from autosel.errors import DeviceError
 
     settings = settings_for(db, full=True)
@@ -310,7 +310,7 @@ def tune(ops, shapes_file, record_file, db, force, budget_s, isolate, isolate_ti
     try:
         with _TuneProgress(total) as progress:
             for patterns, shapes, modes in runs:
-                outcomes += tuning.tune_ops(patterns, force=force, budget_s=budget_s, shapes=shapes, modes=modes,
+                outcomes += batch.tune_ops(patterns, force=force, budget_s=budget_s, shapes=shapes, modes=modes,
                                             on_event=progress.on_event, settings=settings,
                                             isolate_timeout_s=isolate_timeout_s if isolate else None,
                                             copy_found=bool(db), devices=devices)
