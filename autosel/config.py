@@ -254,7 +254,7 @@ def set_registered_ops(reader: Callable[[], Iterable[str]]) -> None:
 def _warn_unknown_forced_ops(result: Settings) -> None:
     """Selection warns once per AUTOSEL_BACKEND op that is not registered; it goes on (the entry forces nothing),
     since an engine may register its own ops later. `autosel doctor` reports it as blocking."""
-    checked = state.current().memos.forced_ops_checked
+    checked = state.process.memos.forced_ops_checked
     unchecked = {op for op, _ in result.forced_per_op} - checked
     if not unchecked:
         return

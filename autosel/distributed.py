@@ -113,7 +113,7 @@ class _Flight:
 def forget_agreements(op: str | None = None) -> None:
     """Forget every agreed answer (selector.clear_cache), or those of `op` only (a backend registered for it): the
     next selection of each op forgotten is a collective again, so every rank must forget alike."""
-    agreements = state.current().agreements
+    agreements = state.process.agreements
     with agreements.lock:
         if op is None:
             agreements.agreed.clear()
@@ -178,7 +178,7 @@ def agree(decide: Callable[[], T], *, what: str, key: tuple, in_capture: bool = 
         return decide()
     group = _agreeing(world[2])[0]
     nested = deciding()  # selected while rank 0 decides another op: the other ranks wait in that op's broadcast
-    agreements = state.current().agreements
+    agreements = state.process.agreements
     with agreements.lock:
         if agreements.group() is not group:  # a new process group (an elastic restart): nothing agreed in the old one
             agreements.agreed.clear()
@@ -308,7 +308,7 @@ def _registration_gaps(rank0: dict[str, tuple[str, ...]]) -> list[str]:
 
 def _warn_gaps(rank: int, size: int, gaps: list[str]) -> None:
     """Warn once per set of differences: no selection has gone wrong yet, but one of those ops may."""
-    warned = state.current().agreements.gaps_warned
+    warned = state.process.agreements.gaps_warned
     if tuple(gaps) in warned:
         return
     warned.add(tuple(gaps))

@@ -61,7 +61,7 @@ def check_against_local(agreed: BucketTable, local: Callable[[], BucketTable | N
         return []
     found = differences(own, agreed)
     said = (agreed.op, agreed.mode, tuple(found))
-    reported = state.current().agreements.reported  # (op, mode, differences) this process has warned about
+    reported = state.process.agreements.reported  # (op, mode, differences) this process has warned about
     if found and said not in reported:
         reported.add(said)
         log.warning("%s: rank %d of %d runs rank 0's decision, and on its own would differ: %s. "

@@ -114,7 +114,7 @@ def get_kernel(op: str, backend: KernelBackend | str | None = None, *, mode: str
     that will be captured. A warm call is one capture check and one dict lookup.
     """
     key = (op, backend, mode if mode is not None else ("graph" if capturing_cuda_graph() else None))
-    cache = state.current().kernels
+    cache = state.process.kernels
     fn = cache.kernels.get(key)  # no lock: clear_cache() swaps the dict, it never mutates one a reader holds
     if fn is not None:
         return fn
@@ -151,7 +151,7 @@ def _traced_name(key: tuple) -> str:
     Compiled code then reads the kernel through that attribute, which torch.compile can guard on (a function
     returned as a constant it cannot). The kernel is not put in the cache: the traced lookup found it missing there,
     and torch.compile checks right after tracing that this is still so."""
-    cache = state.current().kernels  # .traced: key -> the name of this module's attribute that holds its kernel
+    cache = state.process.kernels  # .traced: key -> the name of this module's attribute that holds its kernel
     with cache.lock:
         name = cache.traced.get(key)
         if name is not None and getattr(sys.modules[__name__], name, None) is not None:
@@ -212,7 +212,7 @@ def _forget_kernels(op: str | None = None) -> None:
     With several ranks, forget the tables agreed with rank 0 too: else every rank would select the agreed table
     again, which never timed the new backend (registered on every rank alike, the next selection is a collective
     on each)."""
-    cache = state.current().kernels
+    cache = state.process.kernels
     with cache.lock:
         if op is None:
             cache.generation += 1

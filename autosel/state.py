@@ -1,8 +1,10 @@
 """What this process remembers between calls, in one object: get_kernel's resolved kernels, the ranks' agreed
 decisions, and deciding's memos (the open tuning DBs, the tunes recorded, what was said once).
 
-`current()` is the one ProcessState every module reads; clear_cache() empties its kernels and agreements; a test
-swaps the whole object with `use()` (tests/conftest.py's fresh_state), so that two tests never share a cache.
+`process` is the one ProcessState every module reads, as `state.process` at each use (never imported by name: `use`
+swaps it, and get_kernel's warm path reads it with no call); clear_cache() empties its kernels and agreements; a
+test swaps the whole object with `use()` (tests/conftest.py gives each test its own), so two tests never share a
+cache.
 
 Fork safety (a serving engine forks its workers after importing autosel, and often after resolving kernels): a
 forked child starts from `forked()` of its parent's state, through os.register_at_fork. It keeps the kernels
@@ -79,23 +81,18 @@ class ProcessState:
                             memos=replace(self.memos, lock=threading.Lock()))
 
 
-_current = ProcessState()
-
-
-def current() -> ProcessState:
-    """The state every module of this process reads now."""
-    return _current
+process = ProcessState()  # the state every module of this process reads now
 
 
 def use(state: ProcessState) -> ProcessState:
     """Make `state` the process's state (a test's fresh one, say); returns the one it replaces."""
-    global _current
-    previous, _current = _current, state
+    global process
+    previous, process = process, state
     return previous
 
 
 def _after_fork_in_child() -> None:
-    use(_current.forked())
+    use(process.forked())
 
 
 if hasattr(os, "register_at_fork"):  # POSIX; Windows has no fork

@@ -47,7 +47,7 @@ def database(settings: config.Settings | None = None):
 
     settings = settings or config.settings()
     key = (settings.db, settings.db_path)
-    memos = state.current().memos
+    memos = state.process.memos
     with memos.lock:
         if key not in memos.databases:
             memos.databases[key] = TuningDB.from_settings(settings)
@@ -117,13 +117,13 @@ def cached_alone(op: str) -> None:
     """get_kernel cached `op`'s kernel from a measured decision: with no process group up, this rank's own choice,
     which the ranks warn about when they first agree (state.Agreements.chosen_alone)."""
     if not distributed.in_process_group():
-        state.current().agreements.chosen_alone.add(op)
+        state.process.agreements.chosen_alone.add(op)
 
 
 def forget_decided(op: str | None = None) -> None:
     """Forget the decisions agreed with rank 0 and the ops chosen alone, of `op` only if given (clear_cache, or a
     registration for op): the next selection of each is a collective again, on every rank alike."""
-    chosen_alone = state.current().agreements.chosen_alone
+    chosen_alone = state.process.agreements.chosen_alone
     if op is None:
         chosen_alone.clear()
     else:
@@ -230,7 +230,7 @@ def lookup_stored(db, key: DecisionKey, eligible: list[KernelSpec], *, match: st
 
 def _say_near(key: DecisionKey, decision: Decision, layer, buckets: int, match: str, versions: dict[str, str]) -> None:
     said = (key.op, key.mode, layer.path, decision.platform_key, decision.key.versions_hash)
-    near_said = state.current().memos.near_said
+    near_said = state.process.memos.near_said
     if said in near_said:
         return
     near_said.add(said)
@@ -242,7 +242,7 @@ def _say_near(key: DecisionKey, decision: Decision, layer, buckets: int, match: 
 
 
 def _say_untimed(op: str, mode: str, decision: Decision, reason: str, why: str) -> None:
-    untimed_said = state.current().memos.untimed_said
+    untimed_said = state.process.memos.untimed_said
     if (op, mode) in untimed_said:
         return
     untimed_said.add((op, mode))
@@ -256,7 +256,7 @@ def _decide_here(op: str, eligible: list[KernelSpec], platform: PlatformInfo, mo
     versions = version_vector(platform, eligible)
     key = decision_key(op, eligible, platform, mode, versions)
     db = database(settings)
-    memos = state.current().memos
+    memos = state.process.memos
     retune = settings.tune == "force" and key not in memos.tunes_here  # force: once per process
     older = None
     if not retune:
@@ -361,7 +361,7 @@ def tune_and_record(definition: OpDefinition, eligible: list[KernelSpec], *, pla
     op = definition.op
     versions = version_vector(platform, eligible)  # read once: it asks the installed packages' metadata
     key = decision_key(op, eligible, platform, mode, versions)
-    tunes_here = state.current().memos.tunes_here
+    tunes_here = state.process.memos.tunes_here
     tunes_before = tunes_here.get(key, 0)
     while True:
         with db.lease(platform.key, op, mode, budget_s=budget_s) as took:  # expires, and waiters stop, with the budget

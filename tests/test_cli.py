@@ -1335,7 +1335,7 @@ def test_tune_with_the_db_locked_past_the_busy_timeout_prints_the_outcome_and_ex
     toy(reg, B.TORCH, B.TRITON)
     store(decision(op="other.op"))  # the user DB exists, in WAL mode
     monkeypatch.setattr(db_tools, "BUSY_TIMEOUT_S", 0.2)
-    state.current().memos.databases.clear()  # reopen with the short busy timeout
+    state.process.memos.databases.clear()  # reopen with the short busy timeout
     other = sqlite3.connect(os.environ["AUTOSEL_DB"], isolation_level=None)
     other.execute("BEGIN IMMEDIATE")  # another process's long write transaction
     try:

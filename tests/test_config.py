@@ -91,7 +91,7 @@ def test_selection_warns_once_of_an_autosel_backend_op_that_is_not_registered(mo
     fresh = registry_module.KernelRegistry()
     fresh.register(KernelSpec("layernorm.rmsnorm", B.TORCH, "m:f"))
     monkeypatch.setattr(registry_module, "registry", fresh)
-    monkeypatch.setattr(state.current().memos, "forced_ops_checked", set())
+    monkeypatch.setattr(state.process.memos, "forced_ops_checked", set())
     monkeypatch.setenv("AUTOSEL_BACKEND", "layernorm.rmsnrom=torch,layernorm.rmsnorm=torch")
     with caplog.at_level("WARNING", logger="autosel.config"):
         config.settings()

@@ -371,7 +371,7 @@ def test_a_tune_at_run_time_says_once_per_op_and_mode_what_it_times_and_how_to_a
     import sqlite3
 
     toy(reg, B.TORCH, B.TRITON)
-    monkeypatch.setattr(state.current().memos, "announced", set())
+    monkeypatch.setattr(state.process.memos, "announced", set())
     caplog.set_level(logging.WARNING)
     selector.get_kernel("toy.double")
     second = tmp_path / "second.db"
@@ -396,7 +396,7 @@ def test_the_first_use_warning_says_the_decision_stays_in_memory_when_the_db_can
     theirs = tmp_path / "theirs.txt"
     theirs.write_text("not a tuning DB")
     monkeypatch.setenv("AUTOSEL_DB", str(theirs))
-    monkeypatch.setattr(state.current().memos, "announced", set())
+    monkeypatch.setattr(state.process.memos, "announced", set())
     caplog.set_level(logging.WARNING)
     with pytest.warns(RuntimeWarning, match="left untouched"):
         selector.get_kernel("toy.double")
@@ -435,7 +435,7 @@ def test_a_backend_registered_after_the_decision_is_timed_at_the_next_selection(
     assert selector.select_kernel("toy.double").backend == B.TORCH
     reg.register(KernelSpec("toy.double", B.TRITON, "toy_kernels:fast"))  # a plug-in's new, 64x faster kernel
     selector.clear_cache()
-    monkeypatch.setattr(state.current().memos, "announced", set())
+    monkeypatch.setattr(state.process.memos, "announced", set())
     caplog.set_level(logging.WARNING, logger="autosel")
     assert selector.select_kernel("toy.double").backend == B.TRITON
     assert ("op 'toy.double' (eager mode)'s stored decision never timed triton, eligible here since it was made, "
@@ -450,7 +450,7 @@ def test_get_kernel_forgets_an_op_when_a_backend_is_registered_for_it(reg, monke
     toy(reg, B.TORCH, B.CUTE_DSL)
     toy(reg, B.TORCH, op="toy.other")
     slow, other = selector.get_kernel("toy.double"), selector.get_kernel("toy.other")
-    monkeypatch.setattr(state.current().memos, "announced", set())
+    monkeypatch.setattr(state.process.memos, "announced", set())
     reg.register(KernelSpec("toy.double", B.TRITON, "toy_kernels:fast"))
     fast = selector.get_kernel("toy.double")
     assert fast is not slow and fast is reg.get_backend("toy.double", B.TRITON).load()
@@ -519,7 +519,7 @@ def test_with_tuning_off_a_decision_that_misses_only_a_newer_backend_is_kept_wit
     reg.register(KernelSpec("toy.double", B.TRITON, "toy_kernels:fast"))
     selector.clear_cache()
     monkeypatch.setenv("AUTOSEL_TUNE", "off")
-    monkeypatch.setattr(state.current().memos, "untimed_said", set())
+    monkeypatch.setattr(state.process.memos, "untimed_said", set())
     caplog.set_level(logging.WARNING, logger="autosel")
     assert selector.select_kernel("toy.double").backend == B.TORCH
     assert ("op 'toy.double' (eager mode): the stored decision (torch) never timed triton, eligible here since it "
@@ -561,7 +561,7 @@ def test_a_decision_checked_with_other_tolerances_than_the_ops_now_is_tuned_agai
     define(1e-2)
     selector.clear_cache()
     monkeypatch.setenv("AUTOSEL_TUNE", "off")
-    monkeypatch.setattr(state.current().memos, "untimed_said", set())
+    monkeypatch.setattr(state.process.memos, "untimed_said", set())
     caplog.set_level(logging.WARNING, logger="autosel")
     assert selector.select_kernel("toy.double").backend == B.TRITON  # nothing can be timed: kept, and said so
     assert ("the stored decision (triton) was checked with rtol=None, atol=0.001, reference the op's torch backend; "
@@ -630,8 +630,8 @@ def test_a_stored_table_keyed_before_its_bucket_function_changed_is_tuned_again(
     reason = ("has bucket rows keyed otherwise than the op's bucket function has keyed their shapes since it was made "
               "(such as [20], now [16])")
     monkeypatch.setenv("AUTOSEL_TUNE", "off")
-    monkeypatch.setattr(state.current().memos, "untimed_said", set())
-    monkeypatch.setattr(state.current().memos, "announced", set())
+    monkeypatch.setattr(state.process.memos, "untimed_said", set())
+    monkeypatch.setattr(state.process.memos, "announced", set())
     caplog.set_level(logging.WARNING, logger="autosel")
     assert selector.get_kernel("toy.split").table.winners == {(20,): "jit", (1 << 20,): "jit"}  # kept, and said
     assert f"the stored decision (torch) {reason}; it is kept, since nothing can be timed now" in caplog.text

@@ -24,27 +24,27 @@ def one_op(monkeypatch):
 
 def test_get_kernel_caches_in_the_current_state_and_clear_cache_empties_it(one_op):
     kernel = autosel.get_kernel("mine.op")
-    cache = state.current().kernels
+    cache = state.process.kernels
     assert cache.kernels == {("mine.op", None, None): kernel}
-    state.current().agreements.chosen_alone.add("mine.op")
-    state.current().agreements.agreed[("mine.op", "eager", "cpu")] = "torch"
+    state.process.agreements.chosen_alone.add("mine.op")
+    state.process.agreements.agreed[("mine.op", "eager", "cpu")] = "torch"
     autosel.clear_cache()
     assert cache.kernels == {} and cache.generation == 1
-    assert not state.current().agreements.chosen_alone and not state.current().agreements.agreed
+    assert not state.process.agreements.chosen_alone and not state.process.agreements.agreed
 
 
 def test_a_replaced_state_shares_nothing_with_the_one_it_replaces(one_op):
     autosel.get_kernel("mine.op")
-    before = state.current()
+    before = state.process
     previous = state.use(state.ProcessState())
     try:
-        assert previous is before and state.current().kernels.kernels == {}
+        assert previous is before and state.process.kernels.kernels == {}
         autosel.get_kernel("mine.op")
-        state.current().memos.announced.add(("mine.op", "eager"))
+        state.process.memos.announced.add(("mine.op", "eager"))
         assert before.memos.announced == set()
     finally:
         state.use(previous)
-    assert list(state.current().kernels.kernels) == [("mine.op", None, None)]
+    assert list(state.process.kernels.kernels) == [("mine.op", None, None)]
 
 
 def test_forked_keeps_kernels_and_memos_with_new_locks_and_no_agreements():
@@ -64,13 +64,13 @@ def test_a_forked_child_does_not_hang_on_a_lock_held_at_the_fork(one_op):
     # A lock held at the fork (by another thread of a serving engine, say) stayed held in the child for ever: its
     # first clear_cache or lookup that takes the lock would hang.
     kernel = autosel.get_kernel("mine.op")
-    state.current().agreements.agreed[("mine.op", "eager", "cpu")] = "torch"
+    state.process.agreements.agreed[("mine.op", "eager", "cpu")] = "torch"
     read_end, write_end = os.pipe()
-    with state.current().kernels.lock:
+    with state.process.kernels.lock:
         pid = os.fork()
         if pid == 0:  # the child: report what it sees, then leave without running the parent's atexit hooks
             try:
-                seen = state.current()
+                seen = state.process
                 kept = seen.kernels.kernels.get(("mine.op", None, None)) is kernel
                 autosel.clear_cache()  # takes the kernel cache's lock
                 os.write(write_end, f"{kept} {seen.agreements.agreed == {}}".encode())
@@ -84,4 +84,4 @@ def test_a_forked_child_does_not_hang_on_a_lock_held_at_the_fork(one_op):
         os.kill(pid, 9)
     os.waitpid(pid, 0)
     assert answer == "True True"
-    assert state.current().agreements.agreed  # the parent's own agreements are its own
+    assert state.process.agreements.agreed  # the parent's own agreements are its own
