@@ -858,7 +858,7 @@ def test_what_rank_0_selects_while_it_decides_is_cached_for_that_decision_only(f
     from autosel import distributed, selector
 
     builds = []
-    monkeypatch.setattr(selector, "_cache", {})
+    monkeypatch.setattr(state.process.kernels, "kernels", {})
     monkeypatch.setattr(selector, "_build", lambda *key: builds.append(key) or (lambda: key))
 
     def decide():

@@ -250,7 +250,7 @@ def test_force_retunes_once_per_process(reg, monkeypatch):
     original = autosel.tuner.Tuner.tune_buckets
     monkeypatch.setattr(autosel.tuner.Tuner, "tune_buckets", lambda self, *a, **k: calls.append(1) or original(self, *a, **k))
     monkeypatch.setenv("AUTOSEL_TUNE", "force")
-    monkeypatch.setattr(tuning, "_tunes_here", {})
+    monkeypatch.setattr(state.process.memos, "tunes_here", {})
     assert selector.select_kernel("toy.double").backend == B.TRITON
     assert selector.select_kernel("toy.double").backend == B.TRITON
     assert len(calls) == 1
@@ -304,7 +304,7 @@ def test_force_tunes_once_per_process_when_threads_select_at_once(reg, monkeypat
     spans, most = tunes
     toy(reg, B.TORCH, B.TRITON)
     selector.select_kernel("toy.double")  # an earlier process's decision
-    monkeypatch.setattr(tuning, "_tunes_here", {})  # this process has timed nothing
+    monkeypatch.setattr(state.process.memos, "tunes_here", {})  # this process has timed nothing
     del spans[:]
     monkeypatch.setenv("AUTOSEL_TUNE", "force")
     waiting = waiting_for_the_lease(monkeypatch)
