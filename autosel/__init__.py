@@ -8,8 +8,7 @@ from autosel.platforms import PlatformInfo
 from autosel.registry import KernelRegistry, register_kernel, register_op, registry
 from autosel.selector import clear_cache, get_kernel, select_kernel
 from autosel.spec import CapabilityRequirement, DeviceType, KernelBackend, KernelSpec, OpDefinition
-
-__version__ = "0.1.0"
+from autosel.version import __version__
 
 __all__ = [
     "CapabilityRequirement",

@@ -1,5 +1,5 @@
 """The plot of one decision for the HTML report (each backend's time per call across the shapes, as inline SVG),
-and the formatting of times and shapes it shares with the report and the CLI."""
+and the ordering of its shapes (times and shapes read in words: autosel.formatting)."""
 
 from __future__ import annotations
 
@@ -9,25 +9,11 @@ import math
 from typing import Sequence
 
 from autosel.decisions import Decision
-from autosel.policy import shape_text
+from autosel.formatting import format_us, shape_label, shape_text
 
 # Tableau 10: distinguishable in print and for the common colour-vision deficiencies.
 PALETTE = ("#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07aa1", "#ff9da7",
            "#9c755f", "#bab0ac")
-
-
-def format_us(value: float | None) -> str:
-    if value is None:
-        return "-"
-    if value >= 1e6:
-        return f"{value / 1e6:.3g} s"
-    if value >= 1e3:
-        return f"{value / 1e3:.3g} ms"
-    return f"{value:.3g} µs"
-
-
-def shape_label(shape: dict) -> str:
-    return "×".join(str(v) for v in shape.values())
 
 
 def shape_order(shapes: Sequence[dict]) -> list[int]:

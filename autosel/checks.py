@@ -3,8 +3,14 @@
 from __future__ import annotations
 
 import itertools
+import time
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
+
+from autosel.errors import TuningError
+from autosel.formatting import shape_text
+from autosel.spec import OpDefinition
+from autosel.timing import synchronize
 
 # (rtol, atol) per dtype name. bf16 keeps 8 bits of mantissa and fp16 11, so a kernel that reorders a
 # reduction legitimately differs in the last bits; fp32 differences come from reordering alone.
@@ -184,3 +190,101 @@ def _tensor_difference(a: Any, e: Any, where: str, rtol: float | None, atol: flo
                 f"(at flat index {index}: {float(a64.flatten()[at]):.4g} vs {float(e64.flatten()[at]):.4g}) "
                 f"> atol {t:g} + rtol {r:g} x |reference|"), True
     return None, False
+
+
+# --- the check of one candidate on every shape, before anything is timed --------------------------------------
+
+@dataclass
+class CheckReport:
+    errors: dict[int, tuple[float | None, float | None]]  # shape index -> (max abs, max rel) error
+    first_call_s: dict[int, float]  # includes compilation on the first shape
+    reason: str | None = None  # why it failed, or None
+
+
+def check_candidate(fn: Callable[..., Any], definition: OpDefinition, reference: Callable[..., Any],
+                    shapes: Sequence[dict], *, device: str, seed: int = 0) -> CheckReport:
+    """Run `fn` and the reference on the same fresh random inputs of every shape; stop at the first failure."""
+    import torch
+
+    report = CheckReport({}, {})
+    for index, shape in enumerate(shapes):
+        torch.manual_seed(seed + index)
+        args = _inputs(definition, shape, device)
+        ref_args, call_args = clone_args(args), clone_args(args)
+        try:
+            ref_result = reference(*ref_args)
+        except Exception as exc:  # no candidate can be judged: the op's error, not a candidate's
+            raise TuningError(f"op {definition.op!r}: its reference raised {type(exc).__name__}: {exc} at "
+                              f"{shape_text(shape)}; fix the reference (the op's torch backend, or register_op's "
+                              "reference=) or the shape") from exc
+        expected = outputs_of(ref_result, ref_args)
+        began = time.perf_counter()
+        try:
+            result = fn(*call_args)
+            synchronize(device)
+        except (Exception, SystemExit) as exc:  # sys.exit in a kernel must not end the caller
+            report.reason = f"raised {type(exc).__name__}: {exc} at {shape_text(shape)}"
+            return report
+        report.first_call_s[index] = time.perf_counter() - began
+        # In place: its arguments are what it computes, whatever a candidate returns (x.add_(y) too); a candidate
+        # returning None matches a reference that returns the argument it wrote (x.mul_(w) returns x).
+        in_place = ref_result is None or (result is None and returns_an_argument(ref_result, ref_args))
+        if in_place:
+            expected, got, names = outputs_of(None, ref_args), outputs_of(None, call_args), [
+                f"argument {i} after the call" for i, a in enumerate(call_args) if isinstance(a, torch.Tensor)]
+        elif result is None:
+            report.errors[index] = (None, None)
+            report.reason = (f"returned None where the reference returned {describe(ref_result)} at "
+                             f"{shape_text(shape)}")
+            return report
+        else:
+            got, names = outputs_of(result, call_args), None
+        outcome = compare(got, expected, rtol=definition.rtol, atol=definition.atol, names=names)
+        report.errors[index] = (outcome.max_abs_err, outcome.max_rel_err)
+        if not outcome.ok:
+            report.reason = f"{outcome.reason} at {shape_text(shape)}"
+            return report
+        if not in_place:  # an in-place op's written arguments are its outputs, compared above
+            report.reason = _side_effect_failure(definition, args, call_args, ref_args, shape)
+            if report.reason:
+                return report
+    return report
+
+
+def _side_effect_failure(definition: OpDefinition, args, call_args, ref_args, shape: dict) -> str | None:
+    """Why a candidate's effect on its arguments differs from the reference's, or None: it changed one the
+    reference leaves alone (a result written over an input, say), or left one the reference writes wrong."""
+    changed, written = side_effects(args, call_args, ref_args)
+    if changed:
+        return (f"changed its input argument {', '.join(map(str, changed))}, which the reference leaves as it is, "
+                f"at {shape_text(shape)}")
+    if not written:
+        return None
+    outcome = compare(tuple(call_args[i] for i in written), tuple(ref_args[i] for i in written),
+                             rtol=definition.rtol, atol=definition.atol)
+    if not outcome.ok:
+        return (f"its input argument {', '.join(map(str, written))}, which the reference writes, after the call: "
+                f"{outcome.reason} at {shape_text(shape)}")
+    return None
+
+
+def _inputs(definition: OpDefinition, shape: dict, device: str) -> tuple:
+    """make_inputs for one shape; its failure (a shape from a file without a key the factory reads) is a
+    TuningError naming the op and the shape. The check builds every shape first, so timing needs no such guard."""
+    try:
+        args = definition.make_inputs(dict(shape), device)
+    except Exception as exc:
+        if isinstance(exc, KeyError) and exc.args and exc.args[0] not in shape:
+            advice = (f"the shape has no key {exc.args[0]!r}, which the op's input factory reads; give each shape "
+                      "the keys of the op's declared shapes")
+        else:
+            advice = "fix the shape or the op's make_inputs"
+        lines = str(exc).splitlines() or [""]  # one line of it: the CLI's error is one line (torch lists overloads)
+        raise TuningError(f"op {definition.op!r}: its make_inputs raised {type(exc).__name__}: "
+                          f"{lines[0]}{' [...]' if len(lines) > 1 else ''} for the shape "
+                          f"{shape_text(shape)}: {advice}") from exc
+    if not isinstance(args, (tuple, list)):  # a bare tensor was unpacked into its rows, and the reference blamed
+        raise TuningError(f"op {definition.op!r}: its make_inputs returned a {type(args).__name__} for the shape "
+                          f"{shape_text(shape)}; it must return the positional arguments of one call as a tuple, "
+                          "such as (x, weight, 1e-6), or (x,) for one")
+    return tuple(args)

@@ -10,15 +10,16 @@ import sys
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Mapping, Sequence
+from typing import Callable, Iterable, Mapping, Sequence
 
+from autosel import state
 from autosel.errors import ConfigError
+from autosel.platforms import EXECUTION_MODES
 from autosel.spec import KernelBackend
 
 log = logging.getLogger(__name__)
 
 TUNE_MODES = ("auto", "off", "force")
-EXECUTION_MODES = ("eager", "graph")
 LOG_LEVELS = ("debug", "info", "warning", "error")
 MATCH_MODES = ("exact", "device", "arch")
 SWITCHES = ("0", "1", "off", "on")
@@ -36,6 +37,8 @@ VARIABLES = {
                      "arch (also another device model of this arch)",
     "AUTOSEL_CHECK_RANKS": "0/off (default) or 1/on: with several ranks, each rank also looks up its own stored "
                            "decision and logs where it differs from rank 0's",
+    "AUTOSEL_FAST_LAUNCH": "1/on (default) or 0/off: autosel's Triton kernels launch from C after their first call; "
+                           "off, every call goes through Triton's own launch (read when the built-in ops load)",
 }
 
 
@@ -182,6 +185,12 @@ def log_level(env: Mapping[str, str] | None = None) -> str | None:
     return _choice(os.environ if env is None else env, "AUTOSEL_LOG", LOG_LEVELS, None)
 
 
+def fast_launch(env: Mapping[str, str] | None = None) -> bool:
+    """AUTOSEL_FAST_LAUNCH alone, for autosel.ops.triton_launch, which reads it when autosel's Triton kernels load:
+    whether their calls after the first launch from C (the default) or all go through Triton's own launch."""
+    return _choice(os.environ if env is None else env, "AUTOSEL_FAST_LAUNCH", SWITCHES, "1") in ("1", "on")
+
+
 def record_path(env: Mapping[str, str] | None = None) -> Path | None:
     """AUTOSEL_RECORD alone, for get_kernel with an explicit backend, which the other variables do not concern (a
     bad AUTOSEL_TUNE made get_kernel(op, "torch") raise)."""
@@ -249,18 +258,25 @@ def log_to_stderr(level: str | None) -> None:
     logger.setLevel(level.upper())
 
 
-_checked_forced_ops: set[str] = set()
+# The registered ops' names, read when AUTOSEL_BACKEND names an op: autosel.registry hands its reader in when it is
+# imported (set_registered_ops), so that this module, which the registry's plug-ins read, never imports the registry.
+_registered_ops: Callable[[], Iterable[str]] = tuple
+
+
+def set_registered_ops(reader: Callable[[], Iterable[str]]) -> None:
+    """Where settings() finds the registered ops' names to check AUTOSEL_BACKEND's against (autosel.registry's)."""
+    global _registered_ops
+    _registered_ops = reader
 
 
 def _warn_unknown_forced_ops(result: Settings) -> None:
     """Selection warns once per AUTOSEL_BACKEND op that is not registered; it goes on (the entry forces nothing),
     since an engine may register its own ops later. `autosel doctor` reports it as blocking."""
-    unchecked = {op for op, _ in result.forced_per_op} - _checked_forced_ops
+    checked = state.process.memos.forced_ops_checked
+    unchecked = {op for op, _ in result.forced_per_op} - checked
     if not unchecked:
         return
-    _checked_forced_ops.update(unchecked)
-    from autosel.registry import registry  # here, not at the top: registry's plug-ins may read settings
-
-    for problem in unknown_op_problems(sorted(unchecked), registry.ops()):
+    checked.update(unchecked)
+    for problem in unknown_op_problems(sorted(unchecked), list(_registered_ops())):
         log.warning("%s; this entry forces nothing until such an op is registered. Correct the op name in "
                     "AUTOSEL_BACKEND, or remove the entry", problem)

@@ -6,9 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Sequence
 
-from autosel.decisions import OP_LEVEL_BUCKET, Decision, versions_hash
+from autosel.decisions import OP_LEVEL_BUCKET, Decision, near_detail, version_diff, versions_hash
 from autosel.db import closest
-from autosel.inventory import near_detail, version_diff
 from autosel.platforms import PlatformInfo, installed_version, key_fields, modes_for_device, near_rank
 
 # Versions that only the target machine can tell (its driver, the runtime torch finds there): not compared

@@ -220,12 +220,21 @@ def _candidate_from_dict(data: dict[str, Any]) -> CandidateResult:
     )
 
 
-def format_lead(decision: Decision) -> str:
-    """How much slower the runner-up is than the winner; a runner-up that was faster overall is said in words:
-    it did not beat the default by more than the noise round after round, so the default was kept."""
-    lead = decision.lead_over_runner_up
-    if lead is None:
-        return "-"
-    if lead >= 0:
-        return f"{lead:+.1%}"
-    return f"default kept: runner-up {-lead:.1%} faster, not beyond the noise in every round"
+
+
+
+def version_diff(stored: dict[str, str], current: dict[str, str]) -> str:
+    """The versions that differ between a stored decision's vector and this machine's, in words."""
+    changed = [f"{k} {stored.get(k, '(none)')} -> {current.get(k, '(none)')}"
+               for k in sorted(set(stored) | set(current)) if stored.get(k) != current.get(k)]
+    return ", ".join(changed) or "same versions, different eligible backends"
+
+
+def near_detail(decision: Decision, platform_key: str, versions: dict[str, str]) -> str:
+    """What differs between a decision taken as a near match (AUTOSEL_MATCH) and this machine."""
+    parts = []
+    if decision.platform_key != platform_key:
+        parts.append(f"tuned on {decision.platform_key}, this machine is {platform_key}")
+    if decision.key.versions_hash != versions_hash(versions):
+        parts.append(f"versions differ: {version_diff(decision.versions, versions)}")
+    return "near match: " + ("; ".join(parts) or "same key")

@@ -12,8 +12,7 @@ forgets it, or a registration for the op (a new backend, its definition) forgets
 then do alike; one that lands while the op is being agreed counts as rank 0 says. No first agreement is made
 while a CUDA graph is being captured, where a collective would be recorded into the graph.
 
-With AUTOSEL_CHECK_RANKS=1 every other rank also looks up what its own DB would have chosen and warns where that
-differs from rank 0's table (`differences`), so an operator sees how far the ranks' own tunes disagree.
+What each rank would have run on its own (AUTOSEL_CHECK_RANKS) is autosel.rank_check's.
 """
 
 from __future__ import annotations
@@ -22,11 +21,12 @@ import logging
 import sys
 import threading
 import weakref
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, TypeVar
 
-from autosel.decisions import key_order
+from autosel import state
 from autosel.errors import TuningError
+from autosel.registry import registry
+from autosel.spec import spec_list
 
 if TYPE_CHECKING:
     from autosel.dispatch import BucketTable
@@ -88,18 +88,19 @@ def _agreeing(dist) -> tuple[object, int]:
     return _chosen_group, dist.get_global_rank(_chosen_group, 0)
 
 
+def rank_and_size() -> tuple[int, int] | None:
+    """(this rank in the agreeing group, its size) when a process group of more than one rank is up, else None."""
+    world = _world()
+    return None if world is None else world[:2]
+
+
 def in_process_group() -> bool:
     """True when a process group of more than one rank is up: a decision made now is rank 0's."""
     return _world() is not None
 
 
-_agreed: dict[tuple, object] = {}  # key -> the answer every rank received for it, in the current process group
-_flights: dict[tuple, "_Flight"] = {}  # key -> the broadcast of it under way on this rank
-_agreed_lock = threading.Lock()
-_broadcast_lock = threading.Lock()  # one broadcast at a time on this rank, whatever its key
-_generation = 0  # forget_agreements() during a broadcast: its answer is not kept
-_op_generations: dict[str, int] = {}  # ...and forget_agreements(op), for a broadcast of that op
-_group: Callable[[], object] = lambda: None  # a weak reference to the process group the answers were agreed in
+# The agreed answers, the broadcasts under way, their generations and locks: the process state's Agreements
+# (autosel.state), which a forked child starts without.
 
 
 class _Flight:
@@ -112,15 +113,15 @@ class _Flight:
 def forget_agreements(op: str | None = None) -> None:
     """Forget every agreed answer (selector.clear_cache), or those of `op` only (a backend registered for it): the
     next selection of each op forgotten is a collective again, so every rank must forget alike."""
-    global _generation
-    with _agreed_lock:
+    agreements = state.process.agreements
+    with agreements.lock:
         if op is None:
-            _agreed.clear()
-            _generation += 1
+            agreements.agreed.clear()
+            agreements.generation += 1
         else:
-            for key in [key for key in _agreed if key[0] == op]:
-                del _agreed[key]
-            _op_generations[op] = _op_generations.get(op, 0) + 1
+            for key in [key for key in agreements.agreed if key[0] == op]:
+                del agreements.agreed[key]
+            agreements.op_generations[op] = agreements.op_generations.get(op, 0) + 1
 
 
 _local = threading.local()  # .kernels: while this thread makes rank 0's decision of an op (_broadcast), a dict
@@ -152,10 +153,10 @@ def decision_kernels() -> dict | None:
     return getattr(_local, "kernels", None)
 
 
-def _stamp_locked(key: tuple) -> tuple[int, int]:
+def _stamp_locked(agreements: state.Agreements, key: tuple) -> tuple[int, int]:
     """What rank 0 compares when a broadcast of `key` begins and before it sends the answer: a forget_agreements()
     meanwhile keeps the answer out, on every rank."""
-    return _generation, _op_generations.get(key[0], 0)
+    return agreements.generation, agreements.op_generations.get(key[0], 0)
 
 
 def agree(decide: Callable[[], T], *, what: str, key: tuple, in_capture: bool = False) -> T:
@@ -172,26 +173,26 @@ def agree(decide: Callable[[], T], *, what: str, key: tuple, in_capture: bool = 
     (a backend's own sub-op) is decided there alone and sent with the answer, and agreed with it. Whether the
     answer is kept is also left for this thread's next agreement_kept(). key: a tuple whose first item is the op
     (forget_agreements(op) drops the keys of that op)."""
-    global _group
     world = _world()
     if world is None:
         return decide()
     group = _agreeing(world[2])[0]
     nested = deciding()  # selected while rank 0 decides another op: the other ranks wait in that op's broadcast
-    with _agreed_lock:
-        if _group() is not group:  # a new process group (an elastic restart): nothing agreed in the old one holds
-            _agreed.clear()
-            _group = weakref.ref(group)
-            _say_chosen_alone(world)
-        if key in _agreed:
+    agreements = state.process.agreements
+    with agreements.lock:
+        if agreements.group() is not group:  # a new process group (an elastic restart): nothing agreed in the old one
+            agreements.agreed.clear()
+            agreements.group = weakref.ref(group)
+            _say_chosen_alone(world, agreements.chosen_alone)
+        if key in agreements.agreed:
             _local.kept = True
-            return _agreed[key]  # type: ignore[return-value]
-        flight = None if in_capture or nested else _flights.get(key)
+            return agreements.agreed[key]  # type: ignore[return-value]
+        flight = None if in_capture or nested else agreements.flights.get(key)
         mine = flight is None and not in_capture and not nested
         if mine or nested:
-            stamp = _stamp_locked(key)
+            stamp = _stamp_locked(agreements, key)
         if mine:
-            flight = _flights[key] = _Flight()
+            flight = agreements.flights[key] = _Flight()
     if nested:
         answer = decide()
         _local.nested[key] = (answer, stamp)
@@ -210,39 +211,38 @@ def agree(decide: Callable[[], T], *, what: str, key: tuple, in_capture: bool = 
         then predate a registration), and with it the answers it selected meanwhile, each unless forgotten since.
         One that lands while the answer is being sent is ignored on every rank: one rank dropping the answer alone
         would select again with a collective the others do not make."""
-        with _agreed_lock:
-            if stamp != _stamp_locked(key):
+        with agreements.lock:
+            if stamp != _stamp_locked(agreements, key):
                 return False, {}
-            return True, {k: answer for k, (answer, began) in nested.items() if began == _stamp_locked(k)}
+            return True, {k: answer for k, (answer, began) in nested.items() if began == _stamp_locked(agreements, k)}
 
     try:
-        with _broadcast_lock:
+        with agreements.broadcast_lock:
             flight.answer, flight.kept, nested_answers = _broadcast(decide, what, world, keep)
         if flight.kept:  # as rank 0 said when it sent it, whatever was forgotten here since: every rank alike
-            with _agreed_lock:
-                _agreed.update(nested_answers)
-                _agreed[key] = flight.answer
+            with agreements.lock:
+                agreements.agreed.update(nested_answers)
+                agreements.agreed[key] = flight.answer
         _local.kept = flight.kept
         return flight.answer  # type: ignore[return-value]
     except BaseException as exc:
         flight.error = exc
         raise
     finally:
-        with _agreed_lock:
-            _flights.pop(key, None)
+        with agreements.lock:
+            agreements.flights.pop(key, None)
         flight.done.set()
 
 
-def _say_chosen_alone(world: tuple) -> None:
-    """Warn once per process group about kernels get_kernel resolved before the group was up: this rank's own
-    choices, cached, which the other ranks may not share."""
-    from autosel import selector
-
-    if selector.chosen_alone:
+def _say_chosen_alone(world: tuple, chosen_alone: set[str]) -> None:
+    """Warn once per process group about kernels get_kernel resolved before the group was up (Agreements'
+    chosen_alone, noted through tuning.cached_alone): this rank's own choices, cached, which the other ranks may
+    not share."""
+    if chosen_alone:
         log.warning("rank %d of %d: get_kernel resolved %s before the process group was up, from this rank's own "
                     "decisions, and keeps them (the other ranks may run others); call autosel.clear_cache() on "
                     "every rank after init_process_group, or select kernels only after it", world[0], world[1],
-                    ", ".join(repr(op) for op in sorted(selector.chosen_alone)))
+                    ", ".join(repr(op) for op in sorted(chosen_alone)))
 
 
 def _broadcast(decide: Callable[[], T], what: str, world: tuple,
@@ -291,10 +291,7 @@ def _broadcast(decide: Callable[[], T], what: str, world: tuple,
 
 def _registrations() -> dict[str, tuple[str, ...]]:
     """Every registered op's backends on this rank: rank 0 sends them with each answer."""
-    from autosel import selector
-    from autosel.spec import spec_list
-
-    return {op: tuple(sorted(spec_list(selector.registry.get(op)))) for op in selector.registry.ops()}
+    return {op: tuple(sorted(spec_list(registry.get(op)))) for op in registry.ops()}
 
 
 def _registration_gaps(rank0: dict[str, tuple[str, ...]]) -> list[str]:
@@ -309,14 +306,12 @@ def _registration_gaps(rank0: dict[str, tuple[str, ...]]) -> list[str]:
             for op in sorted(set(rank0) | set(here)) if rank0.get(op, ()) != here.get(op, ())]
 
 
-_gaps_warned: set[tuple[str, ...]] = set()
-
-
 def _warn_gaps(rank: int, size: int, gaps: list[str]) -> None:
     """Warn once per set of differences: no selection has gone wrong yet, but one of those ops may."""
-    if tuple(gaps) in _gaps_warned:
+    warned = state.process.agreements.gaps_warned
+    if tuple(gaps) in warned:
         return
-    _gaps_warned.add(tuple(gaps))
+    warned.add(tuple(gaps))
     log.warning("rank %d of %d registers other backends than rank 0 for %s: a selection of such an op can leave "
                 "the ranks waiting in different collectives until the process group's timeout, or running "
                 "different kernels; install the same plug-ins on every rank and register their backends before "
@@ -374,64 +369,3 @@ def check_eligible(chosen: set[str], eligible: set[str], *, what: str) -> None:
         raise TuningError(f"{what}: rank 0 chose {', '.join(map(repr, missing))}, which is not eligible on rank "
                           f"{rank} (eligible here: {sorted(eligible)}); every rank must see the same device and "
                           "packages, and AUTOSEL_BACKEND alike")
-
-
-# --- AUTOSEL_CHECK_RANKS: what each rank would have run on its own ---------------------------------------------
-
-@dataclass(frozen=True)
-class RankDifference:
-    """One place where a rank's own stored decision and rank 0's table run different backends: the op-level
-    winner (bucket None) or one bucket's. here: this rank's backend, None when its DB stores no decision."""
-
-    bucket: tuple | None
-    here: str | None
-    rank0: str
-
-    def __str__(self) -> str:
-        where = "op level" if self.bucket is None else f"bucket {list(self.bucket)}"
-        here = "nothing stored here" if self.here is None else f"{self.here} here"
-        return f"{where}: {here}, {self.rank0} on rank 0"
-
-
-def differences(local: BucketTable | None, agreed: BucketTable) -> list[RankDifference]:
-    """Where `local` (a rank's own stored table; None: it stores none) runs another backend than `agreed` (rank 0's):
-    the op-level winner, then every bucket either table tuned, in order, each routed as a dispatcher routes it
-    (BucketTable.route), so a bucket tuned on one side only differs only if the other side would run another."""
-    if local is None:
-        return [RankDifference(None, None, agreed.default)]
-    found = [RankDifference(None, local.default, agreed.default)] if local.default != agreed.default else []
-    for key in sorted({*local.winners, *agreed.winners}, key=key_order):
-        here, rank0 = local.route(key), agreed.route(key)
-        if here != rank0:
-            found.append(RankDifference(key, here, rank0))
-    return found
-
-
-_reported: set[tuple] = set()  # (op, mode, differences) this process has warned about
-
-
-def check_against_local(agreed: BucketTable, local: Callable[[], BucketTable | None], *, what: str,
-                        in_capture: bool = False) -> list[RankDifference]:
-    """AUTOSEL_CHECK_RANKS: on a rank other than 0, the differences between `local()` (what this rank's own DB
-    layers hold, looked up and never tuned) and rank 0's table, warned about once per process for each distinct
-    answer. Rank 0's own answer is the table, and a single process has nobody to differ from: both return []."""
-    world = None if in_capture else _world()
-    if world is None or world[0] == 0:
-        return []
-    rank, size, _ = world
-    try:
-        own = local()
-    except Exception as exc:  # a diagnostic must not raise on one rank only: the ranks' next collective would hang
-        log.warning("%s: AUTOSEL_CHECK_RANKS: rank %d of %d could not look up its own decision (%s: %s); it runs "
-                    "rank 0's", what, rank, size, type(exc).__name__, exc)
-        return []
-    found = differences(own, agreed)
-    said = (agreed.op, agreed.mode, tuple(found))
-    if found and said not in _reported:
-        _reported.add(said)
-        log.warning("%s: rank %d of %d runs rank 0's decision, and on its own would differ: %s. "
-                    "[AUTOSEL_CHECK_RANKS: every rank still runs rank 0's table; only inside CUDA-graph capture, "
-                    "where nothing is broadcast, does a rank run its own. To make the ranks' DBs agree, tune once "
-                    "and give every rank that DB (autosel export, AUTOSEL_DB_PATH)]",
-                    what, rank, size, "; ".join(map(str, found)))
-    return found

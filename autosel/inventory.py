@@ -6,8 +6,8 @@ from dataclasses import dataclass, replace
 from typing import Callable, Iterable
 
 from autosel.db import closest
-from autosel.db_tools import table_key
-from autosel.decisions import OP_LEVEL_BUCKET, Decision, versions_hash
+from autosel.db.tools import table_key
+from autosel.decisions import OP_LEVEL_BUCKET, Decision, near_detail, version_diff, versions_hash
 from autosel.platforms import PlatformInfo, near_rank, version_vector
 from autosel.registry import KernelRegistry
 
@@ -30,24 +30,6 @@ def unregistered(*ops: str) -> str:
     return (f"{named} not registered in this process: install the package whose `autosel.ops` entry point registers "
             f"{'it' if len(ops) == 1 else 'them'}, or, for an op a script registers, register it through such an entry "
             "point so that the CLI sees it")
-
-
-def version_diff(stored: dict[str, str], current: dict[str, str]) -> str:
-    changed = [f"{k} {stored.get(k, '(none)')} -> {current.get(k, '(none)')}"
-               for k in sorted(set(stored) | set(current)) if stored.get(k) != current.get(k)]
-    return ", ".join(changed) or "same versions, different eligible backends"
-
-
-def near_detail(decision: Decision, platform_key: str, versions: dict[str, str]) -> str:
-    """What differs between a decision taken as a near match (AUTOSEL_MATCH) and this machine."""
-    parts = []
-    if decision.platform_key != platform_key:
-        parts.append(f"tuned on {decision.platform_key}, this machine is {platform_key}")
-    if decision.key.versions_hash != versions_hash(versions):
-        parts.append(f"versions differ: {version_diff(decision.versions, versions)}")
-    return "near match: " + ("; ".join(parts) or "same key")
-
-
 class StoredRows:
     """Rows already read from the DB (the ones `autosel show` lists), answering TuningDB.buckets from them, so that
     tuning.outdated judges a listed row exactly as selection judges it in the DB."""

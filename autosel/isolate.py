@@ -25,7 +25,9 @@ import tempfile
 import time
 from typing import Any, Callable, Iterator, Sequence
 
+from autosel import checks
 from autosel.errors import TuningError
+from autosel.formatting import shape_text
 from autosel.platforms import visible_gpu_name
 from autosel.spec import KernelSpec, OpDefinition, resolve_target, target_of
 
@@ -147,8 +149,6 @@ def _child() -> None:
     def say(message: dict) -> None:
         os.write(fd, (json.dumps(message) + "\n").encode())
 
-    from autosel.tuner import check_candidate
-
     definition = OpDefinition(request["op"], shapes=request["shapes"],
                               make_inputs=resolve_target(request["make_inputs"]),
                               rtol=request["rtol"], atol=request["atol"])
@@ -162,7 +162,7 @@ def _child() -> None:
         say({"reason": f"could not load {request['target']!r}: {type(exc).__name__}: {exc}"})
         return
     try:
-        report = check_candidate(fn, definition, reference, request["shapes"], device=request["device"],
+        report = checks.check_candidate(fn, definition, reference, request["shapes"], device=request["device"],
                                  seed=request["seed"])
     except TuningError as exc:
         say({"op_error": str(exc)})
@@ -196,9 +196,7 @@ def _run_alone(reference: Callable[..., Any], definition: OpDefinition, request:
 
 def _call_again(fn: Callable[..., Any], definition: OpDefinition, request: dict) -> str | None:
     """Call a candidate that passed CALLS_PER_SHAPE more times per shape: a crash from its Nth call ends here."""
-    from autosel import checks
     from autosel.timing import synchronize
-    from autosel.tuner import shape_text
 
     for shape, inputs in _inputs_per_shape(definition, request):
         args = checks.clone_args(inputs)

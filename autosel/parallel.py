@@ -4,7 +4,7 @@ The first GPU's worker is the tune's own process: it tunes there in its main thr
 the others, so a tune over one GPU starts no process and one over several pays no process start before its first
 job. Every other worker is a spawned process started with CUDA_VISIBLE_DEVICES naming its GPU (ROCm's HIP
 runtime reads it too), so it sees one device as device 0. Each tunes exactly as a single-process `autosel tune`
-does: the same Tuner, seed, policy and lease (tuning.run_job). GPUs of different kinds (platform keys) are
+does: the same Tuner, seed, policy and lease (batch.run_job). GPUs of different kinds (platform keys) are
 grouped: every job is done once per kind, by a worker of that kind, so each kind gets its own decisions. Every
 worker writes into the one DB, whose WAL mode and per-(platform, op, mode) leases already let processes write at
 once.
@@ -28,8 +28,8 @@ from typing import Callable, Iterator, Sequence
 from autosel import config
 from autosel.decisions import OP_LEVEL_BUCKET, Decision
 from autosel.errors import DeviceError, Terminated
+from autosel.jobs import TuneJob, TuneOutcome
 from autosel.platforms import PlatformInfo, visible_gpu_name
-from autosel.tuning import TuneJob, TuneOutcome, database, run_job
 
 log = logging.getLogger(__name__)
 
@@ -119,10 +119,15 @@ def longest_first(jobs: Sequence[TuneJob], db) -> list[int]:
     return sorted(range(len(jobs)), key=lambda i: -estimates[i])
 
 
-def run_jobs(jobs: Sequence[TuneJob], workers: Sequence[Worker], *, settings: config.Settings, budget_s: float,
+def run_jobs(jobs: Sequence[TuneJob], workers: Sequence[Worker], *, run: Callable[..., TuneOutcome],
+             open_db: Callable[[config.Settings], object], settings: config.Settings, budget_s: float,
              force: bool = False, isolate_timeout_s: float | None = None,
              on_event: Callable[[object, str], None] | None = None) -> list[TuneOutcome]:
     """Tune each job on a worker of its platform; the outcomes, in the order of `jobs`.
+
+    run: what tunes one job in a worker (batch.run_job), a module-level function so that a spawned worker
+    receives it by name; open_db: the tuning DB for `settings`, opened once per process (tuning.database). Both
+    are handed in so that this module, which only carries jobs to workers, never imports the deciding above it.
 
     The jobs wait longest first in their platform's queue and a worker takes the next when it is free: the one
     that is this process (Worker.in_process_device) at once, spawned ones once they are up. Every worker's
@@ -149,14 +154,14 @@ def run_jobs(jobs: Sequence[TuneJob], workers: Sequence[Worker], *, settings: co
                                       "or tune without devices")
     if not payloads:
         return [outcomes[i] for i in range(len(jobs))]
-    order = [i for i in longest_first(jobs, database(settings)) if i in payloads]
+    order = [i for i in longest_first(jobs, open_db(settings)) if i in payloads]
     context = multiprocessing.get_context("spawn")  # a fresh interpreter, started with the worker's variables
     queues = {key: context.Queue() for key in keys}
     for i in order:
         queues[jobs[i].platform_key].put((i, payloads[i]))
     for w in workers:
         queues[w.platform.key].put(None)  # one stop sign per worker, after the jobs
-    options = (settings, budget_s, force, isolate_timeout_s)
+    options = (run, open_db, settings, budget_s, force, isolate_timeout_s)
     processes, pipes, failure, one_at_a_time = {}, {}, [], threading.Lock()
 
     def stop(exc: BaseException) -> None:  # on_event raised, say: every worker's next send fails, none blocks
@@ -290,8 +295,9 @@ def _environment(env: dict[str, str]) -> Iterator[None]:
                 os.environ[name] = value
 
 
-def _work(name: str, jobs, parent, settings: config.Settings, budget_s: float, force: bool,
-          isolate_timeout_s: float | None, platform: PlatformInfo | None = None,
+def _work(name: str, jobs, parent, run: Callable[..., TuneOutcome], open_db: Callable[[config.Settings], object],
+          settings: config.Settings, budget_s: float, force: bool, isolate_timeout_s: float | None,
+          platform: PlatformInfo | None = None,
           on_event: Callable[[object], None] | None = None) -> None:
     """A worker: take jobs until the parent sends None; tune each as `autosel tune` does on one GPU. The worker
     that is the tune's own process is given its platform and passes its events on itself (no pickling, no
@@ -300,13 +306,13 @@ def _work(name: str, jobs, parent, settings: config.Settings, budget_s: float, f
 
     platform = platform or platforms.current_platform()
     on_event = on_event or (lambda event: parent.send(("event", event)))
-    db = database(settings)
+    db = open_db(settings)
     parent.send(("ready",))
     while (item := jobs.get()) is not None:
         index, payload = item
         parent.send(("took", index))
-        parent.send(("done", index, _tune_one(name, payload, platform, db, on_event, budget_s=budget_s, force=force,
-                                             isolate_timeout_s=isolate_timeout_s)))
+        parent.send(("done", index, _tune_one(name, payload, platform, db, on_event, run, budget_s=budget_s,
+                                             force=force, isolate_timeout_s=isolate_timeout_s)))
 
 
 TERMINATION_SIGNALS = ("SIGTERM", "SIGHUP")  # what a container runtime's stop and a closed terminal send
@@ -367,7 +373,8 @@ def _work_here(worker: Worker, jobs, parent, *options, on_event: Callable[[objec
         _work(worker.name, jobs, parent, *options, platform=worker.platform, on_event=on_event)
 
 
-def _tune_one(name: str, payload: bytes, platform: PlatformInfo, db, on_event, **options) -> TuneOutcome | str:
+def _tune_one(name: str, payload: bytes, platform: PlatformInfo, db, on_event, run: Callable[..., TuneOutcome],
+              **options) -> TuneOutcome | str:
     """The job's outcome, or why it could not be read here (the parent makes that its failed outcome)."""
     try:
         job = pickle.loads(payload)
@@ -376,4 +383,4 @@ def _tune_one(name: str, payload: bytes, platform: PlatformInfo, db, on_event, *
         return f"could not be read on {name}: {type(exc).__name__}: {exc}"
     if job.platform_key != platform.key:  # the worker's own detection disagrees with the parent's: never mix kinds
         return _failed(job, f"worker {name} is a {platform.key}, not a {job.platform_key}")
-    return run_job(job, platform=platform, db=db, on_event=on_event, **options)  # a failure is its outcome
+    return run(job, platform=platform, db=db, on_event=on_event, **options)  # a failure is its outcome

@@ -17,7 +17,6 @@ import sys
 from dataclasses import dataclass, field
 from typing import Callable
 
-from autosel.config import EXECUTION_MODES
 from autosel.spec import DeviceType
 
 log = logging.getLogger(__name__)
@@ -58,6 +57,8 @@ def near_rank(stored: str, current: str, match: str) -> int | None:
     return accepts.index(nearness) if nearness in accepts else None
 
 
+# Every execution mode a decision can be made in (AUTOSEL_MODE's values; docs/DESIGN.md section 3).
+EXECUTION_MODES = ("eager", "graph")
 # Device types with CUDA graphs (HIP's through torch.cuda): selection and tuning there have a graph mode too.
 _GRAPH_DEVICE_TYPES = ("cuda", "hip")
 

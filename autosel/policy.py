@@ -67,10 +67,6 @@ HOST_SLOWER, HOST_FASTER = 1.6, 1.25
 HOST_SPEEDS = (1 / HOST_FASTER, HOST_SLOWER)  # the host-speed readings, as factors on the host's time
 
 
-def shape_text(shape: dict) -> str:
-    return ", ".join(f"{k}={v}" for k, v in shape.items())
-
-
 def geomean(values: Sequence[float]) -> float:
     return math.exp(statistics.fmean(math.log(v) for v in values))
 

@@ -17,6 +17,7 @@ import threading
 from collections import defaultdict
 from typing import Any, Callable, Iterable, Mapping
 
+from autosel import config
 from autosel.spec import KernelBackend, KernelSpec, OpDefinition, check_shapes
 
 log = logging.getLogger(__name__)
@@ -242,6 +243,8 @@ def load_plugins() -> None:
 
 
 registry = KernelRegistry(load=load_plugins)
+# AUTOSEL_BACKEND's op names are checked against this registry's (read at the time: a test may swap it).
+config.set_registered_ops(lambda: registry.ops())
 
 
 def register_kernel(spec: KernelSpec) -> KernelSpec:

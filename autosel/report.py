@@ -7,10 +7,11 @@ import json
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
-from autosel.chart import bucket_shapes, fastest_at, format_us, runs_at, shape_order, svg_chart
-from autosel.decisions import OP_LEVEL_BUCKET, CandidateResult, Decision, bucket_order, format_lead
+from autosel.chart import bucket_shapes, fastest_at, runs_at, shape_order, svg_chart
+from autosel.decisions import OP_LEVEL_BUCKET, CandidateResult, Decision, bucket_order
+from autosel.formatting import format_lead, format_us, shape_text
 from autosel.inventory import Entry
-from autosel.policy import geomean, rule_for, shape_text
+from autosel.policy import geomean, rule_for
 
 # --- numbers ----------------------------------------------------------------------------------------------
 

@@ -5,15 +5,14 @@ from __future__ import annotations
 
 import logging
 import sys
-import threading
 from typing import Any, Callable
 
-from autosel import config, platforms
+from autosel import config, platforms, state, tuning
 from autosel.dispatch import BucketTable, dispatcher, recording, trace_as
-from autosel.distributed import agree_on_fewer, agreement_kept, decision_kernels, in_process_group
 from autosel.platforms import PlatformInfo, capturing_cuda_graph
 from autosel.registry import load_plugins, on_register, registry
 from autosel.spec import KernelBackend, KernelSpec, spec_list
+from autosel.state import KernelCache
 
 log = logging.getLogger(__name__)
 
@@ -70,11 +69,10 @@ def _choose(op: str, backend: KernelBackend | str | None, mode: str | None
     if forced is not None:
         match = next((s for s in specs if s.backend == forced), None)
         missing = f"No '{forced.value}' backend registered for op {op!r}"
-        platform = platforms.current_platform()
-        if in_process_group() and (match is not None or per_op):
-            # The ranks not forced alike make the op's agreement: this one takes part too, or they wait for it.
-            agree_on_fewer(op, [forced.value] if match is not None else [], missing,
-                           mode=resolve_mode(mode, platform, settings), platform_key=platform.key, forced=forced.value)
+        if match is not None or per_op:  # the ranks not forced alike make the op's agreement: this one takes part too
+            platform = platforms.current_platform()
+            tuning.decide_fewer(op, [forced.value] if match is not None else [], missing,
+                                mode=resolve_mode(mode, platform, settings), platform=platform, forced=forced.value)
         if match is not None:
             if (unusable := forced_unusable(op, match, specs, platform)) is not None:
                 raise ValueError(unusable)
@@ -87,15 +85,13 @@ def _choose(op: str, backend: KernelBackend | str | None, mode: str | None
     if len(eligible) < 2:
         none_usable = (f"op {op!r} has no backend usable on device {platform.device.value!r} "
                        f"(registered: {spec_list(specs)})")
-        if in_process_group():  # ranks that see several make the op's agreement: this one takes part, or they hang
-            agree_on_fewer(op, [s.backend.value for s in eligible], none_usable,
-                           mode=resolve_mode(mode, platform, settings), platform_key=platform.key)
+        # ranks that see several make the op's agreement: this one takes part, or they hang
+        tuning.decide_fewer(op, [s.backend.value for s in eligible], none_usable,
+                            mode=resolve_mode(mode, platform, settings), platform=platform)
         if not eligible:
             raise ValueError(none_usable)
         return eligible[0]
-    from autosel.tuning import decide
-
-    table = decide(op, eligible, platform, resolve_mode(mode, platform, settings), settings)
+    table = tuning.decide(op, eligible, platform, resolve_mode(mode, platform, settings), settings)
     by_backend = {s.backend.value: s for s in eligible}
     return by_backend[table.default], table, eligible
 
@@ -116,20 +112,18 @@ def forced_unusable(op: str, spec: KernelSpec, specs: list[KernelSpec], platform
 
 # --- get_kernel: a cache that a concurrent clear_cache() cannot repopulate with stale entries --------------
 
-_cache: dict[tuple, Callable[..., Any]] = {}
-_generation = 0  # clear_cache() bumps it, _forget_kernels(op) bumps op's: a lookup in flight then stores nothing
-_op_generations: dict[str, int] = {}
-_cache_lock = threading.Lock()
+# The cache, its generations (clear_cache() bumps one, _forget_kernels(op) the op's: a lookup in flight then stores
+# nothing) and its lock are the process state's KernelCache (autosel.state).
 
 
-def _stamp_locked(op: str) -> tuple[int, int]:
-    """What a lookup of `op` compares before and after its build; the caller holds _cache_lock."""
-    return _generation, _op_generations.get(op, 0)
+def _stamp_locked(cache: KernelCache, op: str) -> tuple[int, int]:
+    """What a lookup of `op` compares before and after its build; the caller holds cache.lock."""
+    return cache.generation, cache.op_generations.get(op, 0)
 
 
-def _stamp(op: str) -> tuple[int, int]:
-    with _cache_lock:
-        return _stamp_locked(op)
+def _stamp(cache: KernelCache, op: str) -> tuple[int, int]:
+    with cache.lock:
+        return _stamp_locked(cache, op)
 
 
 def get_kernel(op: str, backend: KernelBackend | str | None = None, *, mode: str | None = None) -> Callable[..., Any]:
@@ -141,27 +135,28 @@ def get_kernel(op: str, backend: KernelBackend | str | None = None, *, mode: str
     that will be captured. A warm call is one capture check and one dict lookup.
     """
     key = (op, backend, mode if mode is not None else ("graph" if capturing_cuda_graph() else None))
-    fn = _cache.get(key)  # no lock: clear_cache() swaps the dict, it never mutates one a reader holds
+    cache = state.process.kernels
+    fn = cache.kernels.get(key)  # no lock: clear_cache() swaps the dict, it never mutates one a reader holds
     if fn is not None:
         return fn
     if _compiling():  # a first call inside code torch.compile traces, as the selector autosel replaces allowed
         return getattr(sys.modules[__name__], _traced_name(key))
     load_plugins()  # before the stamp: the plug-ins' registrations are not news to this lookup
-    during_decision = decision_kernels()  # this thread decides another op for the ranks: kept for that decision
+    during_decision = tuning.kernels_while_deciding()  # deciding another op for the ranks: kept for that decision
     if during_decision is not None:
         if key not in during_decision:
             during_decision[key] = _build(*key)
         return during_decision[key]
-    stamp = _stamp(op)
-    agreement_kept()  # forget an earlier lookup's answer: this one's comes from _build
+    stamp = _stamp(cache, op)
+    tuning.agreement_kept()  # forget an earlier lookup's answer: this one's comes from _build
     fn = _build(*key)
-    kept = agreement_kept()  # with several ranks, whether rank 0 had every rank keep this op's table
-    with _cache_lock:
+    kept = tuning.agreement_kept()  # with several ranks, whether rank 0 had every rank keep this op's table
+    with cache.lock:
         # A clear_cache(), or a registration for op, during the lookup wins: its result, chosen from the specs
         # before it, is returned but not stored, so the next call selects again. With several ranks rank 0's word
         # decides instead: a rank storing it while another does not would select alone, with a collective.
-        if (stamp == _stamp_locked(op)) if kept is None else kept:
-            fn = _cache.setdefault(key, fn)  # threads that built it at once all return the first one stored
+        if (stamp == _stamp_locked(cache, op)) if kept is None else kept:
+            fn = cache.kernels.setdefault(key, fn)  # threads that built it at once all return the first one stored
     return fn
 
 
@@ -170,28 +165,26 @@ def _compiling() -> bool:
     return torch is not None and torch.compiler.is_compiling()
 
 
-_traced: dict[tuple, str] = {}  # key -> the name of this module's attribute that holds its kernel for compiled code
-
-
 def _traced_name(key: tuple) -> str:
     """Resolve `key` for code torch.compile is tracing, and return the name of the module attribute that holds its
     kernel. Selecting takes locks, reads files and may tune, which torch.compile cannot trace (it failed on the
     lock's `with`): the mark below has it run this function as it is while tracing and take the name as a constant.
     Compiled code then reads the kernel through that attribute, which torch.compile can guard on (a function
-    returned as a constant it cannot). The kernel is not put in _cache: the traced lookup found it missing there,
+    returned as a constant it cannot). The kernel is not put in the cache: the traced lookup found it missing there,
     and torch.compile checks right after tracing that this is still so."""
-    with _cache_lock:
-        name = _traced.get(key)
+    cache = state.process.kernels  # .traced: key -> the name of this module's attribute that holds its kernel
+    with cache.lock:
+        name = cache.traced.get(key)
         if name is not None and getattr(sys.modules[__name__], name, None) is not None:
             return name
     load_plugins()
     while True:  # compiled code keeps the kernel it reads: never one chosen before a registration for the op
-        stamp = _stamp(key[0])
+        stamp = _stamp(cache, key[0])
         fn = _build(*key)
-        with _cache_lock:
-            if stamp != _stamp_locked(key[0]):
+        with cache.lock:
+            if stamp != _stamp_locked(cache, key[0]):
                 continue
-            name = _traced.setdefault(key, f"_traced_kernel_{len(_traced)}")
+            name = cache.traced.setdefault(key, f"_traced_kernel_{len(cache.traced)}")
             setattr(sys.modules[__name__], name, fn)
         return name
 
@@ -211,8 +204,7 @@ def _build(op: str, backend: KernelBackend | str | None, mode: str | None) -> Ca
     else:
         _, table, eligible = choice
         mode_name = table.mode
-        if not in_process_group():
-            chosen_alone.add(op)
+        tuning.cached_alone(op)
         named = {table.default, *table.winners.values()}
         kernels = {s.backend.value: s.load() for s in eligible if s.backend.value in named}
         traced = {b: definition.traced_kernel(b, k) for b, k in kernels.items()} if definition else kernels
@@ -228,11 +220,6 @@ def _build(op: str, backend: KernelBackend | str | None, mode: str | None) -> Ca
     return fn
 
 
-# Ops whose cached kernel came from a decision made with no process group up: this rank's own choice, kept until
-# clear_cache(); autosel.distributed warns about them when a process group first agrees on a decision.
-chosen_alone: set[str] = set()
-
-
 def clear_cache() -> None:
     """Forget every resolved kernel; lookups in flight finish but do not repopulate the new cache. With several
     ranks it also forgets the tables agreed with rank 0, so call it on every rank alike: the next selection of
@@ -246,26 +233,20 @@ def _forget_kernels(op: str | None = None) -> None:
     With several ranks, forget the tables agreed with rank 0 too: else every rank would select the agreed table
     again, which never timed the new backend (registered on every rank alike, the next selection is a collective
     on each)."""
-    global _cache, _generation
-    from autosel.distributed import forget_agreements
-
-    with _cache_lock:
+    cache = state.process.kernels
+    with cache.lock:
         if op is None:
-            _generation += 1
+            cache.generation += 1
         else:
-            _op_generations[op] = _op_generations.get(op, 0) + 1
-        dropped = [fn for key, fn in _cache.items() if op is None or key[0] == op]
-        _cache = {key: fn for key, fn in _cache.items() if op is not None and key[0] != op}
-        for key, name in _traced.items():  # compiled code guarded on the kernel it read: it traces again
+            cache.op_generations[op] = cache.op_generations.get(op, 0) + 1
+        dropped = [fn for key, fn in cache.kernels.items() if op is None or key[0] == op]
+        cache.kernels = {key: fn for key, fn in cache.kernels.items() if op is not None and key[0] != op}
+        for key, name in cache.traced.items():  # compiled code guarded on the kernel it read: it traces again
             if op is None or key[0] == op:
                 setattr(sys.modules[__name__], name, None)
     for fn in dropped:  # a dispatcher lives on with torch's stand-in: its learned shapes need not
         getattr(fn, "forget_shapes", lambda: None)()
-    if op is None:
-        chosen_alone.clear()
-    else:
-        chosen_alone.discard(op)
-    forget_agreements(op)
+    tuning.forget_decided(op)
 
 
 # A backend registered for an op already resolved is timed at its next selection (a stored decision that never

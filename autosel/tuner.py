@@ -12,13 +12,13 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 from autosel import checks
-from autosel.decisions import (
-    OP_LEVEL_BUCKET, CandidateResult, Decision, ShapeResult, bucket_key_rule, bucket_problem, bucket_text, format_lead,
-)
+from autosel.buckets import bucket_of
+from autosel.decisions import OP_LEVEL_BUCKET, CandidateResult, Decision, ShapeResult, bucket_text
 from autosel.errors import NoCandidateError, TuningError
-from autosel.policy import DEFAULT_POLICY, WEIGHTS_FROM_MEMORY, Policy, Verdict, relative_scores, shape_text
+from autosel.formatting import format_lead, shape_text
+from autosel.policy import DEFAULT_POLICY, WEIGHTS_FROM_MEMORY, Policy, Verdict, relative_scores
 from autosel.spec import KernelSpec, OpDefinition
-from autosel.timing import Timer, measure_together, reads_weights, summarize, synchronize
+from autosel.timing import Timer, measure_together, reads_weights, summarize
 
 log = logging.getLogger(__name__)
 
@@ -71,102 +71,6 @@ class _Candidate:
 def _scores(candidates: list[_Candidate], n_shapes: int) -> dict[str, float]:
     return relative_scores({c.backend: [statistics.median(c.samples[i]) for i in range(n_shapes)]
                             for c in candidates})
-
-
-@dataclass
-class CheckReport:
-    errors: dict[int, tuple[float | None, float | None]]  # shape index -> (max abs, max rel) error
-    first_call_s: dict[int, float]  # includes compilation on the first shape
-    reason: str | None = None  # why it failed, or None
-
-
-def check_candidate(fn: Callable[..., Any], definition: OpDefinition, reference: Callable[..., Any],
-                    shapes: Sequence[dict], *, device: str, seed: int = 0) -> CheckReport:
-    """Run `fn` and the reference on the same fresh random inputs of every shape; stop at the first failure."""
-    import torch
-
-    report = CheckReport({}, {})
-    for index, shape in enumerate(shapes):
-        torch.manual_seed(seed + index)
-        args = _inputs(definition, shape, device)
-        ref_args, call_args = checks.clone_args(args), checks.clone_args(args)
-        try:
-            ref_result = reference(*ref_args)
-        except Exception as exc:  # no candidate can be judged: the op's error, not a candidate's
-            raise TuningError(f"op {definition.op!r}: its reference raised {type(exc).__name__}: {exc} at "
-                              f"{shape_text(shape)}; fix the reference (the op's torch backend, or register_op's "
-                              "reference=) or the shape") from exc
-        expected = checks.outputs_of(ref_result, ref_args)
-        began = time.perf_counter()
-        try:
-            result = fn(*call_args)
-            synchronize(device)
-        except (Exception, SystemExit) as exc:  # sys.exit in a kernel must not end the caller
-            report.reason = f"raised {type(exc).__name__}: {exc} at {shape_text(shape)}"
-            return report
-        report.first_call_s[index] = time.perf_counter() - began
-        # In place: its arguments are what it computes, whatever a candidate returns (x.add_(y) too); a candidate
-        # returning None matches a reference that returns the argument it wrote (x.mul_(w) returns x).
-        in_place = ref_result is None or (result is None and checks.returns_an_argument(ref_result, ref_args))
-        if in_place:
-            expected, got, names = checks.outputs_of(None, ref_args), checks.outputs_of(None, call_args), [
-                f"argument {i} after the call" for i, a in enumerate(call_args) if isinstance(a, torch.Tensor)]
-        elif result is None:
-            report.errors[index] = (None, None)
-            report.reason = (f"returned None where the reference returned {checks.describe(ref_result)} at "
-                             f"{shape_text(shape)}")
-            return report
-        else:
-            got, names = checks.outputs_of(result, call_args), None
-        outcome = checks.compare(got, expected, rtol=definition.rtol, atol=definition.atol, names=names)
-        report.errors[index] = (outcome.max_abs_err, outcome.max_rel_err)
-        if not outcome.ok:
-            report.reason = f"{outcome.reason} at {shape_text(shape)}"
-            return report
-        if not in_place:  # an in-place op's written arguments are its outputs, compared above
-            report.reason = _side_effect_failure(definition, args, call_args, ref_args, shape)
-            if report.reason:
-                return report
-    return report
-
-
-def _side_effect_failure(definition: OpDefinition, args, call_args, ref_args, shape: dict) -> str | None:
-    """Why a candidate's effect on its arguments differs from the reference's, or None: it changed one the
-    reference leaves alone (a result written over an input, say), or left one the reference writes wrong."""
-    changed, written = checks.side_effects(args, call_args, ref_args)
-    if changed:
-        return (f"changed its input argument {', '.join(map(str, changed))}, which the reference leaves as it is, "
-                f"at {shape_text(shape)}")
-    if not written:
-        return None
-    outcome = checks.compare(tuple(call_args[i] for i in written), tuple(ref_args[i] for i in written),
-                             rtol=definition.rtol, atol=definition.atol)
-    if not outcome.ok:
-        return (f"its input argument {', '.join(map(str, written))}, which the reference writes, after the call: "
-                f"{outcome.reason} at {shape_text(shape)}")
-    return None
-
-
-def _inputs(definition: OpDefinition, shape: dict, device: str) -> tuple:
-    """make_inputs for one shape; its failure (a shape from a file without a key the factory reads) is a
-    TuningError naming the op and the shape. The check builds every shape first, so timing needs no such guard."""
-    try:
-        args = definition.make_inputs(dict(shape), device)
-    except Exception as exc:
-        if isinstance(exc, KeyError) and exc.args and exc.args[0] not in shape:
-            advice = (f"the shape has no key {exc.args[0]!r}, which the op's input factory reads; give each shape "
-                      "the keys of the op's declared shapes")
-        else:
-            advice = "fix the shape or the op's make_inputs"
-        lines = str(exc).splitlines() or [""]  # one line of it: the CLI's error is one line (torch lists overloads)
-        raise TuningError(f"op {definition.op!r}: its make_inputs raised {type(exc).__name__}: "
-                          f"{lines[0]}{' [...]' if len(lines) > 1 else ''} for the shape "
-                          f"{shape_text(shape)}: {advice}") from exc
-    if not isinstance(args, (tuple, list)):  # a bare tensor was unpacked into its rows, and the reference blamed
-        raise TuningError(f"op {definition.op!r}: its make_inputs returned a {type(args).__name__} for the shape "
-                          f"{shape_text(shape)}; it must return the positional arguments of one call as a tuple, "
-                          "such as (x, weight, 1e-6), or (x,) for one")
-    return tuple(args)
 
 
 class Tuner:
@@ -248,7 +152,7 @@ class Tuner:
         for candidate in candidates:
             if candidate.status != "ok":
                 continue
-            report = check_candidate(candidate.fn, definition, reference, shapes, device=self.device, seed=self.seed)
+            report = checks.check_candidate(candidate.fn, definition, reference, shapes, device=self.device, seed=self.seed)
             candidate.errors, candidate.first_call_s = report.errors, report.first_call_s
             if report.reason:
                 candidate.reject("rejected", report.reason)
@@ -261,7 +165,8 @@ class Tuner:
         for candidate in candidates:
             if candidate.status != "ok" or not candidate.samples:
                 continue
-            report = check_candidate(candidate.fn, definition, reference, shapes, device=self.device, seed=self.seed)
+            report = checks.check_candidate(candidate.fn, definition, reference, shapes, device=self.device,
+                                            seed=self.seed)
             if report.reason:
                 candidate.reject("rejected", f"wrong after its timed calls: {report.reason}")
                 self._emit("rejected", definition.op, candidate.backend, candidate.reason)
@@ -457,19 +362,6 @@ def settled_pairs(first_round: dict[str, list[float]], factor: float) -> set[tup
     return {(b, i) for b, times in first_round.items() for i in range(n_shapes) if times[i] > factor * best[i]}
 
 
-def bucket_of(definition: OpDefinition, args: tuple) -> tuple:
-    """definition.bucket of one call's arguments, checked to be a bucket key (decisions.bucket_problem)."""
-    try:
-        key = definition.bucket(*args)
-    except (Exception, SystemExit, GeneratorExit) as exc:  # a bucket function's sys.exit is its failure too
-        raise TuningError(f"op {definition.op!r}: its bucket function raised {type(exc).__name__}: {exc}; it takes a "
-                          "call's arguments, as the kernels do, and returns a tuple") from exc
-    problem = bucket_problem(key)
-    if problem:
-        raise TuningError(f"op {definition.op!r}: {bucket_key_rule(key, problem)}")
-    return key
-
-
 def _one_type_per_bucket(op: str, buckets: list) -> None:
     """Keys that Python takes for one bucket, stored as two ((True,) and (1,), (1,) and (1.0,)): a dict of them
     kept one and the DB both, so that calls ran another bucket's winner than the one stored for them."""
@@ -483,8 +375,6 @@ def _one_type_per_bucket(op: str, buckets: list) -> None:
             raise TuningError(f"op {op!r}: its bucket function returned {first} and {text}, which Python takes for "
                               "one bucket (True == 1 == 1.0); return the same type at each place of the key (a bool "
                               "for a flag, an int for a count)")
-
-
 def _check_route(definition: OpDefinition, args: tuple, bucket: tuple, routes: dict[tuple, tuple]) -> None:
     """With a route_key, calls whose route arguments have one shape must fall in one bucket: the dispatcher looks
     calls up by those shapes alone, and a wrong route_key sent calls to another bucket's winner, silently."""

@@ -1,22 +1,22 @@
-"""Deciding an op: the stored decision from the DB layers, else a tune now under the DB's lease; and batch
-tuning of many ops (what `autosel tune` runs)."""
+"""Deciding an op: the stored decision from the DB layers, else a tune now under the DB's lease, with several ranks
+rank 0's (autosel.distributed). Batch tuning of many ops (what `autosel tune` runs) is autosel.batch's."""
 
 from __future__ import annotations
 
 import fnmatch
 import json
 import logging
-import threading
-from dataclasses import dataclass, replace
 from typing import Any, Callable, NamedTuple
 
-from autosel import config, platforms
-from autosel.decisions import OP_LEVEL_BUCKET, Decision, DecisionKey, bucket_text, parse_bucket, versions_hash
+from autosel import config, distributed, platforms, rank_check, state
+from autosel.decisions import (OP_LEVEL_BUCKET, Decision, DecisionKey, bucket_text, near_detail, parse_bucket,
+                               versions_hash)
 from autosel.dispatch import BucketTable
 from autosel.errors import NoCandidateError, TuningError
 from autosel.platforms import PlatformInfo, capturing_cuda_graph, version_vector
 from autosel.policy import WEIGHTS_FROM_MEMORY
 from autosel.timing import CudaGraphTimer, reads_weights
+from autosel.version import __version__
 from autosel.registry import load_plugins, registry
 from autosel.spec import KernelBackend, KernelSpec, OpDefinition, spec_list
 
@@ -43,10 +43,8 @@ def multiple_backends_message(op: str, platform: PlatformInfo, eligible: list[Ke
             f"({spec_list(eligible)}); pass backend=... to choose one")
 
 
-_databases: dict[tuple, Any] = {}
-_databases_lock = threading.Lock()
-_tunes_here: dict[DecisionKey, int] = {}  # key -> how many tunes of it this process has recorded
-_announced: set[tuple[str, str]] = set()  # (op, mode) whose run-time tune this process has warned about
+# The open DBs, the tunes this process recorded and the warnings given once: the process state's Memos
+# (autosel.state).
 
 
 def database(settings: config.Settings | None = None):
@@ -55,10 +53,11 @@ def database(settings: config.Settings | None = None):
 
     settings = settings or config.settings()
     key = (settings.db, settings.db_path)
-    with _databases_lock:
-        if key not in _databases:
-            _databases[key] = TuningDB.from_settings(settings)
-        return _databases[key]
+    memos = state.process.memos
+    with memos.lock:
+        if key not in memos.databases:
+            memos.databases[key] = TuningDB.from_settings(settings)
+        return memos.databases[key]
 
 
 def decision_key(op: str, eligible: list[KernelSpec], platform: PlatformInfo, mode: str,
@@ -84,17 +83,58 @@ def decide(op: str, eligible: list[KernelSpec], platform: PlatformInfo, mode: st
            settings: config.Settings) -> BucketTable:
     """The stored or measured decision of `op` as a bucket table; with several ranks, rank 0's whole table
     (autosel.distributed), so every rank dispatches every bucket alike."""
-    from autosel.distributed import agree, check_against_local, check_eligible, op_agreement
-
-    what, key = op_agreement(op, mode, platform.key)
+    what, key = distributed.op_agreement(op, mode, platform.key)
     in_capture = capturing_cuda_graph()
-    table = agree(lambda: _decide_here(op, eligible, platform, mode, settings), what=what, in_capture=in_capture,
-                  key=key)
-    check_eligible({table.default, *table.winners.values()}, {s.backend.value for s in eligible}, what=what)
+    table = distributed.agree(lambda: _decide_here(op, eligible, platform, mode, settings), what=what,
+                              in_capture=in_capture, key=key)
+    distributed.check_eligible({table.default, *table.winners.values()}, {s.backend.value for s in eligible},
+                               what=what)
     if settings.check_ranks:
-        check_against_local(table, lambda: stored_table(op, eligible, platform, mode, settings), what=what,
-                            in_capture=in_capture)
+        rank_check.check_against_local(table, lambda: stored_table(op, eligible, platform, mode, settings),
+                                       what=what, in_capture=in_capture)
     return table
+
+
+# --- what selection asks of the ranks' agreement (autosel.distributed), so that the contract never calls it ------
+
+def decide_fewer(op: str, usable: list[str], none_usable: str, *, mode: str, platform: PlatformInfo,
+                 forced: str | None = None) -> None:
+    """With several ranks, take part in `op`'s agreement where this rank has nothing to decide (fewer than two
+    usable backends, or one AUTOSEL_BACKEND forces), as decide does where it has: the ranks that decide would
+    otherwise wait for this one (distributed.agree_on_fewer, which raises where this rank cannot run rank 0's
+    table). In a single process, nothing."""
+    if distributed.in_process_group():
+        distributed.agree_on_fewer(op, usable, none_usable, mode=mode, platform_key=platform.key, forced=forced)
+
+
+def kernels_while_deciding() -> dict | None:
+    """While this thread makes rank 0's decision of another op, get_kernel's cache for what it selects meanwhile
+    (distributed.decision_kernels); None otherwise."""
+    return distributed.decision_kernels()
+
+
+def agreement_kept() -> bool | None:
+    """Whether every rank keeps the decision this thread's last selection agreed on (rank 0's word); None where it
+    agreed on none. Asking clears it (distributed.agreement_kept)."""
+    return distributed.agreement_kept()
+
+
+def cached_alone(op: str) -> None:
+    """get_kernel cached `op`'s kernel from a measured decision: with no process group up, this rank's own choice,
+    which the ranks warn about when they first agree (state.Agreements.chosen_alone)."""
+    if not distributed.in_process_group():
+        state.process.agreements.chosen_alone.add(op)
+
+
+def forget_decided(op: str | None = None) -> None:
+    """Forget the decisions agreed with rank 0 and the ops chosen alone, of `op` only if given (clear_cache, or a
+    registration for op): the next selection of each is a collective again, on every rank alike."""
+    chosen_alone = state.process.agreements.chosen_alone
+    if op is None:
+        chosen_alone.clear()
+    else:
+        chosen_alone.discard(op)
+    distributed.forget_agreements(op)
 
 
 def stored_table(op: str, eligible: list[KernelSpec], platform: PlatformInfo, mode: str,
@@ -108,9 +148,6 @@ def stored_table(op: str, eligible: list[KernelSpec], platform: PlatformInfo, mo
         found = lookup_stored(db, key, eligible, match=settings.match, versions=versions, say=False,
                               every_backend=False)
     return None if found is None else table_of(*found[:2])
-
-
-_near_said: set[tuple] = set()  # near-match rows this process has said it uses
 
 
 def outdated(db, decision: Decision, layer, names: list[str], definition) -> str:
@@ -198,12 +235,11 @@ def lookup_stored(db, key: DecisionKey, eligible: list[KernelSpec], *, match: st
 
 
 def _say_near(key: DecisionKey, decision: Decision, layer, buckets: int, match: str, versions: dict[str, str]) -> None:
-    from autosel.inventory import near_detail
-
     said = (key.op, key.mode, layer.path, decision.platform_key, decision.key.versions_hash)
-    if said in _near_said:
+    near_said = state.process.memos.near_said
+    if said in near_said:
         return
-    _near_said.add(said)
+    near_said.add(said)
     log.warning("op %r (%s mode): no decision is stored for this machine (%s) with its versions; AUTOSEL_MATCH=%s "
                 "takes %s (and %d bucket row(s)) from the %s DB %s, a %s. Run `autosel tune` here to store an exact "
                 "decision, or set AUTOSEL_MATCH=exact to refuse near matches", key.op, key.mode, key.platform_key,
@@ -211,13 +247,11 @@ def _say_near(key: DecisionKey, decision: Decision, layer, buckets: int, match: 
                 near_detail(decision, key.platform_key, versions))
 
 
-_untimed_said: set[tuple[str, str]] = set()  # (op, mode) whose older decision this process has said it keeps
-
-
 def _say_untimed(op: str, mode: str, decision: Decision, reason: str, why: str) -> None:
-    if (op, mode) in _untimed_said:
+    untimed_said = state.process.memos.untimed_said
+    if (op, mode) in untimed_said:
         return
-    _untimed_said.add((op, mode))
+    untimed_said.add((op, mode))
     log.warning("op %r (%s mode): the stored decision (%s) %s; it is kept, since nothing can be timed now (%s). "
                 "Run `autosel tune` to time every eligible backend", op, mode, decision.winner, reason, why)
 
@@ -228,7 +262,8 @@ def _decide_here(op: str, eligible: list[KernelSpec], platform: PlatformInfo, mo
     versions = version_vector(platform, eligible)
     key = decision_key(op, eligible, platform, mode, versions)
     db = database(settings)
-    retune = settings.tune == "force" and key not in _tunes_here  # force: once per process
+    memos = state.process.memos
+    retune = settings.tune == "force" and key not in memos.tunes_here  # force: once per process
     older = None
     if not retune:
         found = lookup_stored(db, key, eligible, match=settings.match, versions=versions)
@@ -255,8 +290,8 @@ def _decide_here(op: str, eligible: list[KernelSpec], platform: PlatformInfo, mo
             _say_near(key, older[0], older[2], len(older[1]), settings.match, versions)
         return table_of(*older[:2])
     definition = _tunable(op, eligible, platform, mode, why_not)
-    if (op, mode) not in _announced:  # a tune blocks the caller for tens of seconds: say so, once
-        _announced.add((op, mode))
+    if (op, mode) not in memos.announced:  # a tune blocks the caller for tens of seconds: say so, once
+        memos.announced.add((op, mode))
         why = (": AUTOSEL_TUNE=force is set" if retune else f"'s stored decision {reason}" if older is not None
                else " has no stored decision for this machine")
         _announce_tune(op, mode, why, eligible, settings, db)
@@ -334,19 +369,19 @@ def tune_and_record(definition: OpDefinition, eligible: list[KernelSpec], *, pla
     the candidates are checked against, by default reference_for(definition). check_shapes: the op's representative
     shapes on `platform` (by default read here): every candidate is checked on them, and on `shapes`, before any is
     timed, so that a candidate wrong at a shape `shapes` leave out never wins (its bucket would run it)."""
-    from autosel import __version__
     from autosel.timing import timer_for
     from autosel.tuner import Tuner
 
     op = definition.op
     versions = version_vector(platform, eligible)  # read once: it asks the installed packages' metadata
     key = decision_key(op, eligible, platform, mode, versions)
-    tunes_before = _tunes_here.get(key, 0)
+    tunes_here = state.process.memos.tunes_here
+    tunes_before = tunes_here.get(key, 0)
     while True:
         with db.lease(platform.key, op, mode, budget_s=budget_s) as took:  # expires, and waiters stop, with the budget
-            retune = force and _tunes_here.get(key, 0) == tunes_before  # another thread's forced tune is this one's
+            retune = force and tunes_here.get(key, 0) == tunes_before  # another thread's forced tune is this one's
             found = None if retune else lookup_stored(db, key, eligible)
-            if found is not None and (shapes is None or _decided_on(found[0], shapes)):
+            if found is not None and (shapes is None or decided_on(found[0], shapes)):
                 return Recorded(*found[:2], tuned=False)
             if not took:  # its holder left nothing this call can use: wait for the lease again, never tune outside it
                 continue
@@ -359,7 +394,7 @@ def tune_and_record(definition: OpDefinition, eligible: list[KernelSpec], *, pla
                 shapes=shapes or check_shapes, check_shapes=check_shapes, mode=mode, platform_key=platform.key,
                 versions=versions, autosel_version=__version__)
             db.record(decision, buckets)
-            _tunes_here[key] = _tunes_here.get(key, 0) + 1
+            tunes_here[key] = tunes_here.get(key, 0) + 1
         break
     log.info("op %r (%s mode): %s chosen %s", op, mode, decision.winner,
              f"over {decision.runner_up}" if decision.runner_up else "(no runner-up measured to the end)")
@@ -401,38 +436,6 @@ def reference_spec(definition: OpDefinition) -> KernelSpec | None:
 
 # --- offline tuning of many ops (what `autosel tune` runs) -------------------------------------------------
 
-@dataclass(frozen=True)
-class TuneOutcome:
-    """One (op, mode) of a batch tune: a fresh decision, a stored one reused, or why there is none.
-    buckets: the per-bucket decisions beside it (empty for an op without a bucket function).
-    platform_key: the platform it was decided for (several with tune_ops(devices=...) on a host whose GPUs differ).
-    device: with devices=..., the GPU whose worker tuned it ("cuda:1"); "" otherwise."""
-
-    op: str
-    mode: str
-    status: str  # "tuned", "stored", "copied" (from a shipped layer), "failed"
-    decision: Decision | None = None
-    detail: str = ""
-    buckets: tuple[Decision, ...] = ()
-    platform_key: str = ""
-    device: str = ""
-
-
-@dataclass(frozen=True)
-class TuneJob:
-    """One (op, mode) that plan_jobs found undecided on `platform_key`: everything a tune of it needs, as values
-    that pickle (module-level callables only), so a worker process (autosel.parallel) can run it."""
-
-    op: str
-    mode: str
-    platform_key: str
-    definition: OpDefinition
-    eligible: tuple[KernelSpec, ...]
-    shapes: tuple[dict, ...]  # timed: the given ones, else the representative ones
-    reference: KernelSpec | None  # the backend checked against; None: definition.reference is a callable
-    check_shapes: tuple[dict, ...] = ()  # the op's representative shapes: checked (with `shapes`), timed only as those
-
-
 def contested_ops(platform: PlatformInfo, patterns: list[str] | None = None) -> list[tuple[str, list[KernelSpec]]]:
     """Registered ops matching the glob patterns that have several backends eligible on `platform`."""
     load_plugins()
@@ -451,127 +454,7 @@ def modes_for(platform: PlatformInfo) -> list[str]:
     return list(platforms.modes_for_device(platform.device.value))
 
 
-def tune_ops(patterns: list[str] | None = None, *, force: bool = False, budget_s: float | None = None,
-             shapes: dict[str, list[dict]] | None = None, modes: list[str] | None = None,
-             on_event: Callable | None = None, settings: config.Settings | None = None,
-             isolate_timeout_s: float | None = None, copy_found: bool = False,
-             devices: str | list[int] | None = None) -> list[TuneOutcome]:
-    """Tune every contested op (or those matching `patterns`) in every mode; stored decisions are reused.
-
-    shapes: {op: [shape, ...]}: tune those ops on exactly these shapes. A stored decision is reused only when it
-    was measured on every one of them, else the op is tuned on them and its stored table (the op-level row and
-    every bucket row) replaced by the new one. Its candidates are checked on its representative shapes too, as
-    always: the new table's op-level winner runs the buckets these shapes leave out.
-
-    isolate_timeout_s: check each candidate first in a child process killed after this many seconds.
-    copy_found: a decision found in a shipped layer is copied into the user layer (status "copied"), with its
-    bucket rows, so a DB built for an image (`autosel tune --db build.db`) holds every decision.
-    devices: "all" or GPU indices such as [0, 1]: spread the tunes over the GPUs (autosel.parallel: this process
-    tunes on the first, a spawned worker process on each other); each kind of GPU among them gets its own decisions. None: tune here, on the current device.
-    """
-    settings = settings or config.settings()
-    db, budget_s = database(settings), budget_s or settings.budget_s
-    workers = None
-    if devices is None:
-        targets = [platforms.current_platform()]
-    else:
-        from autosel import parallel
-
-        workers = parallel.gpu_workers(devices)
-        targets = parallel.kinds(workers)
-    planned = [item for platform in targets
-               for item in plan_jobs(platform, db, patterns, force=force, shapes=shapes, modes=modes,
-                                     copy_found=copy_found)]
-    jobs = [item for item in planned if isinstance(item, TuneJob)]
-    if workers is None:
-        done = [run_job(job, platform=targets[0], db=db, budget_s=budget_s, force=force, on_event=on_event,
-                        isolate_timeout_s=isolate_timeout_s) for job in jobs]
-    else:
-        done = parallel.run_jobs(jobs, workers, settings=settings, budget_s=budget_s, force=force,
-                                 isolate_timeout_s=isolate_timeout_s,
-                                 on_event=on_event and (lambda event, worker: on_event(replace(event, device=worker))))
-    results = iter(done)
-    return [next(results) if isinstance(item, TuneJob) else item for item in planned]
-
-
-def plan_jobs(platform: PlatformInfo, db, patterns: list[str] | None = None, *, force: bool = False,
-              shapes: dict[str, list[dict]] | None = None, modes: list[str] | None = None,
-              copy_found: bool = False) -> list[TuneOutcome | TuneJob]:
-    """What tune_ops does for each contested op and mode on `platform`, in registration order: an outcome where
-    nothing needs timing (a stored decision, copied with copy_found; no shapes; no reference), else a job."""
-    planned: list[TuneOutcome | TuneJob] = []
-    for op, eligible in contested_ops(platform, patterns):
-        definition = registry.definition(op)
-        for mode in modes or modes_for(platform):
-            key = decision_key(op, eligible, platform, mode)
-            given = (shapes or {}).get(op)
-            found = None if force else lookup_stored(db, key, eligible)
-            if found is not None and given and not _decided_on(found[0], given):
-                found = None  # decided on other shapes: the caller asked for these to be timed
-            if found is not None:
-                stored, buckets, layer = found
-                copy = copy_found and layer.kind != "user"
-                if copy:
-                    db.record(stored, buckets)
-                status, where = ("copied", "copied from") if copy else ("stored", "stored in")
-                covered = "; it was decided on every given shape; --force (force=True) times them again" if given else ""
-                # `autosel -v tune` said nothing at all when every decision was stored, as selection's -v does.
-                log.info("op %r (%s mode): %s, %s %s%s; not timed again (--force times it)", op, mode, stored.winner,
-                         where, layer.path, f" with {len(buckets)} bucket rows" if buckets else "")
-                planned.append(TuneOutcome(op, mode, status, stored, f"{where} {layer.path}{covered}", buckets,
-                                           platform.key))
-                continue
-            try:
-                representative = representative_shapes(definition, platform) if definition else []
-            except TuningError as exc:  # a plug-in's broken shapes function: this op alone fails
-                planned.append(TuneOutcome(op, mode, "failed", None, str(exc), platform_key=platform.key))
-                continue
-            op_shapes = given or representative
-            if definition is None or not op_shapes:
-                planned.append(TuneOutcome(op, mode, "failed", None, "no representative shapes; declare them with "
-                                           "autosel.register_op", platform_key=platform.key))
-                continue
-            try:
-                reference = reference_spec(definition)
-            except TuningError as exc:
-                planned.append(TuneOutcome(op, mode, "failed", None, str(exc), platform_key=platform.key))
-                continue
-            planned.append(TuneJob(op, mode, platform.key, definition, tuple(eligible), tuple(op_shapes), reference,
-                                   tuple(representative)))
-    return planned
-
-
-def _decided_on(decision: Decision, shapes: list[dict]) -> bool:
+def decided_on(decision: Decision, shapes: list[dict]) -> bool:
     """Whether every one of `shapes` is among those `decision` was measured on."""
     measured = {shape for shape, _ in decision.per_shape_winners}
     return all(json.dumps(shape, sort_keys=True) in measured for shape in shapes)
-
-
-def run_job(job: TuneJob, *, platform: PlatformInfo, db, budget_s: float, force: bool = False,
-            on_event: Callable | None = None, isolate_timeout_s: float | None = None) -> TuneOutcome:
-    """Tune one planned job on this process's device and record it. A TuningError (every candidate rejected, a
-    shape the op's factory cannot build) is a "failed" outcome, also sent to on_event as a "failed" TuneEvent so
-    that a progress display can close the job; so is any other exception (a plug-in's broken code), logged with
-    its traceback, so that one op does not end a batch tune."""
-    from autosel.tuner import TuneEvent
-
-    def failed(detail: str) -> TuneOutcome:
-        if on_event is not None:
-            on_event(TuneEvent("failed", job.op, detail=detail, mode=job.mode))
-        return TuneOutcome(job.op, job.mode, "failed", None, detail, platform_key=job.platform_key)
-
-    try:
-        reference = reference_for(job.definition, job.reference)
-        recorded = tune_and_record(job.definition, list(job.eligible), platform=platform, mode=job.mode, db=db,
-                                   budget_s=budget_s, force=force, shapes=list(job.shapes), on_event=on_event,
-                                   isolate_timeout_s=isolate_timeout_s, reference=reference,
-                                   check_shapes=list(job.check_shapes))
-    except TuningError as exc:
-        return failed(str(exc))
-    except (Exception, SystemExit) as exc:  # a plug-in's broken code (a reference that cannot load): this op alone
-        log.exception("tuning %s (%s mode) raised", job.op, job.mode)
-        return failed(f"raised {type(exc).__name__}: {exc}")
-    if not recorded.tuned:
-        return TuneOutcome(job.op, job.mode, "stored", recorded.decision, "recorded by another process while this "
-                           "one waited to tune it", recorded.buckets, job.platform_key)
-    return TuneOutcome(job.op, job.mode, "tuned", recorded.decision, "", recorded.buckets, job.platform_key)

@@ -1,4 +1,4 @@
-"""Shared fixtures: every test gets its own user DB and environment, and the selector's caches are reset."""
+"""Shared fixtures: every test gets its own user DB and environment, and a process state (autosel.state) of its own."""
 
 from __future__ import annotations
 
@@ -37,7 +37,8 @@ def pytest_configure(config):
 @pytest.fixture(autouse=True)
 def isolated_autosel(tmp_path, monkeypatch):
     for name in ("AUTOSEL_DB_PATH", "AUTOSEL_TUNE", "AUTOSEL_BACKEND", "AUTOSEL_MODE", "AUTOSEL_RECORD",
-                 "AUTOSEL_BUDGET_S", "AUTOSEL_LOG", "AUTOSEL_MATCH", "AUTOSEL_CHECK_RANKS"):
+                 "AUTOSEL_BUDGET_S", "AUTOSEL_LOG", "AUTOSEL_MATCH", "AUTOSEL_CHECK_RANKS",
+                 "AUTOSEL_FAST_LAUNCH"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("AUTOSEL_DB", str(tmp_path / "user.db"))
     # The package's shipped DBs (tuning_db/) hold real decisions for CI's machine type; a test sees them only
@@ -45,18 +46,21 @@ def isolated_autosel(tmp_path, monkeypatch):
     from autosel import db
 
     monkeypatch.setattr(db, "package_folder", lambda: None)
-    from autosel import selector
+    from autosel import selector, state
 
-    selector.clear_cache()
+    selector.clear_cache()  # also drops the kernels compiled code reads from selector's attributes
+    previous = state.use(state.ProcessState())  # caches, agreements and memos of this test's own
     yield
+    state.use(previous)
     selector.clear_cache()
 
 
 def use_registry(monkeypatch, fresh) -> None:
-    """Selection, tuning and the CLI all read this registry for the test (each module bound the global one)."""
-    from autosel import selector, tuning
+    """Selection, tuning, the ranks' agreement and the CLI all read this registry for the test (each module bound
+    the global one)."""
+    from autosel import batch, distributed, selector, tuning
 
-    for module in (selector, tuning):
+    for module in (selector, tuning, distributed, batch):
         monkeypatch.setattr(module, "registry", fresh)
 
 

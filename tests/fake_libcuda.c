@@ -1,4 +1,4 @@
-/* A stand-in for the CUDA driver (libcuda) for tests/test_triton_launch_c.py: the calls autosel/ops/triton_launch.c
+/* A stand-in for the CUDA driver (libcuda) for tests/test_triton_launch_c.py: the calls autosel/ops/triton_launch/triton_launch.c
    makes, answering as a current context on device 0 would, and a cuLaunchKernel that records each launch and runs
    nothing. */
 

@@ -17,6 +17,7 @@ import pytest
 from conftest import use_platform, use_registry
 from click.testing import CliRunner
 
+from autosel import state
 from autosel import cli, tuning
 from autosel.cli._common import settings_for
 from autosel.decisions import CandidateResult, Decision, Measurement, ShapeResult
@@ -813,7 +814,7 @@ def test_read_only_command_never_moves_a_file_that_is_not_a_tuning_db(reg, tmp_p
 
 def test_a_damaged_db_is_named_in_a_few_lines_with_what_to_do(reg, tmp_path):
     # Its message held SQLite's every finding: 200 lines for a 100 kB file.
-    from autosel.db_tools import export_decisions
+    from autosel.db.tools import export_decisions
 
     damaged = tmp_path / "damaged.db"
     export_decisions([decision(op=f"toy.op{i}") for i in range(300)], damaged, fmt="sqlite")  # a finished file
@@ -831,7 +832,7 @@ def test_a_damaged_db_is_named_in_a_few_lines_with_what_to_do(reg, tmp_path):
 
 def test_export_of_a_damaged_default_user_db_is_the_same_clear_error_as_with_db(reg, tmp_path, monkeypatch):
     # Without --db it warned, then said "no decisions in the user DB ...; run `autosel tune` first".
-    from autosel.db_tools import export_decisions
+    from autosel.db.tools import export_decisions
 
     damaged = tmp_path / "damaged.db"
     export_decisions([decision(op=f"toy.op{i}") for i in range(300)], damaged, fmt="sqlite")
@@ -1516,12 +1517,12 @@ def test_tune_seconds_must_be_positive_and_finite(reg, option, value):
 def test_tune_with_the_db_locked_past_the_busy_timeout_prints_the_outcome_and_exits_1(reg, monkeypatch):
     # `autosel tune` used to exit with a traceback (sqlite3.OperationalError from the lease code), then exited 0
     # although the decision it made was only in memory.
-    from autosel import db_tools
+    from autosel.db import tools as db_tools
 
     toy(reg, B.TORCH, B.TRITON)
     store(decision(op="other.op"))  # the user DB exists, in WAL mode
     monkeypatch.setattr(db_tools, "BUSY_TIMEOUT_S", 0.2)
-    tuning._databases.clear()  # reopen with the short busy timeout
+    state.process.memos.databases.clear()  # reopen with the short busy timeout
     other = sqlite3.connect(os.environ["AUTOSEL_DB"], isolation_level=None)
     other.execute("BEGIN IMMEDIATE")  # another process's long write transaction
     try:
@@ -1913,7 +1914,7 @@ def test_merge_of_nothing_but_bucket_rows_without_their_op_level_row_writes_no_f
 @pytest.mark.parametrize("suffix", [".db", ".jsonl"])
 def test_force_over_a_symlinked_out_writes_its_target_and_keeps_the_link(reg, tmp_path, command, suffix):
     # The temporary file went beside the link and replaced it: current.db became a regular file, rel/v3.db unchanged.
-    from autosel.db_tools import read_decisions
+    from autosel.db.tools import read_decisions
 
     store(decision(op="toy.other"))
     source = tmp_path / "in.jsonl"

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from autosel import state
 from autosel.config import read_settings, unknown_op_problems
 from autosel.errors import ConfigError
 from autosel.spec import KernelBackend as B
@@ -97,7 +98,7 @@ def test_selection_warns_once_of_an_autosel_backend_op_that_is_not_registered(mo
     fresh = registry_module.KernelRegistry()
     fresh.register(KernelSpec("layernorm.rmsnorm", B.TORCH, "m:f"))
     monkeypatch.setattr(registry_module, "registry", fresh)
-    monkeypatch.setattr(config, "_checked_forced_ops", set())
+    monkeypatch.setattr(state.process.memos, "forced_ops_checked", set())
     monkeypatch.setenv("AUTOSEL_BACKEND", "layernorm.rmsnrom=torch,layernorm.rmsnorm=torch")
     with caplog.at_level("WARNING", logger="autosel.config"):
         config.settings()

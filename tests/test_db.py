@@ -18,9 +18,10 @@ from pathlib import Path
 
 import pytest
 
-from autosel import db as db_module, db_tools
+from autosel import db as db_module
+from autosel.db import tools as db_tools
 from autosel.db import Layer, TuningDB, export_decisions, merge, read_decisions
-from autosel.db_tools import build_reproducible
+from autosel.db.tools import build_reproducible
 from autosel.decisions import CandidateResult, Decision, Measurement, ShapeResult
 from autosel.errors import DatabaseError
 

@@ -11,7 +11,8 @@ import pytest
 
 import autosel
 from autosel import dispatch
-from autosel.dispatch import BucketTable, dispatcher, log_gaps, recording
+from autosel.buckets import log_gaps
+from autosel.dispatch import BucketTable, dispatcher, recording
 
 HERE = Path(__file__).parent
 
@@ -205,7 +206,8 @@ def test_a_call_whose_bucket_cannot_be_read_names_the_op_and_what_it_takes(op, r
 
 
 def test_token_runs_are_the_routes_of_every_token_bucket_and_start_at_its_least_count():
-    from autosel.dispatch import first_tokens, token_bucket, token_runs
+    from autosel.buckets import first_tokens, token_bucket
+    from autosel.dispatch import token_runs
 
     table = BucketTable("toy", "eager", "a", {(1, 64): "a", (512, 64): "b", (4096, 64): "b", (16384, 64): "a"})
     runs = token_runs(table, (), (64,))
@@ -217,7 +219,8 @@ def test_token_runs_are_the_routes_of_every_token_bucket_and_start_at_its_least_
 
 def test_token_runs_of_buckets_rounded_up_start_past_the_power_below():
     # gemm.mm's buckets end at powers of two (token_bucket_up): 9-16 tokens is bucket 16, 17 starts bucket 32.
-    from autosel.dispatch import first_tokens, token_bucket_up, token_runs
+    from autosel.buckets import first_tokens, token_bucket_up
+    from autosel.dispatch import token_runs
 
     table = BucketTable("toy", "graph", "a", {(16, "w"): "b", (32, "w"): "a"})
     runs = token_runs(table, (), ("w",), up=True)

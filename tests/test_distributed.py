@@ -13,9 +13,10 @@ import pytest
 from conftest import use_platform, use_registry
 
 import autosel.tuner
+from autosel import state
 from autosel import config, platforms, tuning
 from autosel.dispatch import BucketTable
-from autosel.distributed import RankDifference, check_against_local, differences
+from autosel.rank_check import RankDifference, check_against_local, differences
 from autosel.errors import TuningError
 from autosel.registry import KernelRegistry
 from autosel.spec import KernelBackend as B, KernelSpec
@@ -501,7 +502,7 @@ DURING = textwrap.dedent("""
     import torch
     import torch.distributed as dist
     import toy_kernels
-    from autosel import distributed, selector, tuning
+    from autosel import distributed, selector, state, tuning
     from autosel.spec import KernelBackend as B, KernelSpec
 
     rank = int(os.environ["RANK"])
@@ -527,7 +528,7 @@ DURING = textwrap.dedent("""
             time.sleep(0.01)
     else:  # ...rank 1 while its selection waits for rank 0's table
         def register_while_waiting():
-            while not distributed._flights:
+            while not state.process.agreements.flights:
                 time.sleep(0.01)
             late("toy.late_on_1")
             open(registered, "w").close()
@@ -677,8 +678,8 @@ def fake_world(monkeypatch):
 
     fake = FakeGroupOf2()
     monkeypatch.setattr(distributed, "_world", lambda: fake.world())
-    monkeypatch.setattr(distributed, "_agreed", {})
-    monkeypatch.setattr(distributed, "_flights", {})
+    monkeypatch.setattr(state.process.agreements, "agreed", {})
+    monkeypatch.setattr(state.process.agreements, "flights", {})
     return fake
 
 
@@ -729,7 +730,7 @@ def test_forgetting_an_op_forgets_its_agreements_only_and_one_under_way(fake_wor
     for key in (("toy.op", "eager"), ("toy.op", "graph"), ("toy.other", "eager")):
         distributed.agree(lambda: "torch", what="op", key=key)
     distributed.forget_agreements("toy.op")
-    assert set(distributed._agreed) == {("toy.other", "eager")}
+    assert set(state.process.agreements.agreed) == {("toy.other", "eager")}
     def decide_while_registered():  # a registration for the op while rank 0 decides it
         distributed.forget_agreements("toy.op")
         return "triton"
@@ -786,7 +787,7 @@ def test_registrations_that_differ_from_rank_0s_are_named_in_the_mismatch_and_wa
 
     reg = KernelRegistry()
     use_registry(monkeypatch, reg)
-    monkeypatch.setattr(distributed, "_gaps_warned", set())
+    monkeypatch.setattr(state.process.agreements, "gaps_warned", set())
     for op in ("toy.op", "toy.solo"):
         reg.register(KernelSpec(op, B.TORCH, "toy_kernels:slow"))
     reg.register(KernelSpec("toy.op", B.TRITON, "toy_kernels:fast"))
@@ -831,14 +832,14 @@ def test_kernels_resolved_before_the_process_group_was_up_are_named_at_its_first
     world = distributed._world
     monkeypatch.setattr(distributed, "_world", lambda: None)  # before init_process_group
     selector.get_kernel("toy.double")
-    assert selector.chosen_alone == {"toy.double"}
+    assert state.process.agreements.chosen_alone == {"toy.double"}
     monkeypatch.setattr(distributed, "_world", world)
     caplog.set_level(logging.WARNING, logger="autosel")
     distributed.agree(lambda: "torch", what="op", key=("toy.other", "eager"))
     assert ("rank 0 of 2: get_kernel resolved 'toy.double' before the process group was up, from this rank's own "
             "decisions, and keeps them") in " ".join(caplog.messages)
     selector.clear_cache()
-    assert not selector.chosen_alone
+    assert not state.process.agreements.chosen_alone
 
 
 def test_set_group_takes_a_process_group_or_none():
@@ -857,7 +858,7 @@ def test_what_rank_0_selects_while_it_decides_is_cached_for_that_decision_only(f
     from autosel import distributed, selector
 
     builds = []
-    monkeypatch.setattr(selector, "_cache", {})
+    monkeypatch.setattr(state.process.kernels, "kernels", {})
     monkeypatch.setattr(selector, "_build", lambda *key: builds.append(key) or (lambda: key))
 
     def decide():
@@ -865,7 +866,7 @@ def test_what_rank_0_selects_while_it_decides_is_cached_for_that_decision_only(f
         return "torch"
 
     distributed.agree(decide, what="op", key=("toy.op", "eager"))
-    assert builds == [("toy.sub", None, None)] and selector._cache == {}
+    assert builds == [("toy.sub", None, None)] and state.process.kernels.kernels == {}
     assert not distributed.deciding()
 
 
@@ -883,7 +884,7 @@ def test_what_rank_0_decides_while_deciding_another_op_is_sent_and_agreed_with_i
         return "torch"
 
     distributed.agree(decide, what="op", key=("toy.op", "eager"))
-    assert distributed._agreed[("toy.sub", "eager")] == "triton" and fake_world.broadcasts == 2
+    assert state.process.agreements.agreed[("toy.sub", "eager")] == "triton" and fake_world.broadcasts == 2
     assert distributed.agreement_kept() is True
 
 
@@ -896,4 +897,5 @@ def test_a_sub_op_forgotten_while_rank_0_decides_is_not_sent(fake_world):
         return "torch"
 
     distributed.agree(decide, what="op", key=("toy.op", "eager"))
-    assert ("toy.sub", "eager") not in distributed._agreed and ("toy.op", "eager") in distributed._agreed
+    agreed = state.process.agreements.agreed
+    assert ("toy.sub", "eager") not in agreed and ("toy.op", "eager") in agreed

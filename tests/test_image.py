@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from autosel.db import TuningDB
-from autosel.db_tools import connect, migrate, read_decisions
+from autosel.db.tools import connect, migrate, read_decisions
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCKERFILE = ROOT / "examples" / "image" / "Dockerfile"

@@ -68,9 +68,9 @@ def test_gpu_only_backends_say_why_on_cpu():
 @pytest.mark.parametrize("op", sorted(DEFINITIONS))
 def test_every_cpu_token_bucket_has_a_representative_one_within_a_factor_of_two(op):
     # The CPU shapes left 2-8 tokens without a tuned bucket within a factor of two (the nearest-bucket rule's reach,
-    # dispatch.NEAREST_WITHIN), so a 3-token call ran the op-level winner, torch.compile, where torch was 1.2-1.5x
+    # buckets.NEAREST_WITHIN), so a 3-token call ran the op-level winner, torch.compile, where torch was 1.2-1.5x
     # faster; the norms' GPU shapes had followed this rule since they were chosen.
-    from autosel.dispatch import token_bucket, token_bucket_up
+    from autosel.buckets import token_bucket, token_bucket_up
 
     rounding = token_bucket_up if op == "gemm.mm" else token_bucket  # gemm.mm's bucket rounds its count up
     tuned = {rounding(shape.get("tokens", shape.get("m"))) for shape in DEFINITIONS[op].shapes_for(CPU)}
@@ -191,7 +191,7 @@ def test_mm_records_the_shape_its_dispatcher_buckets(a_shape, tmp_path, monkeypa
 def test_token_buckets_round_to_the_nearest_power_of_two_and_gemms_round_up():
     import torch
 
-    from autosel.dispatch import token_bucket_up
+    from autosel.buckets import token_bucket_up
     from autosel.ops.common import rows_bucket, token_bucket
     from autosel.ops.embeddings import rope_bucket
     from autosel.ops.gemm import mm_bucket
@@ -224,7 +224,7 @@ def test_every_built_in_op_buckets_its_own_inputs(op):
     # The tuner computes each representative shape's bucket from the inputs it built: it must be a tuple of scalars.
     from autosel.ops import register_builtin_ops
     from autosel.registry import KernelRegistry
-    from autosel.tuner import bucket_of
+    from autosel.buckets import bucket_of
 
     reg = KernelRegistry()
     register_builtin_ops(reg)

@@ -10,13 +10,13 @@ from pathlib import Path
 import pytest
 from conftest import use_registry
 
-from autosel import config, parallel, tuning
+from autosel import batch, config, parallel, tuning
 from autosel.decisions import Decision
 from autosel.errors import DeviceError
 from autosel.platforms import PlatformInfo
 from autosel.registry import KernelRegistry
 from autosel.spec import KernelBackend as B, KernelSpec, OpDefinition
-from autosel.tuning import TuneJob
+from autosel.jobs import TuneJob, TuneOutcome
 
 HERE = Path(__file__).parent
 HOST = PlatformInfo.detect()  # what a worker on this machine detects: its jobs must be for this platform
@@ -47,8 +47,12 @@ def reg(monkeypatch):
     return fresh
 
 
+# What tune_ops hands run_jobs: the function that tunes one job, and the one that opens the DB once a process.
+TUNING = dict(run=batch.run_job, open_db=tuning.database)
+
+
 def plan(db=None) -> list[TuneJob]:
-    return [j for j in tuning.plan_jobs(HOST, db or tuning.database(), ["toy.*"]) if isinstance(j, TuneJob)]
+    return [j for j in batch.plan_jobs(HOST, db or tuning.database(), ["toy.*"]) if isinstance(j, TuneJob)]
 
 
 def stored(db_file) -> list[tuple]:
@@ -57,7 +61,8 @@ def stored(db_file) -> list[tuple]:
 
 def test_two_workers_tune_every_job_once_into_the_one_db_and_report_a_failing_one(reg):
     events = []
-    outcomes = parallel.run_jobs(plan(), cpu_workers("cpu-a", "cpu-b"), settings=config.settings(), budget_s=5,
+    outcomes = parallel.run_jobs(plan(), cpu_workers("cpu-a", "cpu-b"),
+                                 **TUNING, settings=config.settings(), budget_s=5,
                                  on_event=lambda event, worker: events.append((worker, event)))
     assert [(o.op, o.status, o.decision and o.decision.winner) for o in outcomes] == [
         ("toy.broken", "failed", None), ("toy.large", "tuned", "triton"), ("toy.small", "tuned", "triton")]
@@ -75,9 +80,9 @@ def test_two_workers_tune_every_job_once_into_the_one_db_and_report_a_failing_on
 
 def test_tune_ops_over_devices_decides_as_the_one_process_tune_does(reg, monkeypatch, tmp_path):
     monkeypatch.setattr(parallel, "gpu_workers", lambda devices: cpu_workers("cpu-a", "cpu-b"))
-    spread = tuning.tune_ops(["toy.*"], budget_s=5, devices=[0, 1])
+    spread = batch.tune_ops(["toy.*"], budget_s=5, devices=[0, 1])
     one_db = config.read_settings({"AUTOSEL_DB": str(tmp_path / "one.db")})
-    alone = tuning.tune_ops(["toy.*"], budget_s=5, settings=one_db)
+    alone = batch.tune_ops(["toy.*"], budget_s=5, settings=one_db)
 
     def decided(outcomes):
         return [(o.op, o.mode, o.status, o.platform_key, o.decision and o.decision.winner,
@@ -100,10 +105,10 @@ def test_one_worker_that_is_this_process_starts_no_process_and_decides_as_the_on
                                                                                                 tmp_path):
     no_process_starts(monkeypatch)
     events = []
-    outcomes = parallel.run_jobs(plan(), cpu_workers("cpu-here", here="cpu-here"), settings=config.settings(),
+    outcomes = parallel.run_jobs(plan(), cpu_workers("cpu-here", here="cpu-here"), **TUNING, settings=config.settings(),
                                  budget_s=5, on_event=lambda event, worker: events.append((worker, event.kind)))
     one_db = config.read_settings({"AUTOSEL_DB": str(tmp_path / "one.db")})
-    alone = tuning.tune_ops(["toy.*"], budget_s=5, settings=one_db)
+    alone = batch.tune_ops(["toy.*"], budget_s=5, settings=one_db)
     assert [(o.op, o.status, o.decision and o.decision.winner) for o in outcomes] == [
         (o.op, o.status, o.decision and o.decision.winner) for o in alone] == [
         ("toy.broken", "failed", None), ("toy.large", "tuned", "triton"), ("toy.small", "tuned", "triton")]
@@ -114,7 +119,7 @@ def test_one_worker_that_is_this_process_starts_no_process_and_decides_as_the_on
 def test_this_process_and_a_spawned_worker_tune_every_job_once(reg):
     events = []
     outcomes = parallel.run_jobs(plan(), cpu_workers("cpu-here", "cpu-b", here="cpu-here"),
-                                 settings=config.settings(), budget_s=5,
+                                 **TUNING, settings=config.settings(), budget_s=5,
                                  on_event=lambda event, worker: events.append((worker, event)))
     assert [(o.op, o.status) for o in outcomes] == [("toy.broken", "failed"), ("toy.large", "tuned"),
                                                     ("toy.small", "tuned")]
@@ -130,14 +135,15 @@ def test_an_error_while_serving_the_workers_is_raised_not_a_hang(reg):
         raise RuntimeError("the progress display broke")
 
     with pytest.raises(RuntimeError, match="the progress display broke"):
-        parallel.run_jobs(plan(), cpu_workers("cpu-here", "cpu-b", here="cpu-here"), settings=config.settings(),
+        parallel.run_jobs(plan(), cpu_workers("cpu-here", "cpu-b", here="cpu-here"),
+                          **TUNING, settings=config.settings(),
                           budget_s=5, on_event=on_event)
 
 
 def test_only_one_worker_can_be_this_process(reg):
     with pytest.raises(ValueError, match="only one worker can be this process, got cpu-a, cpu-b"):
         parallel.run_jobs(plan(), [parallel.Worker(n, {}, HOST, in_process_device=0) for n in ("cpu-a", "cpu-b")],
-                          settings=config.settings(), budget_s=5)
+                          **TUNING, settings=config.settings(), budget_s=5)
 
 
 def test_a_worker_that_dies_fails_its_job_and_the_others_take_the_rest(reg):
@@ -147,7 +153,8 @@ def test_a_worker_that_dies_fails_its_job_and_the_others_take_the_rest(reg):
     import toy_kernels
 
     reg.define(OpDefinition("toy.crash", shapes=[{"n": 4}] * 9, make_inputs=toy_kernels.inputs))  # the longest
-    outcomes = parallel.run_jobs(plan(), cpu_workers("cpu-a", "cpu-b"), settings=config.settings(), budget_s=5)
+    outcomes = parallel.run_jobs(plan(), cpu_workers("cpu-a", "cpu-b"),
+                                 **TUNING, settings=config.settings(), budget_s=5)
     by_op = {o.op: o for o in outcomes}
     assert by_op["toy.crash"].status == "failed" and "died (exit code -11)" in by_op["toy.crash"].detail
     assert (by_op["toy.small"].status, by_op["toy.large"].status) == ("tuned", "tuned")
@@ -160,7 +167,8 @@ def test_a_worker_interrupted_by_ctrl_c_exits_quietly_and_its_job_fails_naming_t
     import toy_kernels
 
     reg.define(OpDefinition("toy.interrupted", shapes=[{"n": 4}] * 9, make_inputs=toy_kernels.inputs))
-    outcomes = parallel.run_jobs(plan(), cpu_workers("cpu-a", "cpu-b"), settings=config.settings(), budget_s=5)
+    outcomes = parallel.run_jobs(plan(), cpu_workers("cpu-a", "cpu-b"),
+                                 **TUNING, settings=config.settings(), budget_s=5)
     by_op = {o.op: o for o in outcomes}
     assert "died (exit code 130)" in by_op["toy.interrupted"].detail
     assert (by_op["toy.small"].status, by_op["toy.large"].status) == ("tuned", "tuned")
@@ -208,7 +216,7 @@ def test_devices_without_a_gpu_is_an_error_that_says_so(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     with pytest.raises(DeviceError, match="^no GPU is visible to torch here"):
-        tuning.tune_ops(devices="all")
+        batch.tune_ops(devices="all")
 
 
 def fake_gpus(monkeypatch, kinds: list[PlatformInfo], visible: str | None) -> None:
@@ -246,10 +254,10 @@ def test_gpus_of_two_kinds_each_get_every_job_once(reg, monkeypatch):
 
     def run_jobs(jobs, workers, **options):
         handed.update(jobs=[(j.op, j.platform_key) for j in jobs], workers=[w.platform.key for w in workers])
-        return [tuning.TuneOutcome(j.op, j.mode, "failed", None, "not run", platform_key=j.platform_key) for j in jobs]
+        return [TuneOutcome(j.op, j.mode, "failed", None, "not run", platform_key=j.platform_key) for j in jobs]
 
     monkeypatch.setattr(parallel, "run_jobs", run_jobs)
-    outcomes = tuning.tune_ops(["toy.small"], modes=["eager"], devices="all")
+    outcomes = batch.tune_ops(["toy.small"], modes=["eager"], devices="all")
     assert handed == {"jobs": [("toy.small", A100.key), ("toy.small", H100.key)],
                       "workers": [A100.key, H100.key, A100.key]}
     assert [(o.op, o.platform_key) for o in outcomes] == [("toy.small", A100.key), ("toy.small", H100.key)]

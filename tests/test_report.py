@@ -8,9 +8,10 @@ from dataclasses import replace
 
 import pytest
 
-from autosel.decisions import CandidateResult, Decision, Measurement, ShapeResult, bucket_text, format_lead
+from autosel.decisions import CandidateResult, Decision, Measurement, ShapeResult, bucket_text
 from autosel.inventory import Entry
-from autosel.chart import format_us, svg_chart
+from autosel.chart import svg_chart
+from autosel.formatting import format_lead, format_us
 from autosel.report import candidate_median_us, render_report, sections
 
 SHAPES = [{"tokens": 1, "hidden": 4096}, {"tokens": 512, "hidden": 4096}]

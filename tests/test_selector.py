@@ -16,7 +16,9 @@ from pathlib import Path
 import pytest
 from conftest import use_platform, use_registry
 
-from autosel import config, dispatch, selector, tuning
+from autosel import state
+from autosel import batch, config, dispatch, selector, tuning
+from autosel.jobs import TuneJob
 from autosel.errors import TuningError
 from autosel.platforms import PlatformInfo
 from autosel.registry import KernelRegistry
@@ -259,7 +261,7 @@ def test_force_retunes_once_per_process(reg, monkeypatch):
     original = autosel.tuner.Tuner.tune_buckets
     monkeypatch.setattr(autosel.tuner.Tuner, "tune_buckets", lambda self, *a, **k: calls.append(1) or original(self, *a, **k))
     monkeypatch.setenv("AUTOSEL_TUNE", "force")
-    monkeypatch.setattr(tuning, "_tunes_here", {})
+    monkeypatch.setattr(state.process.memos, "tunes_here", {})
     assert selector.select_kernel("toy.double").backend == B.TRITON
     assert selector.select_kernel("toy.double").backend == B.TRITON
     assert len(calls) == 1
@@ -313,7 +315,7 @@ def test_force_tunes_once_per_process_when_threads_select_at_once(reg, monkeypat
     spans, most = tunes
     toy(reg, B.TORCH, B.TRITON)
     selector.select_kernel("toy.double")  # an earlier process's decision
-    monkeypatch.setattr(tuning, "_tunes_here", {})  # this process has timed nothing
+    monkeypatch.setattr(state.process.memos, "tunes_here", {})  # this process has timed nothing
     del spans[:]
     monkeypatch.setenv("AUTOSEL_TUNE", "force")
     waiting = waiting_for_the_lease(monkeypatch)
@@ -380,7 +382,7 @@ def test_a_tune_at_run_time_says_once_per_op_and_mode_what_it_times_and_how_to_a
     import sqlite3
 
     toy(reg, B.TORCH, B.TRITON)
-    monkeypatch.setattr(tuning, "_announced", set())
+    monkeypatch.setattr(state.process.memos, "announced", set())
     caplog.set_level(logging.WARNING)
     selector.get_kernel("toy.double")
     second = tmp_path / "second.db"
@@ -434,7 +436,7 @@ def test_the_first_use_warning_says_the_decision_stays_in_memory_when_the_db_can
     theirs = tmp_path / "theirs.txt"
     theirs.write_text("not a tuning DB")
     monkeypatch.setenv("AUTOSEL_DB", str(theirs))
-    monkeypatch.setattr(tuning, "_announced", set())
+    monkeypatch.setattr(state.process.memos, "announced", set())
     caplog.set_level(logging.WARNING)
     with pytest.warns(RuntimeWarning, match="left untouched"):
         selector.get_kernel("toy.double")
@@ -503,7 +505,7 @@ def test_a_backend_registered_after_the_decision_is_timed_at_the_next_selection(
     assert selector.select_kernel("toy.double").backend == B.TORCH
     reg.register(KernelSpec("toy.double", B.TRITON, "toy_kernels:fast"))  # a plug-in's new, 64x faster kernel
     selector.clear_cache()
-    monkeypatch.setattr(tuning, "_announced", set())
+    monkeypatch.setattr(state.process.memos, "announced", set())
     caplog.set_level(logging.WARNING, logger="autosel")
     assert selector.select_kernel("toy.double").backend == B.TRITON
     assert ("op 'toy.double' (eager mode)'s stored decision never timed triton, eligible here since it was made, "
@@ -518,7 +520,7 @@ def test_get_kernel_forgets_an_op_when_a_backend_is_registered_for_it(reg, monke
     toy(reg, B.TORCH, B.CUTE_DSL)
     toy(reg, B.TORCH, op="toy.other")
     slow, other = selector.get_kernel("toy.double"), selector.get_kernel("toy.other")
-    monkeypatch.setattr(tuning, "_announced", set())
+    monkeypatch.setattr(state.process.memos, "announced", set())
     reg.register(KernelSpec("toy.double", B.TRITON, "toy_kernels:fast"))
     fast = selector.get_kernel("toy.double")
     assert fast is not slow and fast is reg.get_backend("toy.double", B.TRITON).load()
@@ -587,7 +589,7 @@ def test_with_tuning_off_a_decision_that_misses_only_a_newer_backend_is_kept_wit
     reg.register(KernelSpec("toy.double", B.TRITON, "toy_kernels:fast"))
     selector.clear_cache()
     monkeypatch.setenv("AUTOSEL_TUNE", "off")
-    monkeypatch.setattr(tuning, "_untimed_said", set())
+    monkeypatch.setattr(state.process.memos, "untimed_said", set())
     caplog.set_level(logging.WARNING, logger="autosel")
     assert selector.select_kernel("toy.double").backend == B.TORCH
     assert ("op 'toy.double' (eager mode): the stored decision (torch) never timed triton, eligible here since it "
@@ -629,7 +631,7 @@ def test_a_decision_checked_with_other_tolerances_than_the_ops_now_is_tuned_agai
     define(1e-2)
     selector.clear_cache()
     monkeypatch.setenv("AUTOSEL_TUNE", "off")
-    monkeypatch.setattr(tuning, "_untimed_said", set())
+    monkeypatch.setattr(state.process.memos, "untimed_said", set())
     caplog.set_level(logging.WARNING, logger="autosel")
     assert selector.select_kernel("toy.double").backend == B.TRITON  # nothing can be timed: kept, and said so
     assert ("the stored decision (triton) was checked with rtol=None, atol=0.001, reference the op's torch backend; "
@@ -698,8 +700,8 @@ def test_a_stored_table_keyed_before_its_bucket_function_changed_is_tuned_again(
     reason = ("has bucket rows keyed otherwise than the op's bucket function has keyed their shapes since it was made "
               "(such as [20], now [16])")
     monkeypatch.setenv("AUTOSEL_TUNE", "off")
-    monkeypatch.setattr(tuning, "_untimed_said", set())
-    monkeypatch.setattr(tuning, "_announced", set())
+    monkeypatch.setattr(state.process.memos, "untimed_said", set())
+    monkeypatch.setattr(state.process.memos, "announced", set())
     caplog.set_level(logging.WARNING, logger="autosel")
     assert selector.get_kernel("toy.split").table.winners == {(20,): "jit", (1 << 20,): "jit"}  # kept, and said
     assert f"the stored decision (torch) {reason}; it is kept, since nothing can be timed now" in caplog.text
@@ -1130,7 +1132,7 @@ def test_candidates_are_checked_against_the_reference_backend_s_kernel_else_the_
     reg.register(KernelSpec("toy.ref", B.TRITON, "toy_kernels:fast"))
     definition = reg.define(OpDefinition("toy.ref", shapes=toy_kernels.SHAPES, make_inputs=toy_kernels.inputs,
                                          reference=toy_kernels.nan if reference == "callable" else reference))
-    [job] = tuning.plan_jobs(CPU, tuning.database(), ["toy.ref"], modes=["eager"])
+    [job] = batch.plan_jobs(CPU, tuning.database(), ["toy.ref"], modes=["eager"])
     assert tuning.reference_for(definition) is tuning.reference_for(definition, job.reference) \
         is getattr(toy_kernels, expected)
 
@@ -1138,10 +1140,10 @@ def test_candidates_are_checked_against_the_reference_backend_s_kernel_else_the_
 def test_a_batch_job_another_process_recorded_meanwhile_is_reported_stored_not_tuned(reg):
     # Used to break: `autosel tune` said "tuned" for a job whose decision it found when it took the lease.
     toy(reg, B.TORCH, B.TRITON)
-    [job] = [j for j in tuning.plan_jobs(CPU, tuning.database(), ["toy.double"], modes=["eager"])
-             if isinstance(j, tuning.TuneJob)]
+    [job] = [j for j in batch.plan_jobs(CPU, tuning.database(), ["toy.double"], modes=["eager"])
+             if isinstance(j, TuneJob)]
     stored = selector.select_kernel("toy.double")  # "the other process" tunes and records after the plan
-    outcome = tuning.run_job(job, platform=CPU, db=tuning.database(), budget_s=5)
+    outcome = batch.run_job(job, platform=CPU, db=tuning.database(), budget_s=5)
     assert (outcome.status, outcome.decision.winner) == ("stored", stored.backend.value)
     assert "another process" in outcome.detail
 

@@ -89,6 +89,27 @@ def test_interpreted_kernels_are_launched_through_triton():
     assert not FastLaunch(InterpretedFunction(kernel)).enabled
 
 
+@pytest.mark.parametrize("value, direct", [(None, True), ("1", True), ("on", True), ("0", False), ("off", False)])
+def test_autosel_fast_launch_is_the_one_switch_for_the_c_path(monkeypatch, value, direct):
+    from triton.runtime.jit import JITFunction
+
+    def kernel(x):  # never traced: FastLaunch reads the switch and the decorated object's type
+        pass
+
+    if value is not None:
+        monkeypatch.setenv("AUTOSEL_FAST_LAUNCH", value)
+    launcher = FastLaunch(JITFunction(kernel))
+    assert launcher.enabled is direct and (launcher.direct is not None) is direct
+
+
+def test_a_bad_autosel_fast_launch_names_the_allowed_values(monkeypatch):
+    from autosel.errors import ConfigError
+
+    monkeypatch.setenv("AUTOSEL_FAST_LAUNCH", "yes")
+    with pytest.raises(ConfigError, match="AUTOSEL_FAST_LAUNCH"):
+        FastLaunch(None)
+
+
 def test_launch_hooks_count_as_set_only_when_one_is_there(monkeypatch):
     # Triton 3.6 made the hook an always-present HookChain: read as "set", it sent every call through Triton.
     from triton import knobs

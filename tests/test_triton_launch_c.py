@@ -25,6 +25,7 @@ import pytest
 import torch
 
 from autosel.ops import triton_kernels as tk
+from autosel.ops import triton_launch
 
 if not hasattr(torch.Tensor, "__dlpack_c_exchange_api__"):
     pytest.skip("this torch has no DLPack C exchange API, so triton_kernels never takes the C path",
@@ -59,7 +60,7 @@ def driver(tmp_path_factory):
     _compile(compiler, Path(__file__).with_name("fake_libcuda.c"), library)
     source = folder / "triton_launch.c"
     source.write_text(f'#define AUTOSEL_DL_DEVICE 1\n#define AUTOSEL_LIBCUDA "{library}"\n'
-                      + Path(tk.__file__).with_name("triton_launch.c").read_text())
+                      + Path(triton_launch.__file__).with_name("triton_launch.c").read_text())
     built = folder / ("autosel_triton_launch" + sysconfig.get_config_var("EXT_SUFFIX"))
     _compile(compiler, source, built, f"-I{sysconfig.get_paths()['include']}")
     spec = importlib.util.spec_from_file_location("autosel_triton_launch", built)

@@ -151,7 +151,7 @@ def test_the_event_hook_tells_every_step_of_a_tune(toy):
 
 def test_the_chosen_event_words_a_default_kept_inside_the_noise(toy):
     # The "chosen" event said "lead over triton -2.0%" when the faster runner-up did not beat the default.
-    from autosel.decisions import format_lead
+    from autosel.formatting import format_lead
 
     definition, kernels = toy
     events = []

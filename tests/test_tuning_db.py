@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from autosel.db import TuningDB
-from autosel.db_tools import APPLICATION_ID, SCHEMA_VERSION, read_decisions
+from autosel.db.tools import APPLICATION_ID, SCHEMA_VERSION, read_decisions
 from autosel.decisions import Decision
 
 REPO = Path(__file__).resolve().parents[1]

@@ -127,11 +127,11 @@ def use_fresh_registry() -> list:
     """For a child process: a fresh registry in the selector holding toy.double (slow torch, fast "triton"),
     and a list that grows by one each time the tuner runs."""
     import autosel.tuner
-    from autosel import selector, tuning
+    from autosel import batch, distributed, selector, tuning
     from autosel.registry import KernelRegistry
     from autosel.spec import KernelBackend, KernelSpec, OpDefinition
 
-    registry = selector.registry = tuning.registry = KernelRegistry()
+    registry = selector.registry = tuning.registry = distributed.registry = batch.registry = KernelRegistry()
     registry.register(KernelSpec("toy.double", KernelBackend.TORCH, "toy_kernels:slow"))
     registry.register(KernelSpec("toy.double", KernelBackend.TRITON, "toy_kernels:fast"))
     registry.define(OpDefinition("toy.double", shapes=SHAPES, make_inputs=inputs))

@@ -18,7 +18,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from autosel.db_tools import build_reproducible, export_decisions, read_decisions
+from autosel.db.tools import build_reproducible, export_decisions, read_decisions
 from autosel.errors import DatabaseError
 
 FOLDER = Path(__file__).resolve().parent.parent / "tuning_db"

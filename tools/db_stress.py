@@ -266,7 +266,7 @@ import sys, warnings, json, sqlite3
 sys.path.insert(0, sys.argv[2])
 from pathlib import Path
 from autosel.db import TuningDB
-from autosel import db_tools
+from autosel.db import tools as db_tools
 path = Path(sys.argv[1])
 with warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter("always")

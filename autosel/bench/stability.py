@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from autosel import config, tuning
+from autosel import batch, config
 from autosel.decisions import OP_LEVEL_BUCKET
 
 
@@ -22,7 +22,7 @@ def tune_once(db: Path, patterns, budget_s: float, on_event: Callable = lambda e
     """One forced tune of `patterns` into the DB file `db` alone (no shipped DB read); (outcomes, seconds)."""
     settings = config.read_settings(dict(os.environ, AUTOSEL_DB=str(db), AUTOSEL_DB_PATH=""))
     began = time.perf_counter()
-    outcomes = tuning.tune_ops(patterns, force=True, budget_s=budget_s, on_event=on_event, settings=settings)
+    outcomes = batch.tune_ops(patterns, force=True, budget_s=budget_s, on_event=on_event, settings=settings)
     return outcomes, time.perf_counter() - began
 
 

@@ -14,7 +14,7 @@ from typing import Any, Iterator
 import click
 
 from autosel import config
-from autosel.chart import format_us
+from autosel.formatting import format_us
 from autosel.errors import ConfigError
 from autosel.report import candidate_median_us
 

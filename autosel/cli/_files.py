@@ -45,7 +45,7 @@ def export(out, fmt, ops, db, all_layers, force, as_json):
       autosel export --out decisions.jsonl --op 'gemm.*'
     """
     from autosel import tuning
-    from autosel.db_tools import export_decisions, first_tables, output_file
+    from autosel.db.tools import export_decisions, first_tables, output_file
 
     fmt = _format_of(out, fmt)
     output_file(out)  # a FIFO or a device is refused as such, not as "exists; pass --force"
@@ -118,7 +118,7 @@ def merge(inputs, out, fmt, prefer, force, as_json):
       autosel merge host1.db host2.db --out fleet.db
       autosel merge a.jsonl b.jsonl --out merged.jsonl --prefer newest
     """
-    from autosel.db_tools import merge as merge_files, output_file
+    from autosel.db.tools import merge as merge_files, output_file
 
     fmt = _format_of(out, fmt)
     output_file(out)  # a FIFO or a device is refused as such, not as "exists; pass --force"

@@ -15,10 +15,10 @@ from autosel.cli import main
 from autosel.cli._common import (MEDIAN_NOTE, check_globs, counted, db_option, decision_summary, echo_json,
                                  force_option, json_option, make_console, make_table, matches, op_option, out_option,
                                  read_db, refuse_overwrite, runner_up_text, settings_for)
-from autosel.decisions import OP_LEVEL_BUCKET, bucket_order, format_lead
+from autosel.decisions import OP_LEVEL_BUCKET, bucket_order
 from autosel.errors import ConfigError, TuningError
 from autosel.inventory import Entry, Inventory, unregistered
-from autosel.chart import format_us
+from autosel.formatting import format_lead, format_us
 from autosel.report import candidate_median_us, first_call_s
 
 
@@ -263,7 +263,7 @@ def doctor(db, as_json):
 def _record_notes() -> list[str]:
     """An AUTOSEL_RECORD path no call can append to (a missing folder is created at the first call): doctor passed it,
     and the first kernel call warned."""
-    from autosel.db_tools import nearest_existing
+    from autosel.db.tools import nearest_existing
 
     try:
         path = config.record_path()
@@ -399,7 +399,7 @@ def report(out, ops, db, include_all, force):
       autosel report --out report.html
       autosel report --out activation.html --op 'activation.*' --db build.db
     """
-    from autosel import __version__
+    from autosel.version import __version__
     from autosel.report import render_report
 
     refuse_overwrite(out, force)
@@ -427,7 +427,7 @@ def report(out, ops, db, include_all, force):
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(page, encoding="utf-8")
     except OSError as exc:
-        from autosel.db_tools import why_unwritable
+        from autosel.db.tools import why_unwritable
 
         raise click.ClickException(f"cannot write {out} ({why_unwritable(out, exc)}); choose a writable path") from None
     click.echo(f"Wrote {out}: {counted(len(chosen), sum(e.decision.bucket != OP_LEVEL_BUCKET for e in chosen))}.")

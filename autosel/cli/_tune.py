@@ -19,9 +19,8 @@ from autosel.cli import main
 from autosel.cli._common import (MEDIAN_NOTE, db_option, decision_summary, echo_json, json_option, make_console,
                                  make_table, matches, op_option, refuse_unwritable, runner_up_text, settings_for,
                                  stdout_to_stderr, writable_db)
-from autosel.decisions import format_lead
 from autosel.files import open_regular
-from autosel.chart import format_us
+from autosel.formatting import format_lead, format_us
 from autosel.report import candidate_median_us
 
 RECORD_EXAMPLE = '{"op": "layernorm.rmsnorm", "shape": {"tokens": 64, "hidden": 4096}, "mode": "eager"}'
@@ -285,7 +284,7 @@ def tune(ops, shapes_file, record_file, db, force, budget_s, isolate, isolate_ti
     if _torch_missing():
         raise click.ClickException(f"tuning runs the kernels, which needs PyTorch, and torch is not installed for "
                                    f"{sys.executable}; pip install torch, then run `autosel tune` again")
-    from autosel import parallel, platforms, tuning
+    from autosel import batch, parallel, platforms, tuning
     from autosel.errors import DeviceError, Terminated
 
     settings = settings_for(db, full=True)
@@ -320,7 +319,7 @@ def tune(ops, shapes_file, record_file, db, force, budget_s, isolate, isolate_ti
     try:
         with parallel.termination_raises(), _TuneProgress(total) as progress, stdout_to_stderr():
             for patterns, shapes, modes in runs:
-                outcomes += tuning.tune_ops(patterns, force=force, budget_s=budget_s, shapes=shapes, modes=modes,
+                outcomes += batch.tune_ops(patterns, force=force, budget_s=budget_s, shapes=shapes, modes=modes,
                                             on_event=progress.on_event, settings=settings,
                                             isolate_timeout_s=isolate_timeout_s if isolate else None,
                                             copy_found=bool(db), devices=devices)

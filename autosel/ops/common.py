@@ -6,7 +6,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from autosel.dispatch import TracedTokens, token_bucket
+from autosel.buckets import TracedTokens, token_bucket
 from autosel.spec import CapabilityRequirement, KernelBackend, KernelSpec
 
 # Where autosel's Triton kernels run: CUDA and ROCm (torch exposes both as "cuda").

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from autosel.dispatch import TracedTokens
+from autosel.buckets import TracedTokens
 from autosel.ops.common import DTYPES, ShapesByDevice, dtype_name, dtype_of, standard_specs, token_bucket
 from autosel.spec import OpDefinition
 

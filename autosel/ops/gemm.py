@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import operator
 
-from autosel.dispatch import TracedTokens, token_bucket_up
+from autosel.buckets import TracedTokens, token_bucket_up
 from autosel.ops.common import DTYPES, ShapesByDevice, dtype_name, dtype_of, standard_specs
 from autosel.spec import OpDefinition
 

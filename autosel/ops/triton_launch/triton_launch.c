@@ -1,4 +1,4 @@
-/* The direct launch of a kept Triton kernel: its key and its launch in one C call (autosel/ops/triton_launch.py).
+/* The direct launch of a kept Triton kernel: its key and its launch in one C call (autosel/ops/triton_launch/__init__.py).
 
    Built at first use with Triton's own helper for its launchers (triton.runtime.build.compile_module_from_src),
    from Python's headers alone: the few CUDA driver declarations it needs are below, and libcuda is opened at the

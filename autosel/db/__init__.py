@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterable, Iterator, Sequence, TypeVar
 
 from autosel.config import DEFAULT_BUDGET_S
-from autosel.db_files import Layer, OpenFile, memory_file, open_shipped, open_user, peek_user, warn_once
-from autosel.db_tools import (
+from autosel.db.files import Layer, OpenFile, memory_file, open_shipped, open_user, peek_user, warn_once
+from autosel.db.tools import (
     KEY_COLUMNS, Conflict, MergeReport, decision_row, export_decisions, immediate, merge, parse_row, read_decisions,
 )
 from autosel.decisions import OP_LEVEL_BUCKET, Decision, DecisionKey
@@ -47,7 +47,7 @@ def package_folder() -> Path | None:
     try:
         return Path(str(importlib.resources.files("autosel.tuning_db")))
     except (ModuleNotFoundError, TypeError):
-        source_tree = Path(__file__).resolve().parent.parent / "tuning_db"  # running from a checkout
+        source_tree = Path(__file__).resolve().parents[2] / "tuning_db"  # running from a checkout
         return source_tree if source_tree.is_dir() else None
 
 

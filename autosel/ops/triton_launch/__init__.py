@@ -14,6 +14,10 @@ calls the driver's cuLaunchKernel in one call, built at first use with the helpe
 launchers with. The first call of each specialization goes through Triton unchanged (it compiles, or loads
 from Triton's cache); so does every call under TRITON_INTERPRET, while a profiler's launch hook is set, and
 where the C module cannot be built or a kernel needs what it does not pass (scratch memory, clusters).
+AUTOSEL_FAST_LAUNCH=0 (autosel.config.fast_launch) turns the C path off: every call then goes through Triton.
+
+The subpackage holds this module and its C half, triton_launch.c; tools/bench_triton_launch.py measures the host
+time per call of each launch path (Triton's, torch's StaticallyLaunchedCudaKernel, this one's).
 """
 
 from __future__ import annotations
@@ -25,6 +29,8 @@ from typing import Any
 
 import torch
 from triton.runtime.jit import JITFunction
+
+from autosel import config
 
 try:  # the launch hooks' home from Triton 3.3 (profilers such as proton set them)
     from triton import knobs as _knobs
@@ -75,7 +81,7 @@ class FastLaunch:
         self.fn = fn
         self.kept: dict[tuple, tuple] = {}
         # Under TRITON_INTERPRET, @triton.jit makes an InterpretedFunction, which runs on the CPU: no direct launch.
-        self.enabled = isinstance(fn, JITFunction) and _knobs is not None
+        self.enabled = config.fast_launch() and isinstance(fn, JITFunction) and _knobs is not None
         self.direct = direct_module() if self.enabled else None
         self.enabled = self.direct is not None
         # Whether the C module reads tensors through torch's DLPack C exchange API, so that it can also take a

@@ -17,8 +17,8 @@ from typing import Sequence
 
 from sqlite_utils import Database
 
-from autosel import db_tools
-from autosel.db_tools import (
+from autosel.db import tools as db_tools
+from autosel.db.tools import (
     OWN_TABLES, ROW_COLUMNS, SQLITE_MAGIC, Corrupt, NotSQLite, connect, header_application_id, identify, inspect,
     is_corrupt, migrate, reading_uri, ro_uri, wal_mode,
 )
@@ -37,7 +37,7 @@ def warn_once(path: object, condition: str, message: str) -> None:
         warnings.warn(message, RuntimeWarning, stacklevel=_outside_autosel())
 
 
-_PACKAGE = os.path.dirname(os.path.abspath(__file__)) + os.sep  # autosel's own folder
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep  # autosel's own folder
 
 
 def _outside_autosel() -> int:

@@ -6,7 +6,6 @@ import json
 import logging
 import os
 import sqlite3
-import sys
 from contextlib import contextmanager, suppress
 from dataclasses import MISSING, astuple, dataclass, fields, replace
 from pathlib import Path
@@ -17,6 +16,7 @@ from sqlite_utils import Database
 from autosel.decisions import OP_LEVEL_BUCKET, Decision, DecisionKey
 from autosel.errors import DatabaseError
 from autosel.files import open_regular, special_kind
+from autosel.version import __version__
 
 logger = logging.getLogger(__name__)
 
@@ -37,8 +37,7 @@ SCHEMA_1_COLUMNS = {
 
 
 def autosel_version() -> str:
-    # Read at call time: autosel/__init__ may still be importing when this module loads.
-    return str(getattr(sys.modules.get("autosel"), "__version__", "unknown"))
+    return __version__
 
 
 def _migrate_to_1(db: Database) -> None:
@@ -330,16 +329,23 @@ def why_unwritable(path: Path, exc: BaseException) -> str:
     return getattr(exc, "strerror", None) or str(exc)
 
 
+def _new_output(out: Path, overwrite: bool, how: str) -> Path:
+    """The file that writing `out` replaces (output_file); one that exists is refused unless overwrite is true
+    (`how`: the way to overwrite it on purpose, for the message)."""
+    target = output_file(out)
+    if target.exists() and not overwrite:
+        raise DatabaseError(f"{out} already exists; not overwriting it. Choose another output path, "
+                            f"or overwrite it on purpose ({how}).")
+    return target
+
+
 def export_decisions(rows: Iterable[Decision], out: Path, *, fmt: str, overwrite: bool = False) -> int:
     """Write decisions, from one source, to a new file: whole tuning tables (first_tables). Returns how many rows
     were written. A symlink at `out` is written through (its target is replaced, the link stays)."""
     if fmt not in FORMATS:
         raise DatabaseError(f"unknown export format {fmt!r}; use one of: {', '.join(FORMATS)}")
     out = Path(out)
-    target = output_file(out)
-    if target.exists() and not overwrite:
-        raise DatabaseError(f"{out} already exists; not overwriting it. Choose another output path, "
-                            "or overwrite it on purpose (overwrite=True, `--force` on the command line).")
+    target = _new_output(out, overwrite, "overwrite=True, `--force` on the command line")
     ordered = first_tables([rows])
     tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")  # beside the file replaced: same file system
     try:
@@ -421,10 +427,7 @@ def build_reproducible(rows: Iterable[Decision], out: Path, *, overwrite: bool =
     version (not this one's) and the SQLite version that laid the pages out, VACUUMed, DELETE journal mode.
     Returns how many rows were written; whole tables, as export_decisions writes them."""
     out = Path(out)
-    target = output_file(out)
-    if target.exists() and not overwrite:
-        raise DatabaseError(f"{out} already exists; not overwriting it. Choose another output path, "
-                            "or overwrite it on purpose (overwrite=True).")
+    target = _new_output(out, overwrite, "overwrite=True")
     ordered = first_tables([rows])
     if not ordered:
         raise DatabaseError(f"no decisions to write to {out}; a shipped DB must hold at least one")

@@ -1,0 +1,99 @@
+"""What this process remembers between calls, in one object: get_kernel's resolved kernels, the ranks' agreed
+decisions, and deciding's memos (the open tuning DBs, the tunes recorded, what was said once).
+
+`process` is the one ProcessState every module reads, as `state.process` at each use (never imported by name: `use`
+swaps it, and get_kernel's warm path reads it with no call); clear_cache() empties its kernels and agreements; a
+test swaps the whole object with `use()` (tests/conftest.py gives each test its own), so two tests never share a
+cache.
+
+Fork safety (a serving engine forks its workers after importing autosel, and often after resolving kernels): a
+forked child starts from `forked()` of its parent's state, through os.register_at_fork. It keeps the kernels
+already resolved and the memos, with new locks, since a lock another thread of the parent held at the fork would
+be held for ever in the child, and its first get_kernel would hang; it forgets the agreed decisions and the
+broadcasts under way, since the child is not a rank of the parent's process group and the threads waiting for
+those broadcasts do not exist in it. The tuning DB handles it keeps reopen their files in the child themselves
+(db.TuningDB checks the process id), as SQLite requires.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable
+
+
+@dataclass
+class KernelCache:
+    """get_kernel's resolved kernels (autosel.selector). clear_cache() swaps `kernels` for a new dict, never
+    mutating one a reader holds, and bumps a generation, so that a lookup in flight stores nothing stale."""
+
+    kernels: dict[tuple, Callable[..., Any]] = field(default_factory=dict)  # (op, backend, mode) -> kernel
+    generation: int = 0  # clear_cache() bumps it
+    op_generations: dict[str, int] = field(default_factory=dict)  # ...and a registration for the op, the op's
+    traced: dict[tuple, str] = field(default_factory=dict)  # key -> selector's attribute holding it for compiled code
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+@dataclass
+class Agreements:
+    """The decisions every rank received from rank 0, the broadcasts under way on this rank, and what the ranks
+    have warned about (autosel.distributed)."""
+
+    agreed: dict[tuple, object] = field(default_factory=dict)  # key -> the answer every rank received for it
+    flights: dict[tuple, Any] = field(default_factory=dict)  # key -> the broadcast of it under way on this rank
+    generation: int = 0  # forget_agreements() during a broadcast: its answer is not kept
+    op_generations: dict[str, int] = field(default_factory=dict)  # ...and forget_agreements(op), for that op's
+    group: Callable[[], object] = lambda: None  # a weak reference to the process group the answers were agreed in
+    chosen_alone: set[str] = field(default_factory=set)  # ops get_kernel resolved with no process group up
+    gaps_warned: set[tuple[str, ...]] = field(default_factory=set)  # registration differences warned about
+    reported: set[tuple] = field(default_factory=set)  # AUTOSEL_CHECK_RANKS differences warned about
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    broadcast_lock: threading.Lock = field(default_factory=threading.Lock)  # one broadcast at a time on this rank
+
+
+@dataclass
+class Memos:
+    """What deciding remembers (autosel.tuning, autosel.config): the open tuning DBs, the tunes this process
+    recorded, and the warnings it gives once."""
+
+    databases: dict[tuple, Any] = field(default_factory=dict)  # (AUTOSEL_DB, AUTOSEL_DB_PATH) -> TuningDB
+    tunes_here: dict[Any, int] = field(default_factory=dict)  # DecisionKey -> tunes of it this process recorded
+    announced: set[tuple[str, str]] = field(default_factory=set)  # (op, mode) whose run-time tune was warned of
+    near_said: set[tuple] = field(default_factory=set)  # near-match rows this process has said it uses
+    untimed_said: set[tuple[str, str]] = field(default_factory=set)  # (op, mode) whose outdated decision it keeps
+    forced_ops_checked: set[str] = field(default_factory=set)  # AUTOSEL_BACKEND ops checked against the registry
+    lock: threading.Lock = field(default_factory=threading.Lock)  # opening a DB
+
+
+@dataclass
+class ProcessState:
+    """Everything a process remembers between calls; see the module's docstring."""
+
+    kernels: KernelCache = field(default_factory=KernelCache)
+    agreements: Agreements = field(default_factory=Agreements)
+    memos: Memos = field(default_factory=Memos)
+
+    def forked(self) -> ProcessState:
+        """This state as a forked child starts: kernels and memos kept, with new locks; no agreements. (The child's
+        memory is its own copy already: only the locks and the agreements must not carry over.)"""
+        return ProcessState(kernels=replace(self.kernels, lock=threading.Lock()), agreements=Agreements(),
+                            memos=replace(self.memos, lock=threading.Lock()))
+
+
+process = ProcessState()  # the state every module of this process reads now
+
+
+def use(state: ProcessState) -> ProcessState:
+    """Make `state` the process's state (a test's fresh one, say); returns the one it replaces."""
+    global process
+    previous, process = process, state
+    return previous
+
+
+def _after_fork_in_child() -> None:
+    use(process.forked())
+
+
+if hasattr(os, "register_at_fork"):  # POSIX; Windows has no fork
+    os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -1,0 +1,87 @@
+"""autosel.state: what a process remembers is one object that clear_cache() empties, a test replaces, and a forked
+child starts from with new locks and no agreements."""
+
+from __future__ import annotations
+
+import os
+import select
+
+import pytest
+
+import autosel
+from autosel import KernelBackend as B, KernelSpec, state
+from autosel.registry import KernelRegistry
+from conftest import use_registry
+
+
+@pytest.fixture
+def one_op(monkeypatch):
+    reg = KernelRegistry()
+    use_registry(monkeypatch, reg)
+    reg.register(KernelSpec("mine.op", B.TORCH, "operator:neg"))
+    return reg
+
+
+def test_get_kernel_caches_in_the_current_state_and_clear_cache_empties_it(one_op):
+    kernel = autosel.get_kernel("mine.op")
+    cache = state.process.kernels
+    assert cache.kernels == {("mine.op", None, None): kernel}
+    state.process.agreements.chosen_alone.add("mine.op")
+    state.process.agreements.agreed[("mine.op", "eager", "cpu")] = "torch"
+    autosel.clear_cache()
+    assert cache.kernels == {} and cache.generation == 1
+    assert not state.process.agreements.chosen_alone and not state.process.agreements.agreed
+
+
+def test_a_replaced_state_shares_nothing_with_the_one_it_replaces(one_op):
+    autosel.get_kernel("mine.op")
+    before = state.process
+    previous = state.use(state.ProcessState())
+    try:
+        assert previous is before and state.process.kernels.kernels == {}
+        autosel.get_kernel("mine.op")
+        state.process.memos.announced.add(("mine.op", "eager"))
+        assert before.memos.announced == set()
+    finally:
+        state.use(previous)
+    assert list(state.process.kernels.kernels) == [("mine.op", None, None)]
+
+
+def test_forked_keeps_kernels_and_memos_with_new_locks_and_no_agreements():
+    parent = state.ProcessState()
+    parent.kernels.kernels[("mine.op", None, None)] = abs
+    parent.memos.announced.add(("mine.op", "eager"))
+    parent.agreements.agreed[("mine.op", "eager", "cpu")] = "torch"
+    parent.kernels.lock.acquire()
+    child = parent.forked()
+    assert child.kernels.kernels == {("mine.op", None, None): abs} and child.memos.announced == {("mine.op", "eager")}
+    assert child.agreements.agreed == {} and not child.kernels.lock.locked()
+    parent.kernels.lock.release()
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_forked_child_does_not_hang_on_a_lock_held_at_the_fork(one_op):
+    # A lock held at the fork (by another thread of a serving engine, say) stayed held in the child for ever: its
+    # first clear_cache or lookup that takes the lock would hang.
+    kernel = autosel.get_kernel("mine.op")
+    state.process.agreements.agreed[("mine.op", "eager", "cpu")] = "torch"
+    read_end, write_end = os.pipe()
+    with state.process.kernels.lock:
+        pid = os.fork()
+        if pid == 0:  # the child: report what it sees, then leave without running the parent's atexit hooks
+            try:
+                seen = state.process
+                kept = seen.kernels.kernels.get(("mine.op", None, None)) is kernel
+                autosel.clear_cache()  # takes the kernel cache's lock
+                os.write(write_end, f"{kept} {seen.agreements.agreed == {}}".encode())
+            finally:
+                os._exit(0)
+    os.close(write_end)
+    ready, _, _ = select.select([read_end], [], [], 60)
+    answer = os.read(read_end, 100).decode() if ready else "no answer within 60 s"
+    os.close(read_end)
+    if not ready:
+        os.kill(pid, 9)
+    os.waitpid(pid, 0)
+    assert answer == "True True"
+    assert state.process.agreements.agreed  # the parent's own agreements are its own
