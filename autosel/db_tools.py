@@ -248,6 +248,9 @@ def check_evidence(decision: Decision) -> Decision:
     for name, version in decision.versions.items():
         _expect(name, text, "a versions key")
         _expect(version, text, f"versions[{name!r}]")
+    for part, digest in decision.fingerprint.items():
+        _expect(part, text, "a fingerprint part")
+        _expect(digest, text, f"fingerprint[{part!r}]")
     for pair in decision.per_shape_winners:
         if len(pair) != 2:
             raise ValueError(f"per_shape_winners entry {pair!r} is not a (shape, backend) pair")

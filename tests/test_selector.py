@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from conftest import use_platform, use_registry
 
-from autosel import config, dispatch, selector, tuning
+from autosel import config, dispatch, selector, staleness, tuning
 from autosel.errors import TuningError
 from autosel.platforms import PlatformInfo
 from autosel.registry import KernelRegistry
@@ -608,7 +608,7 @@ def test_a_decision_with_bucket_rows_its_bucket_function_keys_otherwise_today_is
     backends = ("torch", "torch_compile")
     decision = keyed("gemm.mm", "*", "torch", GEMM_16, backends)
     layer = tuning.database().record(decision, [keyed("gemm.mm", bucket, "torch_compile", shape, backends)])
-    assert tuning.outdated(tuning.database(), decision, layer, list(backends), DEFINITIONS[0]) == reason
+    assert staleness.outdated(tuning.database(), decision, layer, list(backends), DEFINITIONS[0]) == reason
 
 
 def test_a_stored_table_keyed_before_its_bucket_function_changed_is_tuned_again(reg, monkeypatch, caplog):
@@ -653,7 +653,7 @@ def test_a_shape_keyed_on_meta_once_serves_both_modes_tables_and_a_new_bucket_fu
         made.append(device)
         return toy_kernels.inputs(shape, device)
 
-    monkeypatch.setattr(tuning, "_meta_keys", {})
+    monkeypatch.setattr(staleness, "meta_keys", {})
     reg.register(KernelSpec("toy.split", B.TORCH, "toy_kernels:slow"))
     reg.register(KernelSpec("toy.split", B.JIT, "toy_kernels:overhead"))
     definition = OpDefinition("toy.split", shapes=toy_kernels.SPLIT_SHAPES, make_inputs=inputs,
@@ -665,12 +665,12 @@ def test_a_shape_keyed_on_meta_once_serves_both_modes_tables_and_a_new_bucket_fu
         row = dataclasses.replace(keyed("toy.split", "[20]", "jit", {"n": 16}, backends), mode=mode)
         tables.append((decision, tuning.database().record(decision, [row])))
     db = tuning.database()
-    assert [tuning.outdated(db, d, layer, list(backends), definition) for d, layer in tables] == [
+    assert [staleness.outdated(db, d, layer, list(backends), definition) for d, layer in tables] == [
         "has bucket rows keyed otherwise than the op's bucket function has keyed their shapes since it was made "
         "(such as [20], now [16])"] * 2
     assert made == ["meta"]
     changed = dataclasses.replace(definition, bucket=lambda x: (20,))  # the row's key again
-    assert tuning.outdated(db, *tables[0], list(backends), changed) == ""
+    assert staleness.outdated(db, *tables[0], list(backends), changed) == ""
     assert made == ["meta", "meta"]
 
 
