@@ -12,6 +12,7 @@ import hashlib
 import importlib.util
 import json
 import logging
+import re
 import sys
 import threading
 from dataclasses import dataclass, field
@@ -37,35 +38,87 @@ def _digest(text: str) -> str:
 
 # --- code identity: a function's source and that of what it uses in its own package ------------------------------
 
+@dataclass(frozen=True)
+class _Statement:
+    """One top-level statement of a source file: its lines (1-based, inclusive)."""
+
+    first: int
+    last: int
+
+
 @dataclass
 class _Module:
-    """One source file parsed: its top-level statements by the names they bind, and its imports."""
+    """One source file split into its top-level statements, indexed by the names they bind, with its imports."""
 
     lines: list[str]
-    defs: dict[str, list[ast.stmt]] = field(default_factory=dict)  # name -> statements binding it or its attributes
+    statements: list[_Statement] = field(default_factory=list)
+    defs: dict[str, list[_Statement]] = field(default_factory=dict)  # name -> statements binding it or its attributes
     imports: dict[str, str] = field(default_factory=dict)  # local name -> "module" or "module:attr"
-    statements: list[ast.stmt] = field(default_factory=list)
+    _trees: dict[_Statement, ast.Module | None] = field(default_factory=dict)
+
+    def text(self, statement: _Statement) -> str:
+        """A statement's source without blank lines, comment lines or indentation: what it does, not where."""
+        lines = self.lines[statement.first - 1: statement.last]
+        return "\n".join(line.strip() for line in lines if line.strip() and not line.lstrip().startswith("#"))
+
+    def tree(self, statement: _Statement) -> ast.Module | None:
+        if statement not in self._trees:
+            try:
+                self._trees[statement] = ast.parse("\n".join(self.lines[statement.first - 1: statement.last]))
+            except (SyntaxError, ValueError):
+                self._trees[statement] = None
+        return self._trees[statement]
+
+
+_OPENS = re.compile(r"(?:async\s+def|def|class)\s+(\w+)")
+_BINDS = re.compile(r"(\w+(?:\s*,\s*\w+)*)\s*(?:[.\[:]|[-+*/|&@%^]?=(?!=))")
+_KEYWORDS = {"if", "elif", "else", "for", "while", "try", "except", "finally", "with", "assert", "del", "pass",
+             "raise", "return", "global", "nonlocal", "match", "case", "print", "import", "from"}
 
 
 def _parse(path: str, module: str) -> _Module | None:
+    """The file split at its top-level statements by their lines alone: a line that starts at column 0, outside a
+    string and a bracket's closing line, starts one, and decorators join the def they decorate. Only the statements
+    a fingerprint follows are parsed (a whole file's ast.parse cost tens of milliseconds at start-up)."""
     try:
         with open(path, encoding="utf-8") as f:
-            text = f.read()
-        tree = ast.parse(text)
-    except (OSError, SyntaxError, ValueError, UnicodeDecodeError) as exc:
+            lines = f.read().splitlines()
+    except (OSError, ValueError, UnicodeDecodeError) as exc:
         log.debug("no code identity for %s (%s): %s", module, path, exc)
         return None
-    parsed = _Module(text.splitlines(), statements=list(tree.body))
-    package = module.rpartition(".")[0] if not path.endswith("__init__.py") else module
-    for node in tree.body:
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-            parsed.defs.setdefault(node.name, []).append(node)
-        elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
-            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-            for target in targets:
-                for name in _bound_names(target):
-                    parsed.defs.setdefault(name, []).append(node)
-        elif isinstance(node, ast.Import):
+    parsed = _Module(lines)
+    starts: list[int] = []
+    in_string, decorated = False, False
+    for number, line in enumerate(lines, 1):
+        opens_here = not in_string and line[:1] not in ("", " ", "\t", "#", ")", "]", "}")
+        if opens_here and not decorated:
+            starts.append(number)
+        if opens_here:
+            decorated = line.startswith("@")
+        if ('"""' in line or "'''" in line) and (line.count('"""') + line.count("'''")) % 2:
+            in_string = not in_string
+    ends = [n - 1 for n in starts[1:]] + [len(lines)]
+    package = module if path.endswith("__init__.py") else module.rpartition(".")[0]
+    for first, last in zip(starts, ends):
+        while last > first and (not lines[last - 1].strip() or lines[last - 1].lstrip().startswith("#")):
+            last -= 1
+        statement = _Statement(first, last)
+        parsed.statements.append(statement)
+        head = next((line for line in lines[first - 1: last] if not line.startswith("@")), lines[first - 1])
+        if head.startswith(("import ", "from ")):
+            _index_imports(parsed, statement, package)
+        elif match := _OPENS.match(head):
+            parsed.defs.setdefault(match.group(1), []).append(statement)
+        elif (match := _BINDS.match(head)) and match.group(1).split(",")[0].strip() not in _KEYWORDS:
+            for name in match.group(1).split(","):
+                parsed.defs.setdefault(name.strip(), []).append(statement)
+    return parsed
+
+
+def _index_imports(parsed: _Module, statement: _Statement, package: str) -> None:
+    tree = parsed.tree(statement)
+    for node in tree.body if tree is not None else ():
+        if isinstance(node, ast.Import):
             for alias in node.names:
                 parsed.imports[alias.asname or alias.name.partition(".")[0]] = (
                     alias.name if alias.asname else alias.name.partition(".")[0])
@@ -73,18 +126,6 @@ def _parse(path: str, module: str) -> _Module | None:
             base = _absolute(node, package)
             for alias in node.names:
                 parsed.imports[alias.asname or alias.name] = f"{base}:{alias.name}"
-    return parsed
-
-
-def _bound_names(target: ast.expr) -> list[str]:
-    """The module-level names an assignment target binds or changes (`f.traced = ...` changes f)."""
-    if isinstance(target, ast.Name):
-        return [target.id]
-    if isinstance(target, (ast.Attribute, ast.Subscript)):
-        return _bound_names(target.value)
-    if isinstance(target, (ast.Tuple, ast.List)):
-        return [name for element in target.elts for name in _bound_names(element)]
-    return []
 
 
 def _absolute(node: ast.ImportFrom, package: str) -> str:
@@ -93,13 +134,6 @@ def _absolute(node: ast.ImportFrom, package: str) -> str:
     parts = package.split(".")
     base = ".".join(parts[: len(parts) - node.level + 1])
     return f"{base}.{node.module}" if node.module else base
-
-
-def _text(parsed: _Module, node: ast.stmt) -> str:
-    """A statement's source without blank lines, comment lines or indentation changes: what it does, not where."""
-    first = min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", ())])
-    lines = parsed.lines[first - 1: node.end_lineno]
-    return "\n".join(line.strip() for line in lines if line.strip() and not line.strip().startswith("#"))
 
 
 class CodeIdentities:
@@ -124,8 +158,10 @@ class CodeIdentities:
         return self._modules[name]
 
     def _names_module(self, name: str) -> bool:
+        """Whether `name` is a module; asked of a package's names only, since find_spec imports the parent."""
         if name not in self._is_module:
-            self._is_module[name] = _source_path(name) is not None
+            parent = _source_path(name.rpartition(".")[0])
+            self._is_module[name] = bool(parent and parent.endswith("__init__.py") and _source_path(name))
         return self._is_module[name]
 
     def of_target(self, module: str, attr: str) -> str | None:
@@ -149,38 +185,39 @@ class CodeIdentities:
             if key not in self._identities:
                 parsed = self._module(module)
                 node = None if parsed is None else next(
-                    (s for s in parsed.statements if _first_line(s) <= code.co_firstlineno <= s.end_lineno), None)
+                    (s for s in parsed.statements if s.first <= code.co_firstlineno <= s.last), None)
                 self._identities[key] = None if node is None else self._closure(module, [], node)
             return self._identities[key]
 
-    def _closure(self, module: str, names: list[str], start: ast.stmt | None) -> str | None:
+    def _closure(self, module: str, names: list[str], start: _Statement | None) -> str | None:
         """A hash of the statements binding `names` in `module` (or of `start`), and, transitively, of every
         top-level statement of the same package's modules that they name."""
         top = module.partition(".")[0]
         parsed = self._module(module)
         if parsed is None:
             return None
-        seen: set[tuple[str, int]] = set()
+        seen: set[tuple[str, _Statement]] = set()
         parts: list[str] = []
-        pending: list[tuple[str, ast.stmt]] = [(module, start)] if start is not None else []
+        pending: list[tuple[str, _Statement]] = [(module, start)] if start is not None else []
         for name in names:
             if name not in parsed.defs:
                 return None  # bound some other way (a loop, a star import): nothing to hash it by
             pending += [(module, node) for node in parsed.defs[name]]
         while pending:
             where, node = pending.pop()
-            if (where, id(node)) in seen:
+            if (where, node) in seen:
                 continue
-            seen.add((where, id(node)))
+            seen.add((where, node))
             source = self._module(where)
-            parts.append(f"{where}\n{_text(source, node)}")
+            parts.append(f"{where}\n{source.text(node)}")
             pending += self._used(where, source, node, top)
         return _digest("\n\n".join(sorted(parts)))
 
-    def _used(self, module: str, parsed: _Module, node: ast.stmt, top: str) -> list[tuple[str, ast.stmt]]:
+    def _used(self, module: str, parsed: _Module, node: _Statement, top: str) -> list[tuple[str, _Statement]]:
         """The top-level statements, in `module` or another module of the package `top`, that `node` names."""
-        found: list[tuple[str, ast.stmt]] = []
-        for sub in ast.walk(node):
+        found: list[tuple[str, _Statement]] = []
+        tree = parsed.tree(node)
+        for sub in ast.walk(tree) if tree is not None else ():
             if isinstance(sub, ast.Name):
                 if sub.id in parsed.defs:
                     found += [(module, s) for s in parsed.defs[sub.id]]
@@ -190,19 +227,17 @@ class CodeIdentities:
                 found += self._imported(parsed.imports[sub.value.id], sub.attr, top)
         return found
 
-    def _imported(self, origin: str, attr: str | None, top: str) -> list[tuple[str, ast.stmt]]:
+    def _imported(self, origin: str, attr: str | None, top: str) -> list[tuple[str, _Statement]]:
         module, _, name = origin.partition(":")
+        if module.partition(".")[0] != top:
+            return []  # another package's code: its version is in the decision's key (and it is never imported here)
         if name and self._names_module(f"{module}.{name}"):  # `from pkg import submodule`
             module, name = f"{module}.{name}", ""
         name = name or attr
-        if not name or module.partition(".")[0] != top:
-            return []  # another package's code: its version is in the decision's key
+        if not name:
+            return []
         parsed = self._module(module)
         return [] if parsed is None else [(module, s) for s in parsed.defs.get(name, ())]
-
-
-def _first_line(node: ast.stmt) -> int:
-    return min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", ())])
 
 
 def _source_path(module: str) -> str | None:
