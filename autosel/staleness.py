@@ -20,9 +20,7 @@ from typing import Any, Callable, Iterable
 
 from autosel.decisions import Decision, bucket_text, parse_bucket, versions_hash
 from autosel.platforms import PlatformInfo
-from autosel.policy import WEIGHTS_FROM_MEMORY
 from autosel.spec import KernelSpec, OpDefinition
-from autosel.timing import CudaGraphTimer, reads_weights
 
 log = logging.getLogger(__name__)
 
@@ -351,8 +349,7 @@ def outdated(db, decision: Decision, layer, names: list[str], definition: OpDefi
         return f"has bucket rows that run {', '.join(gone)}, not eligible here since it was made"
     if definition is not None and decision.checked_with and decision.checked_with != definition.checked_with:
         return f"was checked with {decision.checked_with}; the op is checked with {definition.checked_with} now"
-    if (definition is not None and definition.weights and reads_weights(CudaGraphTimer) and decision.mode == "graph"
-            and decision.method.startswith("cuda:") and WEIGHTS_FROM_MEMORY not in decision.method):
+    if _timed_from_the_l2(decision, definition):
         return ("was timed replaying one copy of its weights, which the L2 can hold; graph timing reads them from "
                 "memory since stop 37 (docs/TUNING.md section 2)")
     if decision.fingerprint:
@@ -368,6 +365,19 @@ def outdated(db, decision: Decision, layer, names: list[str], definition: OpDefi
                 return (f"has bucket rows keyed otherwise than the op's bucket function has keyed their shapes since "
                         f"it was made (such as {row.bucket}, now {today})")
     return ""
+
+
+def _timed_from_the_l2(decision: Decision, definition: OpDefinition | None) -> bool:
+    """A graph-mode CUDA row of an op with declared weights, timed before graph timing read them from memory."""
+    if not (definition is not None and definition.weights and decision.mode == "graph"
+            and decision.method.startswith("cuda:")):
+        return False
+    # Imported only for such rows: the timing rules import statistics (with decimal and fractions), which a process
+    # reading a CPU or eager decision at start-up has no other use for.
+    from autosel.policy import WEIGHTS_FROM_MEMORY
+    from autosel.timing import CudaGraphTimer, reads_weights
+
+    return reads_weights(CudaGraphTimer) and WEIGHTS_FROM_MEMORY not in decision.method
 
 
 # Each shape's bucket as keyed_today last told it, by the op's functions: an op's eager and graph tables share their
