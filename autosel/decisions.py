@@ -143,7 +143,7 @@ class Decision:
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
-        for kept_later in ("checked_with", "fingerprint"):  # rows stored before these were kept read and write as they did
+        for kept_later in ("checked_with", "fingerprint"):  # rows stored before it was kept read and write as they did
             if not data[kept_later]:
                 del data[kept_later]
         return data

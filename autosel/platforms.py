@@ -269,8 +269,8 @@ _GPU_VERSION_KEYS = ("triton",)
 def _distribution_of(package: str) -> str:
     """The distribution that installs import package `package`: the one of that name where there is one (torch,
     triton, sgl_kernel: one look-up), else the one whose files hold it (flashinfer-python), found by
-    packages_distributions, which reads every installed distribution's file list (about 0.1 s, paid at the first
-    get_kernel of every process before it was asked second)."""
+    packages_distributions, which reads every installed distribution's file list (about 0.1 s of a process's first
+    get_kernel when it was asked first)."""
     try:
         importlib.metadata.distribution(package)
         return package

@@ -182,8 +182,8 @@ def capabilities_satisfied(capabilities: "CapabilityRequirement | Iterable[Capab
 
 @dataclass(frozen=True)
 class FormatSignature:
-    """What a kernel takes and does, for people and inventories (`autosel doctor`), never for selection: the
-    dtypes it supports, whether it writes its output in place. sglang.kernels' spec field of the same name."""
+    """What a kernel takes and does, for people and inventories, never for selection: the dtypes it supports,
+    whether it writes its output in place. sglang.kernels' spec field of the same name."""
 
     supported_dtypes: tuple[str, ...] = ()
     in_place: bool = False

@@ -159,7 +159,8 @@ def stored(name: str, definition: OpDefinition, platform: PlatformInfo) -> tuple
     measured = (ShapeResult({"n": 16}),)
     decision = Decision(op="fp.op", mode="eager", bucket="*", winner="jit", platform_key=platform.key,
                         versions=version_vector(platform, specs), margin=0.05, method="planted",
-                        candidates=tuple(CandidateResult(b, "ok", score=1.0, shapes=measured) for b in ("torch", "jit")),
+                        candidates=tuple(CandidateResult(b, "ok", score=1.0, shapes=measured)
+                                         for b in ("torch", "jit")),
                         checked_with=definition.checked_with,
                         fingerprint=staleness.fingerprint(definition, specs, platform))
     return decision, [dataclasses.replace(decision, bucket="[16]")]

@@ -20,6 +20,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 # Run in each fresh process: the seconds of each step and which heavy modules the first get_kernel imported.
@@ -69,8 +70,6 @@ def _child(op: str, env: dict[str, str]) -> dict:
 
 
 def _wall_s(argv: list[str], env: dict[str, str]) -> float:
-    import time
-
     start = time.perf_counter()
     out = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=600)
     if out.returncode:
