@@ -14,7 +14,7 @@ import threading
 from pathlib import Path
 
 import pytest
-from conftest import use_platform, use_registry
+from conftest import fresh_registry, use_platform, use_registry
 
 from autosel import config, dispatch, selector, staleness, tuning
 from autosel.errors import TuningError
@@ -30,11 +30,7 @@ HERE = Path(__file__).parent
 
 @pytest.fixture
 def reg(monkeypatch):
-    fresh = KernelRegistry()
-    use_registry(monkeypatch, fresh)
-    use_platform(monkeypatch, CPU)
-    monkeypatch.syspath_prepend(str(HERE))
-    return fresh
+    return fresh_registry(monkeypatch, CPU)
 
 
 def toy(reg, *backends, op="toy.double", shapes=True):

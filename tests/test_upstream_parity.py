@@ -16,9 +16,8 @@ import pytest
 
 import autosel as K
 from autosel.platforms import PlatformInfo
-from autosel.registry import KernelRegistry
 from autosel.spec import CapabilityRequirement as Cap, FormatSignature, KernelBackend, KernelSpec, OpDefinition
-from conftest import use_platform, use_registry
+from conftest import fresh_registry, use_platform
 
 HERE = Path(__file__).resolve().parent
 _CPU = PlatformInfo(device_type="cpu")
@@ -29,11 +28,7 @@ _HIP = PlatformInfo(device_type="hip")
 
 @pytest.fixture
 def reg(monkeypatch):
-    fresh = KernelRegistry()
-    use_registry(monkeypatch, fresh)
-    use_platform(monkeypatch, _SM90)
-    monkeypatch.syspath_prepend(str(HERE))
-    return fresh
+    return fresh_registry(monkeypatch, _SM90)
 
 
 def fp8_scaled_mm(reg) -> None:
