@@ -3,7 +3,8 @@
 judges a stored row by it, or by the older checks for rows stored before fingerprints were kept.
 
 A fingerprint is a hash of source text and constants, read from the files without importing anything and cached
-per process (`memo`), so a check at start-up compares stored hashes instead of rebuilding what they describe."""
+per process (`identities`; `clear()` forgets), so a check at start-up compares stored hashes instead of rebuilding
+what they describe."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
 from autosel.decisions import Decision, bucket_text, parse_bucket, versions_hash
-from autosel.platforms import PlatformInfo
+from autosel.platforms import PlatformInfo, key_fields
 from autosel.spec import KernelSpec, OpDefinition
 
 log = logging.getLogger(__name__)
@@ -293,15 +294,17 @@ def fingerprint(definition: OpDefinition | None, specs: Iterable[KernelSpec], pl
     return parts
 
 
-def platform_of_key(platform_key: str):
-    """A PlatformInfo with what a platform key says (device type, compute capability): enough for an op's shapes
-    function, which picks shapes by device class, to give the shapes of a row stored for another machine."""
-    device, _, rest = platform_key.partition("/")
-    arch = rest.partition("/")[0]
+def platform_of_key(platform_key: str) -> PlatformInfo:
+    """The platform a key describes (device type, arch and compute capability, normalised name, multiprocessor
+    count): what the fingerprint's shapes are asked of, at a tune and when judged, so both ends ask the same
+    question of an op's shapes function, and a row stored for another machine can be judged here."""
+    device, arch, name, count = key_fields(platform_key)
     major = minor = None
     if arch.startswith("sm_") and arch[3:].isdigit() and len(arch) > 4:
         major, minor = int(arch[3:-1]), int(arch[-1])
-    return PlatformInfo(device_type=device, cuda_arch_major=major, cuda_arch_minor=minor, arch=arch)
+    return PlatformInfo(device_type=device, cuda_arch_major=major, cuda_arch_minor=minor, arch=arch,
+                        device_name=name if name != "unknown" else "",
+                        multiprocessor_count=int(count) if count.isdigit() else 0)
 
 
 def changed_parts(stored: dict[str, str], now: dict[str, str]) -> list[str]:

@@ -17,7 +17,7 @@ from autosel.errors import NoCandidateError, TuningError
 from autosel.platforms import PlatformInfo, capturing_cuda_graph, version_vector
 from autosel.registry import load_plugins, registry
 from autosel.spec import KernelBackend, KernelSpec, OpDefinition, spec_list
-from autosel.staleness import fingerprint, outdated
+from autosel.staleness import fingerprint, outdated, platform_of_key
 
 log = logging.getLogger(__name__)
 
@@ -286,7 +286,8 @@ def tune_and_record(definition: OpDefinition, eligible: list[KernelSpec], *, pla
                 definition, eligible, reference=reference_for(definition) if reference is None else reference,
                 shapes=shapes or check_shapes, check_shapes=check_shapes, mode=mode, platform_key=platform.key,
                 versions=versions, autosel_version=__version__)
-            measured_on = fingerprint(definition, eligible, platform)  # what makes these rows stale once it changes
+            # What makes these rows stale once it changes; asked of the platform as its key says, as when judged.
+            measured_on = fingerprint(definition, eligible, platform_of_key(platform.key))
             decision = replace(decision, fingerprint=measured_on)
             buckets = [replace(row, fingerprint=measured_on) for row in buckets]
             db.record(decision, buckets)

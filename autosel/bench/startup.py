@@ -4,6 +4,7 @@ side in interleaved rounds, medians, written as a JSON result file with its prov
 
     python -m autosel.bench.startup --out results/             # every contested op, 7 rounds
     python -m autosel.bench.startup --out results/ --ops gemm.mm --rounds 5
+    python -m autosel.bench.startup --out results/ --baseline ../autosel-main   # another commit, same rounds
 
 Each process runs with AUTOSEL_TUNE=off on an empty user DB and the shipped DBs (those of the checkout the package is
 imported from, else the package's), so it reads what a worker restarted from an image reads. One round before the
@@ -46,19 +47,18 @@ print(json.dumps(result))
 HEAVY = ("torch._dynamo", "torch._inductor", "sympy", "triton", "sqlite_utils")
 
 
-def _shipped_folder() -> Path | None:
+def _shipped_folder(checkout: Path) -> Path | None:
     from autosel.db import package_folder
 
-    checkout = Path(__file__).resolve().parents[2] / "tuning_db"
-    return checkout if checkout.is_dir() else package_folder()
+    return checkout / "tuning_db" if (checkout / "tuning_db").is_dir() else package_folder()
 
 
-def _env(user_db: Path) -> dict[str, str]:
+def _env(checkout: Path, user_db: Path) -> dict[str, str]:
+    """A child's environment: `checkout`'s autosel first on the path, its shipped DBs, an empty user DB."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("AUTOSEL_") and k != "PYTHONDONTWRITEBYTECODE"}
-    shipped = _shipped_folder()
+    shipped = _shipped_folder(checkout)
     env.update(AUTOSEL_TUNE="off", AUTOSEL_DB=str(user_db), AUTOSEL_DB_PATH=str(shipped) if shipped else "")
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(Path(__file__).resolve().parents[2]),
-                                                      os.environ.get("PYTHONPATH", "")]))
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(checkout), os.environ.get("PYTHONPATH", "")]))
     return env
 
 
@@ -88,41 +88,45 @@ def _median_ms(values: list[float]) -> float:
     return round(statistics.median(values) * 1e3, 1)
 
 
-def run(ops: list[str], rounds: int) -> dict:
-    """The medians over `rounds` interleaved rounds (each round one fresh process per measurement)."""
+def _summary(runs: list[dict]) -> dict:
+    winners = sorted({w for r in runs for w in r["winners"]})
+    return {
+        "winners": winners,
+        "kind": "torch.compile winner" if "torch_compile" in winners else "plain-torch winner",
+        "import_torch_ms": _median_ms([r["import_torch_s"] for r in runs]),
+        "import_autosel_ms": _median_ms([r["import_autosel_s"] for r in runs]),
+        "first_get_kernel_ms": _median_ms([r["get_kernel_s"] for r in runs]),
+        "first_get_kernel_ms_all": [round(r["get_kernel_s"] * 1e3, 1) for r in runs],
+        "heavy_modules_imported": sorted({m for r in runs for m in r["imported"] if m in HEAVY}),
+        "modules_imported": statistics.median(len(r["imported"]) for r in runs),
+    }
+
+
+def run(ops: list[str], rounds: int, baseline: Path | None = None) -> dict:
+    """The medians over `rounds` interleaved rounds (each round one fresh process per measurement); with a
+    `baseline` checkout (another commit's), its processes take their turns in the same rounds."""
+    checkouts = {"this": Path(__file__).resolve().parents[2], **({"baseline": baseline} if baseline else {})}
     with tempfile.TemporaryDirectory() as tmp:
-        env = _env(Path(tmp) / "user.db")
-        show = [sys.executable, "-m", "autosel", "show"]
-        bare = [sys.executable, "-c", "import torch"]
-        samples: dict[str, list] = {op: [] for op in ops}
-        walls: dict[str, list[float]] = {"show": [], "import_torch": []}
+        envs = {name: _env(path, Path(tmp) / f"{name}.db") for name, path in checkouts.items()}
+        samples: dict[tuple, list] = {}
         for round_index in range(rounds + 1):  # the first round is the discarded warm-up
-            for op in ops:
-                sample = _child(op, env)
-                if round_index:
-                    samples[op].append(sample)
-            for name, argv in (("show", show), ("import_torch", bare)):
-                wall = _wall_s(argv, env)
-                if round_index:
-                    walls[name].append(wall)
-    results = {"rounds": rounds, "ops": {}}
-    for op in ops:
-        runs = samples[op]
-        winners = sorted({w for r in runs for w in r["winners"]})
-        heavy = sorted({m for r in runs for m in r["imported"] if m in HEAVY})
-        results["ops"][op] = {
-            "winners": winners,
-            "kind": "torch.compile winner" if "torch_compile" in winners else "plain-torch winner",
-            "import_torch_ms": _median_ms([r["import_torch_s"] for r in runs]),
-            "import_autosel_ms": _median_ms([r["import_autosel_s"] for r in runs]),
-            "first_get_kernel_ms": _median_ms([r["get_kernel_s"] for r in runs]),
-            "first_get_kernel_ms_all": [round(r["get_kernel_s"] * 1e3, 1) for r in runs],
-            "heavy_modules_imported": heavy,
-            "modules_imported": statistics.median(len(r["imported"]) for r in runs),
-        }
-    show_ms, torch_ms = _median_ms(walls["show"]), _median_ms(walls["import_torch"])
-    results["show"] = {"wall_ms": show_ms, "import_torch_wall_ms": torch_ms, "beyond_import_torch_ms":
-                       round(show_ms - torch_ms, 1)}
+            for name, env in envs.items():
+                taken = {op: _child(op, env) for op in ops}
+                for what, argv in (("show", [sys.executable, "-m", "autosel", "show"]),
+                                   ("import_torch", [sys.executable, "-c", "import torch"])):
+                    taken[what] = _wall_s(argv, env)
+                for what, sample in taken.items() if round_index else ():
+                    samples.setdefault((name, what), []).append(sample)
+    results: dict = {"rounds": rounds}
+    for name in checkouts:
+        show_ms, torch_ms = _median_ms(samples[name, "show"]), _median_ms(samples[name, "import_torch"])
+        part = {"ops": {op: _summary(samples[name, op]) for op in ops},
+                "show": {"wall_ms": show_ms, "import_torch_wall_ms": torch_ms,
+                         "beyond_import_torch_ms": round(show_ms - torch_ms, 1)}}
+        if name == "this":
+            results.update(part)
+        else:
+            results[name] = {"checkout": str(checkouts[name]), "commit": _commit(checkouts[name]), **part}
     plain = [v["first_get_kernel_ms"] for v in results["ops"].values() if v["kind"] == "plain-torch winner"]
     results["targets"] = {
         "plain-torch first get_kernel <= 50 ms beyond import torch; import autosel": (
@@ -133,20 +137,23 @@ def run(ops: list[str], rounds: int) -> dict:
     return results
 
 
+def _commit(checkout: Path) -> str:
+    try:
+        commit = subprocess.run(["git", "-C", str(checkout), "rev-parse", "HEAD"], capture_output=True, text=True,
+                                timeout=30).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(checkout), "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=30).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown (no git)"
+    return f"{commit}{' (with uncommitted changes)' if dirty else ''}" if commit else "unknown (not a checkout)"
+
+
 def provenance(argv: list[str]) -> dict:
     import autosel
     from autosel.platforms import current_platform
 
     platform = current_platform()
-    try:
-        root = Path(autosel.__file__).resolve().parents[1]
-        commit = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True,
-                                timeout=30).stdout.strip()
-        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
-                               capture_output=True, text=True, timeout=30).stdout.strip()
-        commit = f"{commit}{' (with uncommitted changes)' if dirty else ''}" if commit else "unknown (not a checkout)"
-    except (OSError, subprocess.SubprocessError):
-        commit = "unknown (no git)"
+    commit = _commit(Path(autosel.__file__).resolve().parents[1])
     return {"command": " ".join(["python -m autosel.bench.startup", *argv]), "commit": commit,
             "autosel_version": autosel.__version__, "platform_key": platform.key,
             "versions": {**dict(platform.versions), "python": host.python_version(), "cpus": str(os.cpu_count()),
@@ -161,11 +168,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, required=True, help="folder the JSON result file is written to")
     parser.add_argument("--ops", nargs="+", help="ops whose first get_kernel is timed (default: every contested op)")
     parser.add_argument("--rounds", type=int, default=7, help="timed rounds, at least 5 (default 7)")
+    parser.add_argument("--baseline", type=Path, help="a checkout of another commit, timed in the same rounds")
     args = parser.parse_args(argv)
     if args.rounds < 5:
         parser.error(f"--rounds {args.rounds}: the medians need at least 5 rounds")
     meta = provenance(argv)
-    results = run(args.ops or _contested_ops(), args.rounds)
+    results = run(args.ops or _contested_ops(), args.rounds, args.baseline)
     args.out.mkdir(parents=True, exist_ok=True)
     stamp = meta["date"].replace(":", "").replace("-", "")[:15]
     path = args.out / f"startup-{meta['platform_key'].replace('/', '_')}-{stamp}.json"
