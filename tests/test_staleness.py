@@ -237,3 +237,33 @@ def test_reading_a_stored_plain_torch_decision_imports_nothing_heavy(tmp_path):
     heavy = [m for m in imported if m.split(".")[0] in ("sympy", "triton", "sqlite_utils", "click")
              or m.startswith(("torch._dynamo", "torch._inductor", "torch.fx", "torch._refs"))]
     assert heavy == []
+
+
+TRITON_KERNELS = '''
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _double_kernel(x_ptr, n, BLOCK: tl.constexpr):
+    offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(x_ptr + offsets, tl.load(x_ptr + offsets, mask=offsets < n) * 2, mask=offsets < n)
+
+
+def double(x):
+    _double_kernel[(triton.cdiv(x.numel(), 1024),)](x, x.numel(), BLOCK=1024)
+    return x
+'''
+
+
+def test_a_triton_kernels_source_is_part_of_its_launchers_identity(package):
+    # Read from the file, not imported: a host without a GPU judges a GPU row's triton kernel as well.
+    folder, name = package
+    (folder / "tkernels.py").write_text(TRITON_KERNELS, encoding="utf-8")
+    spec = KernelSpec("fp.op", B.TRITON, f"{name}.tkernels:double", requires=("torch", "triton"))
+    before = staleness.kernel_identity(spec)
+    path = folder / "tkernels.py"
+    path.write_text(path.read_text(encoding="utf-8").replace("* 2, mask", "* 3, mask"), encoding="utf-8")
+    staleness.clear()
+    assert before is not None and staleness.kernel_identity(spec) != before
+    assert f"{name}.tkernels" not in sys.modules
