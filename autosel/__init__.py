@@ -7,18 +7,22 @@ from autosel.dispatch import by_tokens
 from autosel.platforms import PlatformInfo
 from autosel.registry import KernelRegistry, register_kernel, register_op, registry
 from autosel.selector import clear_cache, get_kernel, select_kernel
-from autosel.spec import CapabilityRequirement, DeviceType, KernelBackend, KernelSpec, OpDefinition
+from autosel.spec import (
+    CapabilityRequirement, DeviceType, FormatSignature, KernelBackend, KernelSpec, OpDefinition, capabilities_satisfied,
+)
 from autosel.version import __version__
 
 __all__ = [
     "CapabilityRequirement",
     "DeviceType",
+    "FormatSignature",
     "KernelBackend",
     "KernelRegistry",
     "KernelSpec",
     "OpDefinition",
     "PlatformInfo",
     "by_tokens",
+    "capabilities_satisfied",
     "clear_cache",
     "get_kernel",
     "register_kernel",

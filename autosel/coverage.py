@@ -9,6 +9,7 @@ from typing import Sequence
 from autosel.decisions import OP_LEVEL_BUCKET, Decision, near_detail, version_diff, versions_hash
 from autosel.db import closest
 from autosel.platforms import PlatformInfo, installed_version, key_fields, modes_for_device, near_rank
+from autosel.staleness import outdated
 
 # Versions that only the target machine can tell (its driver, the runtime torch finds there): not compared
 # when checking a DB for another platform than this machine.
@@ -64,7 +65,7 @@ def _with_buckets(found: Coverage, decision: Decision, layer, db, usable, defini
     bad = [row for row in rows if not usable(row.winner)]
     found = replace(found, buckets=len(rows))
     # Rows keyed otherwise than the bucket function keys their shapes today never get here: selection passes their
-    # decision over (tuning.outdated), and so does check, with or without --buckets.
+    # decision over (autosel.staleness.outdated), and so does check, with or without --buckets.
     if buckets and definition is not None and definition.bucket is not None:
         if not rows:
             return replace(found, ok=False, detail=found.detail + "; but no bucket rows beside it (tuned before "
@@ -78,7 +79,7 @@ def _with_buckets(found: Coverage, decision: Decision, layer, db, usable, defini
 
 def _here(op, mode, specs, definition, db, platform, match, buckets) -> Coverage:
     from autosel.platforms import version_vector
-    from autosel.tuning import decision_key, lookup_stored, outdated
+    from autosel.tuning import decision_key, lookup_stored
 
     eligible = [s for s in specs if s.is_available(platform)]
     if len(specs) == 1 or len(eligible) == 1:
@@ -92,7 +93,7 @@ def _here(op, mode, specs, definition, db, platform, match, buckets) -> Coverage
     key = decision_key(op, eligible, platform, mode, versions)
     hit = lookup_stored(db, key, eligible, match=match, versions=versions, say=False)  # selection's own lookup
     if hit is None and (older := db.lookup(key, usable=usable)) is not None:
-        reason = outdated(db, older[0], older[1], names, definition)
+        reason = outdated(db, older[0], older[1], names, definition, eligible)
         return Coverage(op, mode, False, f"the stored {mode} decision ({older[0].winner}, {older[1].kind} DB "
                         f"{older[1].path}) {reason}: re-tune the op (selection keeps it only where nothing can be "
                         "timed: AUTOSEL_TUNE=off, CUDA-graph capture)")
@@ -115,8 +116,6 @@ def _closest_miss(stored: list[Decision], platform_key: str, versions: dict[str,
 
 
 def _there(op, mode, specs, definition, db, target, match, buckets) -> Coverage:
-    from autosel.tuning import outdated
-
     names = [s.backend.value for s in specs]
     registered = set(names).__contains__
     rows = [(d, layer) for d, layer in db.decisions(op)
@@ -129,10 +128,10 @@ def _there(op, mode, specs, definition, db, target, match, buckets) -> Coverage:
         rank = -1 if exact else near_rank(decision.platform_key, target, match)  # exact rows first, as lookup
         if rank is None or not registered(decision.winner):
             continue
-        # Selection's own rule (tuning.outdated), as far as it can be told from here: which backends are eligible
+        # Selection's own rule (staleness.outdated), as far as it can be told from here: which backends are eligible
         # on the target is not known here, so the row is judged as one that cannot tell what it timed
         # (Decision.untimed), against the backends registered here; other tolerances still count.
-        if reason := outdated(db, replace(decision, candidates=()), layer, names, definition):
+        if reason := outdated(db, replace(decision, candidates=()), layer, names, definition, specs):
             passed_over.append((decision, layer, reason))
             continue
         found.append((rank, layers.index(layer.path), decision.created_at, (decision, layer, differ)))

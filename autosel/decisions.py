@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any, Iterable
 
 OP_LEVEL_BUCKET = "*"  # the bucket of the op-level decision, stored beside the per-bucket ones
@@ -162,6 +162,8 @@ class Decision:
     created_at: str = ""
     autosel_version: str = ""
     checked_with: str = ""  # OpDefinition.checked_with when it was tuned; "" in rows stored before it was kept
+    # What it was measured on, part by part (autosel.staleness.fingerprint); empty in rows stored before it was kept.
+    fingerprint: dict[str, str] = field(default_factory=dict)
 
     @property
     def key(self) -> DecisionKey:
@@ -181,8 +183,9 @@ class Decision:
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
-        if not data["checked_with"]:  # rows stored before it was kept read and write as they did
-            del data["checked_with"]
+        for kept_later in ("checked_with", "fingerprint"):  # rows stored before it was kept read and write as they did
+            if not data[kept_later]:
+                del data[kept_later]
         return data
 
     @classmethod
@@ -191,6 +194,7 @@ class Decision:
         data["candidates"] = tuple(_candidate_from_dict(c) for c in data.get("candidates", ()))
         data["per_shape_winners"] = tuple(tuple(p) for p in data.get("per_shape_winners", ()))
         data["versions"] = dict(data.get("versions", {}))
+        data["fingerprint"] = dict(data.get("fingerprint") or {})
         known = set(cls.__dataclass_fields__)
         return cls(**{k: v for k, v in data.items() if k in known})
 

@@ -7,9 +7,10 @@ from typing import Callable, Iterable
 
 from autosel.db import closest
 from autosel.db.tools import table_key
-from autosel.decisions import OP_LEVEL_BUCKET, Decision, near_detail, version_diff, versions_hash
+from autosel.decisions import OP_LEVEL_BUCKET, Decision, near_detail, versions_hash
 from autosel.platforms import PlatformInfo, near_rank, version_vector
 from autosel.registry import KernelRegistry
+from autosel.staleness import outdated, version_staleness
 
 
 @dataclass(frozen=True)
@@ -32,7 +33,7 @@ def unregistered(*ops: str) -> str:
             "point so that the CLI sees it")
 class StoredRows:
     """Rows already read from the DB (the ones `autosel show` lists), answering TuningDB.buckets from them, so that
-    tuning.outdated judges a listed row exactly as selection judges it in the DB."""
+    autosel.staleness.outdated judges a listed row exactly as selection judges it in the DB."""
 
     def __init__(self, pairs: Iterable[tuple[Decision, object]]) -> None:
         self._tables: dict[tuple, list[Decision]] = {}  # (layer path, tune) -> its bucket rows
@@ -63,14 +64,8 @@ class Inventory:
 
     def staleness(self, decision: Decision) -> str | None:
         """Why a row no longer matches this machine (platform key or version vector), or None."""
-        if decision.platform_key != self.platform.key:
-            return f"tuned on {decision.platform_key}, this machine is {self.platform.key}"
-        specs, eligible, versions = self.current(decision.op)
-        if not eligible:  # no backend runs here (torch not installed, say): no vector to judge the row by
-            return None
-        if decision.key.versions_hash != versions_hash(versions):
-            return f"versions differ: {version_diff(decision.versions, versions)}"
-        return None
+        _, eligible, versions = self.current(decision.op)
+        return version_staleness(decision, self.platform.key, versions, eligible)
 
     def prunable(self, decision: Decision) -> str | None:
         """Why `prune` may delete a row: only rows of this platform whose versions changed for a known op."""
@@ -80,11 +75,11 @@ class Inventory:
 
     def outdated(self, rows, decision: Decision, layer) -> str:
         """Why selection passes over this op-level row although its winner can run here, or "": selection's own
-        rule (tuning.outdated, the `fits` of its lookups), so that show and selection never disagree.
+        rule (autosel.staleness.outdated, the `fits` of its lookups), so that show and selection never disagree.
         rows: the DB, or StoredRows of the rows listed."""
-        from autosel.tuning import outdated
-
-        return outdated(rows, decision, layer, self.current(decision.op)[1], self.registry.definition(decision.op))
+        specs, eligible, _ = self.current(decision.op)
+        return outdated(rows, decision, layer, eligible, self.registry.definition(decision.op),
+                        [s for s in specs if s.backend.value in eligible])
 
     def entries(self, pairs: Iterable[tuple[Decision, object]]) -> list[Entry]:
         """In layer order: the first current, usable op-level row of a key is "in use", later ones "shadowed"; a

@@ -268,6 +268,15 @@ _GPU_VERSION_KEYS = ("triton",)
 
 @functools.lru_cache(maxsize=None)
 def _distribution_of(package: str) -> str:
+    """The distribution that installs import package `package`: the one of that name where there is one (torch,
+    triton, sgl_kernel: one look-up), else the one whose files hold it (flashinfer-python), found by
+    packages_distributions, which reads every installed distribution's file list (about 0.1 s of a process's first
+    get_kernel when it was asked first)."""
+    try:
+        importlib.metadata.distribution(package)
+        return package
+    except importlib.metadata.PackageNotFoundError:
+        pass
     names = importlib.metadata.packages_distributions().get(package) or [package]
     return names[0]
 

@@ -9,6 +9,7 @@ import importlib.util
 import json
 import math
 import re
+import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping
 
@@ -17,7 +18,8 @@ if TYPE_CHECKING:
 
 
 class KernelBackend(str, enum.Enum):
-    """Provenance of an implementation, not the device it runs on."""
+    """Provenance of an implementation, not the device it runs on. An engine's own provenance that is not listed
+    here is declared once with KernelBackend.declare("name"), before its specs are registered."""
 
     TORCH = "torch"
     TORCH_COMPILE = "torch_compile"
@@ -30,6 +32,35 @@ class KernelBackend(str, enum.Enum):
     DEEPGEMM = "deepgemm"
     AITER = "aiter"
     TORCH_NPU = "torch_npu"
+    # Listed by sglang's newest enum (sglang.kernels.spec); KDA's value is upper case there too.
+    FLYDSL = "flydsl"
+    KDA = "KDA"
+    MLX = "mlx"
+    SGL_KERNEL_NPU = "sgl_kernel_npu"
+
+    @classmethod
+    def declare(cls, value: str) -> "KernelBackend":
+        """The member for `value`, added to the enum if it is not a known backend or a spelling of one: a new
+        provenance an engine brings (upstream's enum grows faster than autosel's list). Idempotent. Every process
+        that reads specs naming it declares it, as the engine's registration code runs there (autosel tune's worker
+        processes load the same plug-ins); an undeclared name stays an error, so a typo is not a new backend."""
+        try:
+            return cls.parse(value)
+        except ValueError:
+            pass
+        if not isinstance(value, str) or not re.fullmatch(r"[A-Za-z][A-Za-z0-9_]*", value):
+            raise ValueError(f"a backend name must be a letter then letters, digits or '_', such as 'flydsl'; "
+                             f"got {value!r}")
+        with _DECLARE_LOCK:
+            if value in cls._value2member_map_:
+                return cls._value2member_map_[value]
+            member = str.__new__(cls, value)
+            member._name_, member._value_ = value.upper(), value
+            member.__objclass__ = cls
+            cls._value2member_map_[value] = member
+            cls._member_map_.setdefault(member._name_, member)
+            cls._member_names_.append(member._name_)
+            return member
 
     @classmethod
     def parse(cls, value: "KernelBackend | str") -> "KernelBackend":
@@ -48,7 +79,11 @@ class KernelBackend(str, enum.Enum):
         close = difflib.get_close_matches(spelt, [_spelling(b.value) for b in cls], n=1, cutoff=0.75)
         hint = "".join(f" (did you mean {b.value!r}?)" for b in cls if close and _spelling(b.value) == close[0])
         known = ", ".join(b.value for b in cls)
-        raise ValueError(f"unknown kernel backend {value!r}{hint}; known backends: {known}") from None
+        raise ValueError(f"unknown kernel backend {value!r}{hint}; known backends: {known}. An engine's own backend "
+                         f"is declared once, before its specs: KernelBackend.declare({str(value)!r})") from None
+
+
+_DECLARE_LOCK = threading.Lock()
 
 
 def _spelling(name: str) -> str:
@@ -135,6 +170,36 @@ CapabilityRequirement.HIP = CapabilityRequirement(DeviceType.HIP)  # type: ignor
 CapabilityRequirement.NPU = CapabilityRequirement(DeviceType.NPU)  # type: ignore[attr-defined]
 
 
+def capabilities_satisfied(capabilities: "CapabilityRequirement | Iterable[CapabilityRequirement]",
+                           platform: "PlatformInfo") -> bool:
+    """Whether a kernel with these capabilities can run on `platform`: any one of them satisfied (a set is an OR),
+    an empty set meaning anywhere, a single requirement taken as a set of one. sglang.kernels exports the same."""
+    if isinstance(capabilities, CapabilityRequirement):
+        capabilities = (capabilities,)
+    capabilities = tuple(capabilities)
+    return not capabilities or any(c.is_satisfied_by(platform) for c in capabilities)
+
+
+@dataclass(frozen=True)
+class FormatSignature:
+    """What a kernel takes and does, for people and inventories, never for selection: the dtypes it supports,
+    whether it writes its output in place. sglang.kernels' spec field of the same name."""
+
+    supported_dtypes: tuple[str, ...] = ()
+    in_place: bool = False
+    description: str = ""
+
+    def __post_init__(self) -> None:
+        dtypes = (self.supported_dtypes,) if isinstance(self.supported_dtypes, str) else self.supported_dtypes
+        if not isinstance(dtypes, Iterable) or not all(isinstance(d, str) for d in dtypes):
+            raise TypeError(f"FormatSignature.supported_dtypes must be dtype names such as ('bfloat16', 'float16'), "
+                            f"got {self.supported_dtypes!r}")
+        object.__setattr__(self, "supported_dtypes", tuple(dtypes))
+        if not isinstance(self.in_place, bool) or not isinstance(self.description, str):
+            raise TypeError(f"FormatSignature.in_place must be a bool and description text, got "
+                            f"{self.in_place!r} and {self.description!r}")
+
+
 def resolve_target(target: str) -> Any:
     """Import the module of a "module:attr" target and follow the dotted attribute path."""
     module_name, _, attr = target.partition(":")
@@ -215,6 +280,7 @@ class KernelSpec:
     capabilities: frozenset[CapabilityRequirement] = frozenset()
     requires: tuple[str, ...] = ()
     description: str = ""
+    format_signature: FormatSignature = FormatSignature()
 
     def __post_init__(self) -> None:
         if not isinstance(self.op, str) or not self.op:
@@ -225,6 +291,8 @@ class KernelSpec:
         object.__setattr__(self, "requires", _as_requires(self.requires, what))
         if not isinstance(self.description, str):
             raise TypeError(f"{what}: description must be text, got {self.description!r}")
+        if not isinstance(self.format_signature, FormatSignature):
+            raise TypeError(f"{what}: format_signature must be a FormatSignature, got {self.format_signature!r}")
         if not isinstance(self.target, str):
             raise TypeError(f"{what}: target must be a 'module:attr' string such as 'mypkg.kernels:rmsnorm', "
                             f"got {self.target!r} ({type(self.target).__name__})")
@@ -262,6 +330,7 @@ class KernelSpec:
         return None
 
     def is_available(self, platform: "PlatformInfo") -> bool:
+        """capabilities_satisfied, and every required package installed (found by metadata, never imported)."""
         return self.unavailable_reason(platform) is None
 
     def load(self) -> Callable[..., Any]:

@@ -6,19 +6,19 @@ from __future__ import annotations
 import fnmatch
 import json
 import logging
+from dataclasses import replace
 from typing import Any, Callable, NamedTuple
 
 from autosel import config, distributed, platforms, rank_check, state
-from autosel.decisions import (OP_LEVEL_BUCKET, Decision, DecisionKey, bucket_text, near_detail, parse_bucket,
+from autosel.decisions import (OP_LEVEL_BUCKET, Decision, DecisionKey, near_detail, parse_bucket,
                                versions_hash)
 from autosel.dispatch import BucketTable
 from autosel.errors import NoCandidateError, TuningError
 from autosel.platforms import PlatformInfo, capturing_cuda_graph, version_vector
-from autosel.policy import WEIGHTS_FROM_MEMORY
-from autosel.timing import CudaGraphTimer, reads_weights
 from autosel.version import __version__
 from autosel.registry import load_plugins, registry
 from autosel.spec import KernelBackend, KernelSpec, OpDefinition, spec_list
+from autosel.staleness import fingerprint, outdated, platform_of_key
 
 log = logging.getLogger(__name__)
 
@@ -150,62 +150,6 @@ def stored_table(op: str, eligible: list[KernelSpec], platform: PlatformInfo, mo
     return None if found is None else table_of(*found[:2])
 
 
-def outdated(db, decision: Decision, layer, names: list[str], definition) -> str:
-    """Why a stored op-level decision whose winner can run here is not this machine's answer now, or "": it never
-    timed a backend eligible here (registered or installed since), its bucket rows run one that is not (gone
-    since), it was checked with other tolerances or another reference than the op's now (`definition`), in
-    graph mode on CUDA it was timed without reading the op's declared weights from memory, or its bucket rows are
-    keyed otherwise than the op's bucket function keys their own shapes today (the function changed since, as
-    gemm.mm's at commit c134b65: no call looks its older rows up). That last one builds each row's inputs on the meta
-    device, so it is judged last: 2-25 ms for a built-in op's table on a CPU at the op's first get_kernel (a shape is
-    keyed once a process: the other mode's table reuses it), plus torch's import of torch._dynamo (about 1.5 s) at
-    the first arithmetic on meta tensors in a process that had not imported it."""
-    if untimed := decision.untimed(names):
-        return f"never timed {', '.join(untimed)}, eligible here since it was made"
-    rows = db.buckets(decision, layer)
-    gone = sorted({row.winner for row in rows} - set(names))
-    if gone:
-        return f"has bucket rows that run {', '.join(gone)}, not eligible here since it was made"
-    if definition is not None and decision.checked_with and decision.checked_with != definition.checked_with:
-        return f"was checked with {decision.checked_with}; the op is checked with {definition.checked_with} now"
-    if (definition is not None and definition.weights and reads_weights(CudaGraphTimer) and decision.mode == "graph"
-            and decision.method.startswith("cuda:") and WEIGHTS_FROM_MEMORY not in decision.method):
-        return ("was timed replaying one copy of its weights, which the L2 can hold; graph timing reads them from "
-                "memory now (docs/TUNING.md section 2)")
-    if definition is not None and definition.bucket is not None:
-        for row in rows:
-            if (now := _keyed_today(row, definition)) is not None:
-                return (f"has bucket rows keyed otherwise than the op's bucket function has keyed their shapes since "
-                        f"it was made (such as {row.bucket}, now {now})")
-    return ""
-
-
-def _keyed_today(row: Decision, definition: OpDefinition) -> str | None:
-    """The bucket the op's bucket function gives a row's first shape today, where that is not the row's (the
-    function changed since the tune: gemm.mm's at commit c134b65); None when it is the row's, or cannot be told (inputs
-    built on the "meta" device, shapes without data, that the op's make_inputs or bucket function refuses; a
-    bucket that is no bucket key, which selection ignores too)."""
-    shape = next((s.shape for c in row.candidates for s in c.shapes), None)
-    if shape is None:
-        return None
-    try:
-        stored = parse_bucket(row.bucket)
-    except ValueError:  # no bucket key: table_of leaves the row out too
-        return None
-    cached = (definition.make_inputs, definition.bucket, json.dumps(shape, sort_keys=True))
-    if cached not in _meta_keys:
-        try:
-            _meta_keys[cached] = tuple(definition.bucket(*definition.make_inputs(shape, "meta")))
-        except Exception as exc:  # a user op's functions may not take meta tensors (or torch may be missing)
-            log.debug("op %r: bucket of %s not told on meta tensors: %s", row.op, shape, exc)
-            _meta_keys[cached] = None
-    key = _meta_keys[cached]
-    return bucket_text(key) if key is not None and key != stored else None
-
-
-# Each shape's bucket as _keyed_today last told it, by the op's functions: an op's eager and graph tables share their
-# shapes, and near matches (AUTOSEL_MATCH) judge several platforms' rows of them.
-_meta_keys: dict[tuple, tuple | None] = {}
 
 
 def lookup_stored(db, key: DecisionKey, eligible: list[KernelSpec], *, match: str = "exact",
@@ -220,7 +164,7 @@ def lookup_stored(db, key: DecisionKey, eligible: list[KernelSpec], *, match: st
     definition = registry.definition(key.op)
 
     def fits(decision: Decision, layer) -> bool:
-        return not every_backend or not outdated(db, decision, layer, names, definition)
+        return not every_backend or not outdated(db, decision, layer, names, definition, eligible)
 
     hit = db.lookup(key, usable=usable, fits=fits)
     near = hit is None and match != "exact"
@@ -278,7 +222,8 @@ def _decide_here(op: str, eligible: list[KernelSpec], platform: PlatformInfo, mo
     # Where nothing can be timed now, a row that is only outdated (a newer backend, one gone, another check)
     # decides, rather than fail a served model at its start.
     why_not = _why_not_timed(op, platform, settings)
-    reason = "" if older is None else outdated(db, older[0], older[2], spec_list(eligible), registry.definition(op))
+    reason = "" if older is None else outdated(db, older[0], older[2], spec_list(eligible), registry.definition(op),
+                                               eligible)
     if older is not None and not reason:  # current: another process recorded it between the two lookups (this one
         decision, buckets, layer = older  # lost the tune race), so it is this process's answer, with nothing timed
         log.info("op %r (%s mode): %s, stored by another process in the %s DB %s while this one looked", op, mode,
@@ -393,6 +338,10 @@ def tune_and_record(definition: OpDefinition, eligible: list[KernelSpec], *, pla
                 definition, eligible, reference=reference_for(definition) if reference is None else reference,
                 shapes=shapes or check_shapes, check_shapes=check_shapes, mode=mode, platform_key=platform.key,
                 versions=versions, autosel_version=__version__)
+            # What makes these rows stale once it changes; asked of the platform as its key says, as when judged.
+            measured_on = fingerprint(definition, eligible, platform_of_key(platform.key))
+            decision = replace(decision, fingerprint=measured_on)
+            buckets = [replace(row, fingerprint=measured_on) for row in buckets]
             db.record(decision, buckets)
             tunes_here[key] = tunes_here.get(key, 0) + 1
         break

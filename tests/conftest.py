@@ -64,6 +64,19 @@ def use_registry(monkeypatch, fresh) -> None:
         monkeypatch.setattr(module, "registry", fresh)
 
 
+def fresh_registry(monkeypatch, platform):
+    """A new registry that selection, tuning and the CLI read, on `platform`, with tests/ importable (toy_kernels)."""
+    from pathlib import Path
+
+    from autosel.registry import KernelRegistry
+
+    fresh = KernelRegistry()
+    use_registry(monkeypatch, fresh)
+    use_platform(monkeypatch, platform)
+    monkeypatch.syspath_prepend(str(Path(__file__).parent))
+    return fresh
+
+
 def use_platform(monkeypatch, platform) -> None:
     """Every caller of autosel.platforms.current_platform() sees `platform`."""
     from autosel import platforms

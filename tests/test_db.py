@@ -431,6 +431,7 @@ import json, os, sys, warnings
 from pathlib import Path
 from autosel.db import TuningDB
 from autosel.decisions import Decision
+import sqlite_utils  # imported at the first write (db_tools.writer): here, while the interpreter's files are in reach
 if os.geteuid() == 0:  # root writes through file permissions: test as an unprivileged user (imports done first:
     os.setgid(65534), os.setuid(65534)  # the interpreter's own files may be out of its reach)
 path = Path(sys.argv[1])

@@ -14,10 +14,10 @@ import threading
 from pathlib import Path
 
 import pytest
-from conftest import use_platform, use_registry
+from conftest import fresh_registry, use_platform, use_registry
 
 from autosel import state
-from autosel import batch, config, dispatch, selector, tuning
+from autosel import batch, config, dispatch, selector, staleness, tuning
 from autosel.jobs import TuneJob
 from autosel.errors import TuningError
 from autosel.platforms import PlatformInfo
@@ -32,11 +32,7 @@ HERE = Path(__file__).parent
 
 @pytest.fixture
 def reg(monkeypatch):
-    fresh = KernelRegistry()
-    use_registry(monkeypatch, fresh)
-    use_platform(monkeypatch, CPU)
-    monkeypatch.syspath_prepend(str(HERE))
-    return fresh
+    return fresh_registry(monkeypatch, CPU)
 
 
 def toy(reg, *backends, op="toy.double", shapes=True):
@@ -680,7 +676,7 @@ def test_a_decision_with_bucket_rows_its_bucket_function_keys_otherwise_today_is
     backends = ("torch", "torch_compile")
     decision = keyed("gemm.mm", "*", "torch", GEMM_16, backends)
     layer = tuning.database().record(decision, [keyed("gemm.mm", bucket, "torch_compile", shape, backends)])
-    assert tuning.outdated(tuning.database(), decision, layer, list(backends), DEFINITIONS[0]) == reason
+    assert staleness.outdated(tuning.database(), decision, layer, list(backends), DEFINITIONS[0]) == reason
 
 
 def test_a_stored_table_keyed_before_its_bucket_function_changed_is_tuned_again(reg, monkeypatch, caplog):
@@ -725,7 +721,7 @@ def test_a_shape_keyed_on_meta_once_serves_both_modes_tables_and_a_new_bucket_fu
         made.append(device)
         return toy_kernels.inputs(shape, device)
 
-    monkeypatch.setattr(tuning, "_meta_keys", {})
+    monkeypatch.setattr(staleness, "meta_keys", {})
     reg.register(KernelSpec("toy.split", B.TORCH, "toy_kernels:slow"))
     reg.register(KernelSpec("toy.split", B.JIT, "toy_kernels:overhead"))
     definition = OpDefinition("toy.split", shapes=toy_kernels.SPLIT_SHAPES, make_inputs=inputs,
@@ -737,12 +733,12 @@ def test_a_shape_keyed_on_meta_once_serves_both_modes_tables_and_a_new_bucket_fu
         row = dataclasses.replace(keyed("toy.split", "[20]", "jit", {"n": 16}, backends), mode=mode)
         tables.append((decision, tuning.database().record(decision, [row])))
     db = tuning.database()
-    assert [tuning.outdated(db, d, layer, list(backends), definition) for d, layer in tables] == [
+    assert [staleness.outdated(db, d, layer, list(backends), definition) for d, layer in tables] == [
         "has bucket rows keyed otherwise than the op's bucket function has keyed their shapes since it was made "
         "(such as [20], now [16])"] * 2
     assert made == ["meta"]
     changed = dataclasses.replace(definition, bucket=lambda x: (20,))  # the row's key again
-    assert tuning.outdated(db, *tables[0], list(backends), changed) == ""
+    assert staleness.outdated(db, *tables[0], list(backends), changed) == ""
     assert made == ["meta", "meta"]
 
 

@@ -125,3 +125,41 @@ def test_from_a_missing_file_is_one_line_not_a_traceback(tmp_path):
     result = tool("--folder", str(tmp_path), "--from", str(tmp_path / "missing.db"), "--name", "x")
     assert result.returncode == 1 and result.stderr == (f"--from: cannot read {tmp_path / 'missing.db'} (No such file "
                                                         "or directory); check the path\n")
+
+
+@pytest.mark.parametrize("text", TEXTS, ids=lambda p: p.stem)
+def test_every_shipped_row_carries_the_fingerprint_of_todays_code(text):
+    # Shipped rows without one were judged at every start-up by rebuilding their bucket keys on meta tensors, which
+    # imported torch._dynamo (about 1.5 s) before a plain-torch winner could run.
+    from autosel import staleness
+    from autosel.registry import load_plugins, registry
+
+    load_plugins()
+    for decision in read_decisions(text):
+        assert decision.fingerprint, (decision.op, decision.mode, decision.bucket)
+        if decision.bucket == "*":
+            timed = {c.backend for c in decision.candidates}
+            now = staleness.fingerprint(registry.definition(decision.op), [
+                s for s in registry.get(decision.op) if s.backend.value in timed],
+                staleness.platform_of_key(decision.platform_key))
+            assert staleness.changed_parts(decision.fingerprint, now) == [], (decision.op, decision.mode)
+
+
+def test_the_tool_fingerprints_rows_stored_without_one_and_check_names_those_it_cannot(tmp_path):
+    pytest.importorskip("torch")
+    rows = [json.loads(line) for line in TEXTS[0].read_text(encoding="utf-8").splitlines()]
+    for row in rows:
+        del row["fingerprint"]
+    text = tmp_path / "old.jsonl"
+    text.write_text("".join(json.dumps(row, sort_keys=True) + "\n" for row in rows), encoding="utf-8")
+    result = tool("--folder", str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    assert [d.fingerprint for d in read_decisions(text)] == [d.fingerprint for d in read_decisions(TEXTS[0])]
+    assert tool("--folder", str(tmp_path), "--check").returncode == 0
+    bucket = next(row for row in rows if row["bucket"] != "*")  # keyed otherwise than its bucket function keys it
+    bucket["bucket"] = json.dumps([12345] + json.loads(bucket["bucket"])[1:])
+    text.write_text("".join(json.dumps(row, sort_keys=True) + "\n" for row in rows), encoding="utf-8")
+    result = tool("--folder", str(tmp_path))
+    assert result.returncode == 1 and "rows without a fingerprint" in result.stderr
+    assert f"{bucket['op']} ({bucket['mode']}" in result.stderr
+    assert tool("--folder", str(tmp_path), "--check").returncode == 1

@@ -236,12 +236,13 @@ class TuningDB:
         with self._lock:
             while True:
                 layer = self._writable()
+                writer = layer.db  # made before the transaction: sqlite-utils sets a PRAGMA as it starts
                 try:
                     with immediate(layer.conn):
                         if buckets is not None:
                             layer.conn.execute(f"DELETE FROM decisions WHERE {_SAME_TUNE} AND bucket != ?",
                                                _same_tune_params(decision))
-                        layer.db["decisions"].upsert_all(rows, pk=KEY_COLUMNS)
+                        writer["decisions"].upsert_all(rows, pk=KEY_COLUMNS)
                     if layer.warn_on_write:  # a read-only user file: said now, when a decision is lost at exit
                         warn_once(layer.warn_on_write[0], "readonly", layer.warn_on_write[1])
                     return layer.layer()
@@ -347,6 +348,7 @@ class TuningDB:
     def _acquire(self, layer: OpenFile, key: tuple[str, str, str], token: str, ttl_s: float, wait_s: float,
                  poll_s: float) -> bool:
         host, start, waited, holder = socket.gethostname(), time.monotonic(), False, None
+        writer = layer.db  # made before the transaction: sqlite-utils sets a PRAGMA as it starts
         while True:
             with self._lock, immediate(layer.conn):
                 row = layer.conn.execute("SELECT host, pid, expires_at, token FROM leases WHERE platform_key = ? "
@@ -359,7 +361,7 @@ class TuningDB:
                 stale = row is not None and (row[2] < now or (row[0] == host and not _pid_alive(row[1])))
                 overdue = row is not None and time.monotonic() - start > wait_s
                 if row is None or stale or overdue:
-                    layer.db["leases"].upsert(
+                    writer["leases"].upsert(
                         {"platform_key": key[0], "op": key[1], "mode": key[2], "host": host, "pid": os.getpid(),
                          "token": token, "expires_at": now + ttl_s}, pk=("platform_key", "op", "mode"))
             if row is not None and stale:

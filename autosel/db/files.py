@@ -15,8 +15,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
-from sqlite_utils import Database
-
 from autosel.db import tools as db_tools
 from autosel.db.tools import (
     OWN_TABLES, ROW_COLUMNS, SQLITE_MAGIC, Corrupt, NotSQLite, connect, header_application_id, identify, inspect,
@@ -73,12 +71,19 @@ class OpenFile:
         self.schema_version, self.problem, self.broken = schema_version, problem, False
         self.could_write, self.fix = could_write, fix
         self.warn_on_write: tuple[Path, str] | None = None  # (path, warning) for the first decision written here
-        self.db = Database(conn, execute_plugins=False) if writable else None
+        self._db = None
         # A connection is in a reference cycle with its own statement cache, so one dropped unclosed lingers until
         # a garbage collection, or past exit, and leaves a WAL file's -wal and -shm behind: closed with its layer.
         # At exit the TuningDBs still open close theirs, leaving each file ready to ship (autosel.db).
         self._finalizer = weakref.finalize(self, _close_connection, conn, os.getpid())
         self._finalizer.atexit = False
+
+    @property
+    def db(self):
+        """sqlite-utils' view of a writable layer, made at its first write (db_tools.writer says why)."""
+        if self._db is None and self.writable:
+            self._db = db_tools.writer(self.conn)
+        return self._db
 
     def layer(self) -> Layer:
         try:

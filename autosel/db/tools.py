@@ -9,16 +9,25 @@ import sqlite3
 from contextlib import contextmanager, suppress
 from dataclasses import MISSING, astuple, dataclass, fields, replace
 from pathlib import Path
-from typing import Callable, Iterable, Iterator, Sequence
-
-from sqlite_utils import Database
+from typing import TYPE_CHECKING, Callable, Iterable, Iterator, Sequence
 
 from autosel.decisions import OP_LEVEL_BUCKET, Decision, DecisionKey
 from autosel.errors import DatabaseError
 from autosel.files import open_regular, special_kind
 from autosel.version import __version__
 
+if TYPE_CHECKING:
+    from sqlite_utils import Database
+
 logger = logging.getLogger(__name__)
+
+
+def writer(conn: sqlite3.Connection) -> "Database":
+    """sqlite-utils over a connection, for writes. Imported here, not with the module: reading a decision at start-up
+    needs only sqlite3, and sqlite-utils (with click, dateutil and pluggy) cost a first get_kernel about 55 ms."""
+    from sqlite_utils import Database
+
+    return Database(conn, execute_plugins=False)
 
 SCHEMA_VERSION = 1
 BUSY_TIMEOUT_S = 60.0
@@ -200,7 +209,7 @@ def migrate(conn: sqlite3.Connection, *, written_by: str | None = None) -> None:
 
     if done():
         return
-    db = Database(conn, execute_plugins=False)
+    db = writer(conn)
     with immediate(conn):
         current = conn.execute("PRAGMA user_version").fetchone()[0]  # re-read under the write lock
         if current < SCHEMA_VERSION:
@@ -247,6 +256,9 @@ def check_evidence(decision: Decision) -> Decision:
     for name, version in decision.versions.items():
         _expect(name, text, "a versions key")
         _expect(version, text, f"versions[{name!r}]")
+    for part, digest in decision.fingerprint.items():
+        _expect(part, text, "a fingerprint part")
+        _expect(digest, text, f"fingerprint[{part!r}]")
     for pair in decision.per_shape_winners:
         if len(pair) != 2:
             raise ValueError(f"per_shape_winners entry {pair!r} is not a (shape, backend) pair")
@@ -364,7 +376,7 @@ def export_decisions(rows: Iterable[Decision], out: Path, *, fmt: str, overwrite
                 conn.execute("PRAGMA journal_mode = DELETE")  # a single file that can ship read-only
                 migrate(conn)
                 with immediate(conn):
-                    Database(conn, execute_plugins=False)["decisions"].upsert_all(
+                    writer(conn)["decisions"].upsert_all(
                         [decision_row(d) for d in ordered], pk=KEY_COLUMNS)
             finally:
                 conn.close()
@@ -441,7 +453,7 @@ def build_reproducible(rows: Iterable[Decision], out: Path, *, overwrite: bool =
             conn.execute("PRAGMA journal_mode = DELETE")
             migrate(conn, written_by=written_by)
             with immediate(conn):
-                db = Database(conn, execute_plugins=False)
+                db = writer(conn)
                 db["meta"].upsert({"key": "built_with_sqlite", "value": sqlite3.sqlite_version}, pk="key")
                 db["decisions"].insert_all([decision_row(d) for d in ordered])
             conn.execute("VACUUM")
