@@ -11,6 +11,7 @@ from typing import Any, Callable
 from autosel import config, platforms
 from autosel.dispatch import BucketTable, dispatcher, recording, trace_as
 from autosel.distributed import agree_on_fewer, agreement_kept, decision_kernels, in_process_group
+from autosel.planned import Planner
 from autosel.platforms import PlatformInfo, capturing_cuda_graph
 from autosel.registry import load_plugins, on_register, registry
 from autosel.spec import KernelBackend, KernelSpec, spec_list
@@ -201,9 +202,19 @@ def _build(op: str, backend: KernelBackend | str | None, mode: str | None) -> Ca
         if fn is kernels[table.default]:  # a uniform table, or no bucket function: the plain kernel
             trace_as(fn, traced[table.default])
     record_to = config.record_path()
-    if record_to is not None:
+    if record_to is not None:  # a planned op's batches are recorded as its plans are made
         fn = recording(op, fn, record_to, mode_name, definition.shape_of if definition else None)
+    if definition is not None and definition.planned:
+        fn = Planner(op, fn, _backend_of(choice, definition))
     return fn
+
+
+def _backend_of(choice, definition) -> Callable[[Any], str]:
+    """For a Planner: which backend a batch's plan runs, by the same table its dispatcher routes with."""
+    if isinstance(choice, KernelSpec):
+        return lambda batch: choice.backend.value
+    table = choice[1]
+    return lambda batch: table.route(definition.bucket(batch)) if definition.bucket else table.default
 
 
 # Ops whose cached kernel came from a decision made with no process group up: this rank's own choice, kept until

@@ -15,6 +15,7 @@ from typing import Any, Callable, Sequence
 from autosel import checks
 from autosel.decisions import OP_LEVEL_BUCKET, CandidateResult, Decision, ShapeResult, bucket_text, format_lead
 from autosel.errors import NoCandidateError, TuningError
+from autosel.planned import kernel_of, prepare, run_args
 from autosel.policy import DEFAULT_POLICY, WEIGHTS_FROM_MEMORY, Policy, Verdict, relative_scores, shape_text
 from autosel.spec import KernelSpec, OpDefinition
 from autosel.timing import Timer, measure_together, reads_weights, summarize, synchronize
@@ -59,6 +60,7 @@ class _Candidate:
     samples: dict[int, list[float]] = field(default_factory=dict)
     rounds: dict[int, list[list[float]]] = field(default_factory=dict)  # shape index -> samples of each round
     splits: dict[int, list[tuple[float, float]]] = field(default_factory=dict)  # shape index -> (host, device) us
+    plan_us: dict[int, list[float]] = field(default_factory=dict)  # planned ops: shape index -> plan-building times
 
     @property
     def backend(self) -> str:
@@ -204,7 +206,7 @@ class Tuner:
         if not shapes:
             raise TuningError(f"op {op!r} has no representative shapes to tune on; pass shapes= to register_op")
         self._emit("started", op, detail=f"{len(specs)} candidates, {len(shapes)} shapes, {mode} mode")
-        candidates = [self._load(_Candidate(spec)) for spec in specs]
+        candidates = [self._load(_Candidate(spec), definition) for spec in specs]
         for candidate in candidates:
             if candidate.fn is None:
                 self._emit("rejected", op, candidate.backend, candidate.reason or "")
@@ -223,9 +225,9 @@ class Tuner:
         log.debug("tune %s %s %s %s", op, kind, backend or "", detail)
         self.on_event(TuneEvent(kind, op, backend, detail, fraction, self._mode))
 
-    def _load(self, candidate: _Candidate) -> _Candidate:
+    def _load(self, candidate: _Candidate, definition: OpDefinition) -> _Candidate:
         try:
-            candidate.fn = candidate.spec.load()
+            candidate.fn = kernel_of(definition, candidate.spec.load())
         except (Exception, SystemExit) as exc:  # a candidate that cannot load is data, not a failure of the tune
             candidate.reject("rejected", f"could not load {candidate.spec.target!r}: {type(exc).__name__}: {exc}")
         return candidate
@@ -287,13 +289,15 @@ class Tuner:
                 timed = [c for c in order if c.status == "ok" and (c.backend, index) not in settled]
                 if round_index > 0 and len(timed) < 2:  # the shape's winner is settled
                     continue
+                prepared, failed_plans = self._prepare(definition, timed, base, index)
                 if writes:
-                    calls = {c.backend: _after_writing(c.fn, definition.activations, base, definition.weights,
-                                                       weight_bytes) for c in timed}
-                    calls[WRITES] = _after_writing(None, definition.activations, base)
+                    calls = {b: _after_writing(fn, definition.activations, args, definition.weights, weight_bytes)
+                             for b, (fn, args) in prepared.items()}
+                    calls[WRITES] = _after_writing(None, definition.activations, run_args(definition, base))
                 else:
-                    calls = {c.backend: checks.rotating_call(c.fn, base, rotate_bytes) for c in timed}
+                    calls = {b: checks.rotating_call(fn, args, rotate_bytes) for b, (fn, args) in prepared.items()}
                 times, failed = measure_together(self.timer, calls, shape=shape)
+                failed.update(failed_plans)
                 if writes:
                     times = _less_writes(times, failed, op, shape)
                 for candidate in timed:
@@ -325,6 +329,23 @@ class Tuner:
                          round_index + 1, self.rounds)
                 break
         return buckets
+
+    def _prepare(self, definition: OpDefinition, timed: list[_Candidate], base: tuple, index: int
+                 ) -> tuple[dict[str, tuple], dict[str, BaseException]]:
+        """Per candidate, what its timed calls run and on what: a planned op's plan is built here, outside the
+        timed region, and the time that took kept as evidence (autosel.planned). A plan that raises is the
+        candidate's failure, as a call that raises while timed is."""
+        prepared, failed = {}, {}
+        for candidate in timed:
+            try:
+                fn, args, plan_us = prepare(definition, candidate.fn, base, self.device)
+            except (Exception, SystemExit) as exc:
+                failed[candidate.backend] = exc
+                continue
+            prepared[candidate.backend] = (fn, args)
+            if plan_us is not None:
+                candidate.plan_us.setdefault(index, []).append(plan_us)
+        return prepared, failed
 
     def _settled(self, alive: list[_Candidate], n_shapes: int) -> set[tuple[str, int]]:
         """settled_pairs of the first round's per-shape medians."""
@@ -482,7 +503,8 @@ def _decision(op: str, bucket: str, verdict: Verdict, candidates: list[_Candidat
         shape_results = tuple(
             ShapeResult(shape=dict(shapes[i]), max_abs_err=c.errors.get(i, (None, None))[0],
                         max_rel_err=c.errors.get(i, (None, None))[1], timing=timings[c.backend][i],
-                        first_call_s=c.first_call_s.get(i))
+                        first_call_s=c.first_call_s.get(i),
+                        plan_us=statistics.median(c.plan_us[i]) if c.plan_us.get(i) else None)
             for i in indices
         )
         results.append(CandidateResult(backend=c.backend, status=c.status, reason=c.reason,
