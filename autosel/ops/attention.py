@@ -155,18 +155,19 @@ def extend_bucket(batch: PagedBatch, *rest) -> tuple:
 
 
 def attention_shape(batch: PagedBatch, *rest) -> dict:
-    """A batch as a shape (AUTOSEL_RECORD): its bucket's numbers, uniform lengths at the mean."""
-    mean = token_bucket(batch.total_kv / batch.batch_size)
-    shape = {"batch": token_bucket(batch.batch_size), "kv": mean, "q_heads": batch.num_q_heads,
-             "kv_heads": batch.num_kv_heads, "head_dim": batch.head_dim, "page_size": batch.page_size,
-             "dtype": str(batch.dtype).removeprefix("torch.")}
-    if not batch.is_decode:
-        shape["new"] = max(shape["batch"], token_bucket(batch.total_q))
-        shape["prefix"] = max(0, mean - shape["new"] // shape["batch"])
-        del shape["kv"]
+    """A batch as a shape (AUTOSEL_RECORD), its numbers rounded as its bucket's: decode's batch size and mean KV
+    length, extend's batch size, new tokens and mean prefix; "mixed" where lengths spread."""
+    count = token_bucket(batch.batch_size)
+    if batch.is_decode:
+        sizes = {"batch": count, "kv": token_bucket(batch.total_kv / batch.batch_size)}
+    else:
+        prefix = (batch.total_kv - batch.total_q) / batch.batch_size
+        sizes = {"batch": count, "new": max(count, token_bucket(batch.total_q)),
+                 "prefix": token_bucket(prefix) if prefix >= 1 else 0}
     if _spread(batch) > 1:
-        shape["spread"] = "mixed"
-    return shape
+        sizes["spread"] = "mixed"
+    return {**sizes, "q_heads": batch.num_q_heads, "kv_heads": batch.num_kv_heads, "head_dim": batch.head_dim,
+            "page_size": batch.page_size, "dtype": str(batch.dtype).removeprefix("torch.")}
 
 
 # --- representative batches ------------------------------------------------------------------------------------
@@ -177,8 +178,8 @@ LLAMA3_8B, LLAMA3_70B, QWEN3_32B, GEMMA2_9B, MQA = (32, 8, 128), (64, 8, 128), (
 
 def _shape(layout: tuple, page_size: int = 16, dtype: str = "bfloat16", **sizes) -> dict:
     q_heads, kv_heads, head_dim = layout
-    return {**sizes, "q_heads": q_heads, "kv_heads": kv_heads, "head_dim": head_dim, "page_size": page_size,
-            "dtype": dtype}
+    shape = {**sizes, "q_heads": q_heads, "kv_heads": kv_heads, "head_dim": head_dim, "page_size": page_size}
+    return shape if dtype == "bfloat16" else {**shape, "dtype": dtype}  # bf16 is dtype_of's default
 
 
 # Decode from batch 1 to 512 and KV 128 to 64k. Total KV tokens are kept to 1M (4 GB of bf16 K and V at 8 KV heads
@@ -197,7 +198,7 @@ DECODE_SHAPES = ShapesByDevice(
     ]),
     cpu=tuple([
         _shape((4, 2, 64), batch=1, kv=37), _shape((4, 1, 64), batch=4, kv=64, spread="mixed"),
-        _shape((2, 2, 256), page_size=1, batch=2, kv=20),
+        _shape((2, 2, 256), page_size=1, batch=2, kv=16),
     ]),
 )
 # Extend from 1 to 8192 new tokens on prefixes from 0 (prefill) to 32k.
@@ -214,7 +215,7 @@ EXTEND_SHAPES = ShapesByDevice(
     ]),
     cpu=tuple([
         _shape((4, 2, 64), batch=1, new=19, prefix=0), _shape((4, 1, 64), batch=3, new=24, prefix=40, spread="mixed"),
-        _shape((2, 2, 256), page_size=1, batch=2, new=6, prefix=5),
+        _shape((2, 2, 256), page_size=1, batch=2, new=8, prefix=8),
     ]),
 )
 
