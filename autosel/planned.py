@@ -18,21 +18,36 @@ the new batch's metadata into those buffers (the torch backend does).
 
 from __future__ import annotations
 
+import logging
+import sys
 import time
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
+
+log = logging.getLogger(__name__)
+
+
+class UnsupportedBatch(ValueError):
+    """A batch that the chosen backend cannot run (its module's supports(batch) said why) and none can stand in for."""
+
+
+def supports_of(plan_class: Any) -> Callable[[Any], str | None]:
+    """The `supports(batch) -> reason | None` of a plan class's module; a module without one supports every batch."""
+    module = sys.modules.get(getattr(plan_class, "__module__", ""), None)
+    return getattr(module, "supports", None) or (lambda batch: None)
 
 
 class Planner:
     """An op's plan maker: `plan(batch)` chooses the backend for the batch (its bucket's winner) and builds its
     plan; `planner(batch, *rest)` plans and runs once (what checks and one-off calls use)."""
 
-    __slots__ = ("op", "make_plan", "_backend_of", "__weakref__")
+    __slots__ = ("op", "make_plan", "_backend_of", "_unsupported", "__weakref__")
 
-    def __init__(self, op: str, make_plan: Callable[[Any], Any],
-                 backend_of: Callable[[Any], str | None] | None = None) -> None:
+    def __init__(self, op: str, make_plan: Callable[[Any], Any], backend_of: Callable[[Any], str | None] | None = None,
+                 unsupported: Callable[[Any], str | None] | None = None) -> None:
         self.op = op
-        self.make_plan = make_plan  # a plan class, or a dispatcher over them (autosel.dispatch) keyed by the batch
+        self.make_plan = make_plan  # a plan class, or a function choosing one per batch (planner_for)
         self._backend_of = backend_of or (lambda batch: None)
+        self._unsupported = unsupported or (lambda batch: None)
 
     def plan(self, batch: Any) -> Any:
         """The plan of `batch` on its bucket's winner; call its `run` once per layer."""
@@ -45,16 +60,49 @@ class Planner:
         """The backend `plan(batch)` runs (for logs and tests), None where get_kernel did not choose it."""
         return self._backend_of(batch)
 
+    def unsupported(self, batch: Any) -> str | None:
+        """Why this planner's one backend cannot run `batch` (its module's supports), or None. The tuner leaves such
+        a batch out of that candidate's checks and timing: it is ineligible there, not wrong."""
+        return self._unsupported(batch)
+
     def __repr__(self) -> str:
         return f"<autosel Planner for {self.op} via {getattr(self.make_plan, '__qualname__', self.make_plan)!r}>"
 
 
 def kernel_of(definition: Any, loaded: Any) -> Any:
-    """What autosel calls as the kernel of `definition`'s op: a Planner around a planned op's plan class (or
-    dispatcher), else the loaded kernel as it is."""
+    """What autosel calls as the kernel of `definition`'s op: a Planner around a planned op's plan class, else the
+    loaded kernel as it is."""
     if definition is None or not getattr(definition, "planned", False) or isinstance(loaded, Planner):
         return loaded
-    return Planner(definition.op, loaded)
+    return Planner(definition.op, loaded, unsupported=supports_of(loaded))
+
+
+def planner_for(op: str, classes: Mapping[str, Any], route: Callable[[Any], str]) -> Planner:
+    """The Planner get_kernel returns: each batch's plan on route(batch)'s backend, or, where that backend's supports
+    says it cannot run the batch, on the first of `classes` (eligible, in registration order: the reference first)
+    that can. Never a wrong result: with none able, UnsupportedBatch with every reason."""
+    supports = {backend: supports_of(cls) for backend, cls in classes.items()}
+
+    def choose(batch: Any) -> str:
+        chosen = route(batch)
+        reason = supports[chosen](batch)
+        if reason is None:
+            return chosen
+        reasons = {chosen: reason}
+        for backend in classes:
+            if backend not in reasons:
+                reasons[backend] = supports[backend](batch)
+                if reasons[backend] is None:
+                    log.debug("%s: %s cannot run this batch (%s); %s plans it", op, chosen, reason, backend)
+                    return backend
+        raise UnsupportedBatch(f"{op}: no backend can run this batch: " +
+                               "; ".join(f"{b}: {r}" for b, r in reasons.items()))
+
+    def make_plan(batch: Any) -> Any:
+        return classes[choose(batch)](batch)
+
+    make_plan.__qualname__ = f"plan[{op}]"
+    return Planner(op, make_plan, backend_of=choose)
 
 
 def run_args(definition: Any, args: Sequence[Any]) -> tuple:

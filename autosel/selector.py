@@ -11,7 +11,7 @@ from typing import Any, Callable
 from autosel import config, platforms
 from autosel.dispatch import BucketTable, dispatcher, recording, trace_as
 from autosel.distributed import agree_on_fewer, agreement_kept, decision_kernels, in_process_group
-from autosel.planned import Planner
+from autosel.planned import Planner, planner_for
 from autosel.platforms import PlatformInfo, capturing_cuda_graph
 from autosel.registry import load_plugins, on_register, registry
 from autosel.spec import KernelBackend, KernelSpec, spec_list
@@ -182,6 +182,8 @@ _traced_name._dynamo_marked_constant = True  # type: ignore[attr-defined]
 def _build(op: str, backend: KernelBackend | str | None, mode: str | None) -> Callable[..., Any]:
     choice = _choose(op, backend, mode)
     definition = registry.definition(op)
+    if definition is not None and definition.planned:
+        return _build_planner(op, choice, definition, mode)
     if isinstance(choice, KernelSpec):
         fn = choice.load()
         mode_name = mode or "eager"
@@ -202,19 +204,35 @@ def _build(op: str, backend: KernelBackend | str | None, mode: str | None) -> Ca
         if fn is kernels[table.default]:  # a uniform table, or no bucket function: the plain kernel
             trace_as(fn, traced[table.default])
     record_to = config.record_path()
-    if record_to is not None:  # a planned op's batches are recorded as its plans are made
+    if record_to is not None:
         fn = recording(op, fn, record_to, mode_name, definition.shape_of if definition else None)
-    if definition is not None and definition.planned:
-        fn = Planner(op, fn, _backend_of(choice, definition))
     return fn
 
 
-def _backend_of(choice, definition) -> Callable[[Any], str]:
-    """For a Planner: which backend a batch's plan runs, by the same table its dispatcher routes with."""
+def _build_planner(op: str, choice, definition, mode: str | None) -> Planner:
+    """A planned op's Planner (autosel.planned): the chosen backend's plan class, or for a measured decision the
+    bucket's winner per batch, with every eligible class loaded to stand in where a winner cannot run a batch."""
     if isinstance(choice, KernelSpec):
-        return lambda batch: choice.backend.value
-    table = choice[1]
-    return lambda batch: table.route(definition.bucket(batch)) if definition.bucket else table.default
+        classes, route = {choice.backend.value: choice.load()}, (lambda batch: choice.backend.value)
+        mode = mode or "eager"
+    else:
+        _, table, eligible = choice
+        mode = table.mode
+        if not in_process_group():
+            chosen_alone.add(op)
+        classes = {s.backend.value: s.load() for s in eligible}
+        winners: dict[tuple, str] = {}  # bucket -> backend, each bucket routed once (BucketTable.route)
+
+        def route(batch) -> str:
+            if definition.bucket is None:
+                return table.default
+            key = definition.bucket(batch)
+            return winners.get(key) or winners.setdefault(key, table.route(key))
+    planner = planner_for(op, classes, route)
+    record_to = config.record_path()
+    if record_to is not None:  # a planned op's batches are recorded as their plans are made
+        planner.make_plan = recording(op, planner.make_plan, record_to, mode, definition.shape_of)
+    return planner
 
 
 # Ops whose cached kernel came from a decision made with no process group up: this rank's own choice, kept until

@@ -61,6 +61,7 @@ class _Candidate:
     rounds: dict[int, list[list[float]]] = field(default_factory=dict)  # shape index -> samples of each round
     splits: dict[int, list[tuple[float, float]]] = field(default_factory=dict)  # shape index -> (host, device) us
     plan_us: dict[int, list[float]] = field(default_factory=dict)  # planned ops: shape index -> plan-building times
+    unsupported: dict[int, str] = field(default_factory=dict)  # planned ops: shape index -> why it cannot run it
 
     @property
     def backend(self) -> str:
@@ -70,8 +71,13 @@ class _Candidate:
         self.status, self.reason = status, reason
 
 
+def _shared(candidates: list[_Candidate], n_shapes: int) -> list[int]:
+    """The shape indices every candidate runs: all of them, but where a planned op's backend cannot run a shape."""
+    return [i for i in range(n_shapes) if not any(i in c.unsupported for c in candidates)]
+
+
 def _scores(candidates: list[_Candidate], n_shapes: int) -> dict[str, float]:
-    return relative_scores({c.backend: [statistics.median(c.samples[i]) for i in range(n_shapes)]
+    return relative_scores({c.backend: [statistics.median(c.samples[i]) for i in _shared(candidates, n_shapes)]
                             for c in candidates})
 
 
@@ -80,6 +86,7 @@ class CheckReport:
     errors: dict[int, tuple[float | None, float | None]]  # shape index -> (max abs, max rel) error
     first_call_s: dict[int, float]  # includes compilation on the first shape
     reason: str | None = None  # why it failed, or None
+    unsupported: dict[int, str] = field(default_factory=dict)  # shape index -> why a planned op's backend cannot run it
 
 
 def check_candidate(fn: Callable[..., Any], definition: OpDefinition, reference: Callable[..., Any],
@@ -91,6 +98,10 @@ def check_candidate(fn: Callable[..., Any], definition: OpDefinition, reference:
     for index, shape in enumerate(shapes):
         torch.manual_seed(seed + index)
         args = _inputs(definition, shape, device)
+        unsupported = getattr(fn, "unsupported", None)  # a Planner: ineligible at this shape, with its reason
+        if unsupported is not None and (reason := unsupported(args[0])) is not None:
+            report.unsupported[index] = f"does not support {shape_text(shape)}: {reason}"
+            continue
         ref_args, call_args = checks.clone_args(args), checks.clone_args(args)
         try:
             ref_result = reference(*ref_args)
@@ -251,6 +262,9 @@ class Tuner:
                 continue
             report = check_candidate(candidate.fn, definition, reference, shapes, device=self.device, seed=self.seed)
             candidate.errors, candidate.first_call_s = report.errors, report.first_call_s
+            candidate.unsupported = report.unsupported
+            if not report.reason and len(report.unsupported) == len(shapes):
+                report.reason = f"runs none of the shapes; {next(iter(report.unsupported.values()))}"
             if report.reason:
                 candidate.reject("rejected", report.reason)
                 self._emit("rejected", definition.op, candidate.backend, candidate.reason)
@@ -286,7 +300,8 @@ class Tuner:
                 if round_index == 0 and definition.bucket is not None:
                     buckets[index] = bucket_of(definition, base)
                     _check_route(definition, base, buckets[index], routes)
-                timed = [c for c in order if c.status == "ok" and (c.backend, index) not in settled]
+                timed = [c for c in order if c.status == "ok" and (c.backend, index) not in settled
+                         and index not in c.unsupported]
                 if round_index > 0 and len(timed) < 2:  # the shape's winner is settled
                     continue
                 prepared, failed_plans = self._prepare(definition, timed, base, index)
@@ -349,7 +364,8 @@ class Tuner:
 
     def _settled(self, alive: list[_Candidate], n_shapes: int) -> set[tuple[str, int]]:
         """settled_pairs of the first round's per-shape medians."""
-        return settled_pairs({c.backend: [statistics.median(c.samples[i]) for i in range(n_shapes)] for c in alive},
+        return settled_pairs({c.backend: [math.inf if i in c.unsupported else statistics.median(c.samples[i])
+                                          for i in range(n_shapes)] for c in alive},
                              self.settled_factor)
 
     def _drop_far_behind(self, op: str, alive: list[_Candidate], n_shapes: int) -> None:
@@ -357,7 +373,8 @@ class Tuner:
         win that shape's bucket."""
         scores = _scores(alive, n_shapes)
         best = min(scores.values())  # relative to the best score, so the leader itself is never dropped
-        leaders = {min(alive, key=lambda c: statistics.median(c.samples[i])).backend for i in range(n_shapes)}
+        leaders = {min((c for c in alive if i not in c.unsupported), key=lambda c: statistics.median(c.samples[i])
+                       ).backend for i in range(n_shapes)}
         for candidate in alive:
             behind = scores[candidate.backend] / best
             if behind > self.drop_factor and candidate.backend not in leaders:
@@ -386,14 +403,27 @@ class Tuner:
         common = dict(mode=mode, platform_key=platform_key, versions=dict(versions), method=method,
                       tune_s=tune_s, autosel_version=autosel_version, checked_with=definition.checked_with,
                       created_at=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))
-        verdict = self.policy.judge(stats)
+        # A planned op's backend that cannot run some shapes (its supports) competes only where it runs all of a
+        # decision's shapes: the op-level winner, which untuned buckets run, must run every tuned one.
+        everywhere = {b: ms for b, ms in stats.items() if all(m is not None for m in ms)}
+        if not everywhere:
+            raise NoCandidateError(f"op {op!r}: no candidate runs every shape ("
+                                   + "; ".join(f"{c.backend}: {next(iter(c.unsupported.values()), c.reason)}"
+                                               for c in candidates) + ")")
+        verdict = self.policy.judge(everywhere)
         decision = _decision(op, OP_LEVEL_BUCKET, verdict, candidates, timings, shapes, range(len(shapes)), common)
         groups: dict = {}
         for i, key in enumerate(buckets):
             if key is not None:
                 groups.setdefault(key, []).append(i)
+        if len(everywhere) == len(stats):
+            verdicts = self.policy.judge_groups(stats, groups, default=decision.winner)
+        else:
+            verdicts = {key: self.policy.judge_groups(
+                {b: [ms[i] for i in idx] for b, ms in stats.items() if all(ms[i] is not None for i in idx)},
+                {key: range(len(idx))}, default=decision.winner)[key] for key, idx in groups.items()}
         per_bucket = [_decision(op, bucket_text(key), v, candidates, timings, shapes, groups[key], common)
-                      for key, v in self.policy.judge_groups(stats, groups, default=decision.winner).items()]
+                      for key, v in verdicts.items()]
         lead = "" if not decision.runner_up else (
             f"lead over {decision.runner_up} {format_lead(decision)}, " if decision.lead_over_runner_up >= 0
             else f"over {decision.runner_up}: {format_lead(decision)}; ")  # in words: the default kept
@@ -507,7 +537,11 @@ def _decision(op: str, bucket: str, verdict: Verdict, candidates: list[_Candidat
                         plan_us=statistics.median(c.plan_us[i]) if c.plan_us.get(i) else None)
             for i in indices
         )
-        results.append(CandidateResult(backend=c.backend, status=c.status, reason=c.reason,
+        status, reason = c.status, c.reason
+        cannot = [c.unsupported[i] for i in indices if i in c.unsupported]
+        if status == "ok" and cannot:  # ineligible for this decision's shapes, with the reason, never wrong
+            status, reason = "unsupported", cannot[0]
+        results.append(CandidateResult(backend=c.backend, status=status, reason=reason,
                                        score=scores.get(c.backend), shapes=shape_results))
     return Decision(
         op=op, bucket=bucket, winner=winner, candidates=tuple(results), margin=verdict.margin, runner_up=runner_up,
