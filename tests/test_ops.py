@@ -13,6 +13,7 @@ import torch
 
 from autosel import checks, selector, tuning
 from autosel.ops import GROUPS, register_builtin_ops
+from autosel.planned import kernel_of
 from autosel.platforms import PlatformInfo
 from autosel.registry import KernelRegistry
 from autosel.spec import KernelBackend as B
@@ -93,8 +94,8 @@ def _small(op: str) -> list[dict]:
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_torch_compile_agrees_with_the_reference(op, dtype):
     definition = DEFINITIONS[op]
-    reference = next(s for s in SPECS if s.op == op and s.backend == B.TORCH).load()
-    compiled = next(s for s in SPECS if s.op == op and s.backend == B.TORCH_COMPILE).load()
+    reference = kernel_of(definition, next(s for s in SPECS if s.op == op and s.backend == B.TORCH).load())
+    compiled = kernel_of(definition, next(s for s in SPECS if s.op == op and s.backend == B.TORCH_COMPILE).load())
     for index, shape in enumerate(_small(op)):
         torch.manual_seed(index)
         args = definition.make_inputs(dict(shape, dtype=dtype), "cpu")

@@ -21,6 +21,12 @@ def supports(batch) -> str | None:
     return None
 
 
+def _padded_length(batch) -> int:
+    """The longest sequence rounded up to whole pages: what the plan's buffers hold, so that `update` can take the
+    next steps' batches (one token longer each) until a sequence needs another page."""
+    return -(-batch.max_kv // batch.page_size) * batch.page_size
+
+
 def _kv_index(batch, longest: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(slot [batch, longest] int64 into the flattened cache, valid [batch, longest] bool). Slots past a sequence's
     end point at slot 0, which exists, whatever the page table holds there."""
@@ -44,7 +50,7 @@ class DecodePlan:
 
     def __init__(self, batch) -> None:
         self.batch = batch
-        self.longest = batch.max_kv
+        self.longest = _padded_length(batch)
         self.slots, valid = _kv_index(batch, self.longest)
         self.mask = valid[:, None, None, :]  # [batch, 1, 1, longest]: broadcast over heads and query rows
 
@@ -76,7 +82,7 @@ class ExtendPlan:
 
     def __init__(self, batch) -> None:
         self.batch = batch
-        self.longest, self.rows = batch.max_kv, batch.max_q
+        self.longest, self.rows = _padded_length(batch), batch.max_q
         self._build(batch)
 
     def _build(self, batch) -> None:
