@@ -256,3 +256,19 @@ def test_every_rank_plans_on_rank_zeros_decision(tmp_path):
     results, _ = run_ranks(RANKS, 2, tmp_path, AUTOSEL_BUDGET_S="5")
     assert results[0]["backends"] == results[1]["backends"]
     assert results[0]["built"] > 0 and results[1]["built"] == 0  # rank 0 tuned; rank 1 took its table
+
+
+def test_show_report_and_check_read_a_planned_ops_rows(reg, tmp_path):
+    toy(reg, B.TORCH, B.TRITON)
+    selector.get_kernel(OP)
+    show = CliRunner().invoke(cli.main, ["show", "--op", OP], env={"COLUMNS": "250"})
+    assert show.exit_code == 0, show.output
+    lines = [line for line in show.output.splitlines() if line.lstrip().startswith(OP)]
+    assert [line.split()[2] for line in lines] == ["*", "[1024]", "[4096]"]
+    assert all(", plan " in line for line in lines)  # the plan-building time beside each candidate's median
+    out = tmp_path / "report.html"
+    report = CliRunner().invoke(cli.main, ["report", "--out", str(out), "--op", OP])
+    assert report.exit_code == 0, report.output
+    assert "(plan " in out.read_text()
+    check = CliRunner().invoke(cli.main, ["check", "--require", OP, "--buckets"])
+    assert check.exit_code == 0, check.output
