@@ -7,13 +7,12 @@ import math
 
 import pytest
 import torch
-from conftest import use_platform, use_registry
+from conftest import use_fresh_registry
 
 from autosel import checks, selector, tuning
-from autosel.ops import attention, attention_torch, register_builtin_ops
+from autosel.ops import attention, attention_torch
 from autosel.ops.attention import PagedBatch, decode_bucket, extend_bucket, make_batch
 from autosel.platforms import PlatformInfo
-from autosel.registry import KernelRegistry
 
 CPU = PlatformInfo("cpu", arch="x86_64", device_name="test cpu", multiprocessor_count=2)
 
@@ -157,10 +156,7 @@ def test_every_shapes_inputs_fall_in_the_bucket_their_meta_inputs_say():
 
 @pytest.mark.compile
 def test_a_cpu_tune_of_both_attention_ops_stores_per_bucket_decisions(monkeypatch):
-    fresh = KernelRegistry()
-    register_builtin_ops(fresh)
-    use_registry(monkeypatch, fresh)
-    use_platform(monkeypatch, CPU)
+    use_fresh_registry(monkeypatch, CPU, builtin=True)
     monkeypatch.setenv("AUTOSEL_BUDGET_S", "5")
     outcomes = tuning.tune_ops(["attention.*"])
     assert sorted((o.op, o.status) for o in outcomes) == [("attention.decode", "tuned"), ("attention.extend", "tuned")]

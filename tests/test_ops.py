@@ -8,14 +8,13 @@ import subprocess
 import sys
 
 import pytest
-from conftest import use_platform, use_registry
+from conftest import use_fresh_registry
 import torch
 
 from autosel import checks, selector, tuning
-from autosel.ops import GROUPS, register_builtin_ops
+from autosel.ops import GROUPS
 from autosel.planned import kernel_of
 from autosel.platforms import PlatformInfo
-from autosel.registry import KernelRegistry
 from autosel.spec import KernelBackend as B
 
 CPU = PlatformInfo("cpu", arch="x86_64", device_name="test cpu", multiprocessor_count=2)
@@ -107,10 +106,7 @@ def test_torch_compile_agrees_with_the_reference(op, dtype):
 
 @pytest.mark.compile
 def test_select_kernel_tunes_a_builtin_op_between_cpu_backends(monkeypatch):
-    fresh = KernelRegistry()
-    register_builtin_ops(fresh)
-    use_registry(monkeypatch, fresh)
-    use_platform(monkeypatch, CPU)
+    use_fresh_registry(monkeypatch, CPU, builtin=True)
     monkeypatch.setenv("AUTOSEL_BUDGET_S", "20")
     spec = selector.select_kernel("activation.silu_and_mul")
     decision, layer = tuning.database().decisions("activation.silu_and_mul")[0]

@@ -4,19 +4,17 @@ backends that cannot run a batch ineligible there, and the selector's contract k
 from __future__ import annotations
 
 import json
-import os
 import textwrap
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from conftest import use_platform, use_registry
+from conftest import use_fresh_registry
 
-from autosel import cli, selector, timing, tuning
+from autosel import cli, selector, tuning
 from autosel.decisions import Decision
 from autosel.planned import Planner, UnsupportedBatch
 from autosel.platforms import PlatformInfo
-from autosel.registry import KernelRegistry
 from autosel.spec import CapabilityRequirement, KernelBackend as B, KernelSpec, OpDefinition
 
 HERE = Path(__file__).parent
@@ -47,11 +45,8 @@ class PlanTimer:
 
 @pytest.fixture
 def reg(monkeypatch):
-    fresh = KernelRegistry()
-    use_registry(monkeypatch, fresh)
-    use_platform(monkeypatch, CPU)
     timer = PlanTimer()
-    monkeypatch.setattr(timing, "timer_for", lambda device, mode: timer)
+    fresh = use_fresh_registry(monkeypatch, CPU, timer=timer)
     monkeypatch.syspath_prepend(str(HERE))
     import toy_plans
 
