@@ -204,7 +204,10 @@ def _call_again(fn: Callable[..., Any], definition: OpDefinition, request: dict)
     from autosel.timing import synchronize
     from autosel.tuner import shape_text
 
+    unsupported = getattr(fn, "unsupported", None)  # a planned op's Planner: shapes its backend cannot run
     for shape, inputs in _inputs_per_shape(definition, request):
+        if unsupported is not None and unsupported(inputs[0]) is not None:  # skipped by the check too
+            continue
         args = checks.clone_args(inputs)
         for call in range(CALLS_PER_SHAPE):
             try:

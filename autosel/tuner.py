@@ -371,6 +371,8 @@ class Tuner:
     def _drop_far_behind(self, op: str, alive: list[_Candidate], n_shapes: int) -> None:
         """Drop candidates far behind over all shapes, except one that was the fastest at some shape: it may
         win that shape's bucket."""
+        if not _shared(alive, n_shapes):  # no shape that every candidate runs: nothing to compare them on
+            return
         scores = _scores(alive, n_shapes)
         best = min(scores.values())  # relative to the best score, so the leader itself is never dropped
         leaders = {min((c for c in alive if i not in c.unsupported), key=lambda c: statistics.median(c.samples[i])

@@ -22,7 +22,7 @@ CPU = PlatformInfo("cpu", arch="x86_64", device_name="test cpu", multiprocessor_
 OP = "toy.scaled"
 # Per backend, microseconds at n=1024 and n=4096: triton and the narrow backend lead at 1024, torch at 4096.
 SPEED_US = {"torch": {1024: 100.0, 4096: 100.0}, "triton": {1024: 40.0, 4096: 300.0},
-            "jit": {1024: 20.0, 4096: 20.0}}
+            "jit": {1024: 20.0, 4096: 20.0}, "aot": {1024: 30.0, 4096: 30.0}}
 
 
 class PlanTimer:
@@ -267,3 +267,24 @@ def test_show_report_and_check_read_a_planned_ops_rows(reg, tmp_path):
     assert "(plan " in out.read_text()
     check = CliRunner().invoke(cli.main, ["check", "--require", OP, "--buckets"])
     assert check.exit_code == 0, check.output
+
+
+def test_a_backend_that_cannot_run_a_shape_passes_its_isolated_check_on_the_others(reg):
+    # The child called it again at every shape after its check, the ones it cannot run too.
+    toy(reg, B.TORCH, B.JIT)
+    recorded = tuning.tune_and_record(reg.definition(OP), reg.get(OP), platform=CPU, mode="eager",
+                                      db=tuning.database(), budget_s=5, isolate_timeout_s=60)
+    assert {b.bucket: b.winner for b in recorded.buckets} == {"[1024]": "jit", "[4096]": "torch"}
+
+
+def test_backends_that_each_cannot_run_some_shape_leave_no_op_level_winner_and_say_why(reg):
+    # The first round's comparison of the candidates over the shapes they all run had no shape to compare on.
+    from autosel.errors import NoCandidateError
+
+    reg.register(KernelSpec(OP, B.JIT, "toy_plans_narrow:NarrowPlan"))
+    reg.register(KernelSpec(OP, B.AOT, "toy_plans_wide:WidePlan"))
+    toy(reg)
+    with pytest.raises(NoCandidateError, match=r"no candidate runs every shape \(jit: does not support n=4096: .*; "
+                                               r"aot: does not support n=1024: n=1024 is not over"):
+        tuning.tune_and_record(reg.definition(OP), reg.get(OP), platform=CPU, mode="eager", db=tuning.database(),
+                               budget_s=5, reference=lambda batch, x: x * batch.factor)

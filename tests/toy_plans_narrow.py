@@ -1,5 +1,5 @@
 """A toy plan class whose module says it cannot run batches over 1100 elements (supports), as a vendor kernel
-refuses a head_dim or page size."""
+refuses a head_dim or page size; planning such a batch anyway raises, as the vendor's plan() would."""
 
 from toy_plans import _Plan
 
@@ -11,5 +11,10 @@ def supports(batch) -> str | None:
 
 
 class NarrowPlan(_Plan):
+    def __init__(self, batch) -> None:
+        if batch.n > LIMIT:
+            raise RuntimeError(f"NarrowPlan planned for n={batch.n} (simulated kernel failure)")
+        super().__init__(batch)
+
     def compute(self, x):
         return x * self.factor
