@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import itertools
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 from autosel.errors import TuningError
@@ -199,6 +199,7 @@ class CheckReport:
     errors: dict[int, tuple[float | None, float | None]]  # shape index -> (max abs, max rel) error
     first_call_s: dict[int, float]  # includes compilation on the first shape
     reason: str | None = None  # why it failed, or None
+    unsupported: dict[int, str] = field(default_factory=dict)  # shape index -> why a planned op's backend cannot run it
 
 
 def check_candidate(fn: Callable[..., Any], definition: OpDefinition, reference: Callable[..., Any],
@@ -210,6 +211,10 @@ def check_candidate(fn: Callable[..., Any], definition: OpDefinition, reference:
     for index, shape in enumerate(shapes):
         torch.manual_seed(seed + index)
         args = _inputs(definition, shape, device)
+        unsupported = getattr(fn, "unsupported", None)  # a Planner: ineligible at this shape, with its reason
+        if unsupported is not None and (reason := unsupported(args[0])) is not None:
+            report.unsupported[index] = f"does not support {shape_text(shape)}: {reason}"
+            continue
         ref_args, call_args = clone_args(args), clone_args(args)
         try:
             ref_result = reference(*ref_args)

@@ -118,6 +118,7 @@ class ShapeResult:
     max_rel_err: float | None = None
     timing: Measurement | None = None
     first_call_s: float | None = None
+    plan_us: float | None = None  # planned ops: the median time to build the plan, outside the timed calls
 
 
 @dataclass(frozen=True)
@@ -186,6 +187,10 @@ class Decision:
         for kept_later in ("checked_with", "fingerprint"):  # rows stored before it was kept read and write as they did
             if not data[kept_later]:
                 del data[kept_later]
+        for candidate in data["candidates"]:  # only planned ops' rows carry plan_us, as rows did before it
+            for shape in candidate["shapes"]:
+                if shape.get("plan_us") is None:
+                    shape.pop("plan_us", None)
         return data
 
     @classmethod
@@ -217,6 +222,7 @@ def _candidate_from_dict(data: dict[str, Any]) -> CandidateResult:
             timing=Measurement(**{**timing, "round_medians_us": tuple(timing.get("round_medians_us", ()))})
             if timing else None,
             first_call_s=s.get("first_call_s"),
+            plan_us=s.get("plan_us"),
         ))
     return CandidateResult(
         backend=data["backend"], status=data["status"], reason=data.get("reason"),

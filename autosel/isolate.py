@@ -29,6 +29,7 @@ from autosel import checks
 from autosel.errors import TuningError
 from autosel.formatting import shape_text
 from autosel.platforms import visible_gpu_name
+from autosel.planned import kernel_of
 from autosel.spec import KernelSpec, OpDefinition, resolve_target, target_of
 
 CALLS_PER_SHAPE = 25  # calls per shape after the check, in the child
@@ -81,7 +82,9 @@ def child_env(device: str) -> dict[str, str]:
 def probe(spec: KernelSpec, definition: OpDefinition, reference: Callable[..., Any], shapes: Sequence[dict], *,
           device: str, seed: int, timeout_s: float) -> str | None:
     """None if the candidate passed its check in a child process, else why not."""
-    names = {"make_inputs": target_of(definition.make_inputs), "reference": target_of(reference)}
+    # A planned op's reference is a Planner around a plan class: the child builds its own from the class.
+    names = {"make_inputs": target_of(definition.make_inputs),
+             "reference": target_of(getattr(reference, "make_plan", reference))}
     unnamed = [k for k, v in names.items() if v is None]
     if unnamed:
         raise TuningError(f"op {definition.op!r} cannot be checked in isolation: its {' and '.join(unnamed)} "
@@ -90,7 +93,8 @@ def probe(spec: KernelSpec, definition: OpDefinition, reference: Callable[..., A
     env = child_env(device)
     read_fd, write_fd = os.pipe()
     request = {"target": spec.target, "op": definition.op, "shapes": list(shapes), "device": device, "seed": seed,
-               "rtol": definition.rtol, "atol": definition.atol, "channel": write_fd, **names}
+               "rtol": definition.rtol, "atol": definition.atol, "channel": write_fd, "planned": definition.planned,
+               **names}
     with tempfile.TemporaryFile() as stderr:
         try:
             child = subprocess.Popen([sys.executable, "-m", "autosel.isolate"], stdin=subprocess.PIPE,
@@ -151,13 +155,13 @@ def _child() -> None:
 
     definition = OpDefinition(request["op"], shapes=request["shapes"],
                               make_inputs=resolve_target(request["make_inputs"]),
-                              rtol=request["rtol"], atol=request["atol"])
-    reference = resolve_target(request["reference"])
+                              rtol=request["rtol"], atol=request["atol"], planned=request["planned"])
+    reference = kernel_of(definition, resolve_target(request["reference"]))
     say({"ready": True})
     _run_alone(reference, definition, request)  # a reference that crashes the process ends it here, blamed on it
     say({"reference": "ran"})
     try:
-        fn = resolve_target(request["target"])
+        fn = kernel_of(definition, resolve_target(request["target"]))
     except BaseException as exc:  # an import that exits is the candidate's failure too
         say({"reason": f"could not load {request['target']!r}: {type(exc).__name__}: {exc}"})
         return
@@ -198,7 +202,10 @@ def _call_again(fn: Callable[..., Any], definition: OpDefinition, request: dict)
     """Call a candidate that passed CALLS_PER_SHAPE more times per shape: a crash from its Nth call ends here."""
     from autosel.timing import synchronize
 
+    unsupported = getattr(fn, "unsupported", None)  # a planned op's Planner: shapes its backend cannot run
     for shape, inputs in _inputs_per_shape(definition, request):
+        if unsupported is not None and unsupported(inputs[0]) is not None:  # skipped by the check too
+            continue
         args = checks.clone_args(inputs)
         for call in range(CALLS_PER_SHAPE):
             try:

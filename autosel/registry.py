@@ -269,6 +269,7 @@ def register_op(
     traced: str | Callable[[str, Callable[..., Any]], Callable[..., Any]] | None = None,
     activations: tuple[int, ...] = (0,),
     weights: tuple[int, ...] = (),
+    planned: bool = False,
 ) -> OpDefinition:
     """Declare what tuning `op` needs. `reference` defaults to the op's torch backend. `bucket(*args)`: the
     shape bucket of a call, a tuple such as (tokens rounded to a power of two, hidden); with it, each
@@ -277,7 +278,8 @@ def register_op(
     how the op is called (shown by `autosel doctor`). `traced(backend, kernel)`: what torch.compile calls in
     place of a kernel it cannot trace, such as a torch custom op around it (OpDefinition.traced). `activations`:
     the positional arguments the ops before it have just written in a model (OpDefinition.activations);
-    `weights`: those a model reads from memory at every call, such as a layer's weight (OpDefinition.weights)."""
+    `weights`: those a model reads from memory at every call, such as a layer's weight (OpDefinition.weights).
+    `planned`: the op's kernels are plan classes, built once per batch and run many times (autosel.planned)."""
     if isinstance(reference, str) and ":" in reference:  # a kernel target's form; registering imports nothing
         raise ValueError(f"reference for op {op!r} is {reference!r}: pass the function itself, or the name of a "
                          "backend registered for the op (such as 'torch') to compare with that backend")
@@ -298,5 +300,5 @@ def register_op(
         OpDefinition(op=op, shapes=shapes, make_inputs=make_inputs, reference=reference, rtol=rtol, atol=atol,
                      shape_of=shape_of, bucket=bucket, route_key=route_key, signature=signature, traced=traced,
                      activations=tuple(activations) if isinstance(activations, list) else activations,
-                     weights=tuple(weights) if isinstance(weights, list) else weights)
+                     weights=tuple(weights) if isinstance(weights, list) else weights, planned=bool(planned))
     )

@@ -23,6 +23,13 @@ def candidate_median_us(candidate: CandidateResult | None) -> float | None:
     return geomean(medians) if medians else None
 
 
+def plan_us(candidate: CandidateResult | None) -> float | None:
+    """A planned op's plan-building time, the geometric mean over the shapes (built outside the timed calls, once
+    per batch: a step pays it once, its layers' runs each pay the median); None for other ops."""
+    values = [s.plan_us for s in (candidate.shapes if candidate else ()) if s.plan_us is not None and s.plan_us > 0]
+    return geomean(values) if values else None
+
+
 def first_call_s(candidate: CandidateResult | None) -> float | None:
     """The longest first call over the shapes: it includes compilation (torch.compile, Triton JIT), which the
     check absorbs before timing and which is reported here, separately from the timed medians."""
@@ -119,9 +126,10 @@ def _candidates_table(decision: Decision) -> str:
         mark = " ★" if c.backend == decision.winner else ""
         reason = f'<span class="reason">{_e(c.reason)}</span>' if c.reason else ""
         score = "-" if c.score is None else f"{c.score:.3f}"
-        first = first_call_s(c)
+        first, plan = first_call_s(c), plan_us(c)
+        median = format_us(candidate_median_us(c)) + ("" if plan is None else f" (plan {format_us(plan)})")
         rows.append(f"<tr><td{cls}>{_e(c.backend)}{mark}</td><td>{_e(c.status)}</td>"
-                    f'<td class="num">{_e(format_us(candidate_median_us(c)))}</td><td class="num">{score}</td>'
+                    f'<td class="num">{_e(median)}</td><td class="num">{score}</td>'
                     f'<td class="num">{"-" if first is None else f"{first:.2f} s"}</td><td>{reason}</td></tr>')
     return ("<table><tr><th>backend</th><th>status</th><th>median*</th><th>score†</th>"
             "<th>first call (with compile)</th><th>reason</th></tr>" + "".join(rows) + "</table>")

@@ -9,6 +9,7 @@ from typing import Any, Callable
 
 from autosel import config, platforms, state, tuning
 from autosel.dispatch import BucketTable, dispatcher, recording, trace_as
+from autosel.planned import Planner, planner_for
 from autosel.platforms import PlatformInfo, capturing_cuda_graph
 from autosel.registry import load_plugins, on_register, registry
 from autosel.spec import KernelBackend, KernelSpec, spec_list
@@ -196,6 +197,8 @@ _traced_name._dynamo_marked_constant = True  # type: ignore[attr-defined]
 def _build(op: str, backend: KernelBackend | str | None, mode: str | None) -> Callable[..., Any]:
     choice = _choose(op, backend, mode)
     definition = registry.definition(op)
+    if definition is not None and definition.planned:
+        return _build_planner(op, choice, definition, mode)
     if isinstance(choice, KernelSpec):
         fn = choice.load()
         mode_name = mode or "eager"
@@ -220,6 +223,29 @@ def _build(op: str, backend: KernelBackend | str | None, mode: str | None) -> Ca
     return fn
 
 
+def _build_planner(op: str, choice, definition, mode: str | None) -> Planner:
+    """A planned op's Planner (autosel.planned): the chosen backend's plan class, or for a measured decision the
+    bucket's winner per batch, with every eligible class loaded to stand in where a winner cannot run a batch."""
+    if isinstance(choice, KernelSpec):
+        classes, route = {choice.backend.value: choice.load()}, (lambda batch: choice.backend.value)
+        mode = mode or "eager"
+    else:
+        _, table, eligible = choice
+        mode = table.mode
+        tuning.cached_alone(op)
+        classes = {s.backend.value: s.load() for s in eligible}
+        winners: dict[tuple, str] = {}  # bucket -> backend, each bucket routed once (BucketTable.route)
+
+        def route(batch) -> str:
+            if definition.bucket is None:
+                return table.default
+            key = definition.bucket(batch)
+            return winners.get(key) or winners.setdefault(key, table.route(key))
+    planner = planner_for(op, classes, route)
+    record_to = config.record_path()
+    if record_to is not None:  # a planned op's batches are recorded as their plans are made
+        planner.make_plan = recording(op, planner.make_plan, record_to, mode, definition.shape_of)
+    return planner
 def clear_cache() -> None:
     """Forget every resolved kernel; lookups in flight finish but do not repopulate the new cache. With several
     ranks it also forgets the tables agreed with rank 0, so call it on every rank alike: the next selection of

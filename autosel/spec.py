@@ -373,6 +373,10 @@ class OpDefinition:
     `activations`: the indices of the positional arguments that, in a model, the ops before this one have just
     written (its activations, not its weights or caches). Graph-mode timing writes them before each timed call and
     takes the writes' own time off, so they are where a model leaves them (docs/TUNING.md section 2).
+    `planned`: the op's kernels are plan classes (autosel.planned): `Plan(batch)` does the per-batch work once,
+    then `plan.run(*rest)` runs many times. make_inputs then returns (batch, *rest), bucket and shape_of read the
+    batch (their first argument), activations and weights index `rest`, and get_kernel returns a Planner whose
+    `plan(batch)` builds the bucket's winner's plan; the tuner times `plan.run` with the plan built beforehand.
     `weights`: the indices of the positional arguments that a model reads from memory at every call: a layer's
     own weights, which the rest of a step evicts from the L2 before the layer runs again. Graph-mode timing gives
     each captured call the next of enough copies of them to exceed the L2, so a weight that would fit there is not
@@ -392,6 +396,7 @@ class OpDefinition:
     traced: str | Callable[[str, Callable[..., Any]], Callable[..., Any]] | None = None
     activations: tuple[int, ...] = (0,)
     weights: tuple[int, ...] = ()
+    planned: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.op, str) or not self.op:

@@ -6,6 +6,7 @@ import datetime
 import itertools
 import json
 import logging
+import math
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -16,6 +17,7 @@ from autosel.buckets import bucket_of
 from autosel.decisions import OP_LEVEL_BUCKET, CandidateResult, Decision, ShapeResult, bucket_text
 from autosel.errors import NoCandidateError, TuningError
 from autosel.formatting import format_lead, shape_text
+from autosel.planned import kernel_of, prepare, run_args
 from autosel.policy import DEFAULT_POLICY, WEIGHTS_FROM_MEMORY, Policy, Verdict, relative_scores
 from autosel.spec import KernelSpec, OpDefinition
 from autosel.timing import Timer, measure_together, reads_weights, summarize
@@ -59,6 +61,8 @@ class _Candidate:
     samples: dict[int, list[float]] = field(default_factory=dict)
     rounds: dict[int, list[list[float]]] = field(default_factory=dict)  # shape index -> samples of each round
     splits: dict[int, list[tuple[float, float]]] = field(default_factory=dict)  # shape index -> (host, device) us
+    plan_us: dict[int, list[float]] = field(default_factory=dict)  # planned ops: shape index -> plan-building times
+    unsupported: dict[int, str] = field(default_factory=dict)  # planned ops: shape index -> why it cannot run it
 
     @property
     def backend(self) -> str:
@@ -68,8 +72,13 @@ class _Candidate:
         self.status, self.reason = status, reason
 
 
+def _shared(candidates: list[_Candidate], n_shapes: int) -> list[int]:
+    """The shape indices every candidate runs: all of them, but where a planned op's backend cannot run a shape."""
+    return [i for i in range(n_shapes) if not any(i in c.unsupported for c in candidates)]
+
+
 def _scores(candidates: list[_Candidate], n_shapes: int) -> dict[str, float]:
-    return relative_scores({c.backend: [statistics.median(c.samples[i]) for i in range(n_shapes)]
+    return relative_scores({c.backend: [statistics.median(c.samples[i]) for i in _shared(candidates, n_shapes)]
                             for c in candidates})
 
 
@@ -108,7 +117,7 @@ class Tuner:
         if not shapes:
             raise TuningError(f"op {op!r} has no representative shapes to tune on; pass shapes= to register_op")
         self._emit("started", op, detail=f"{len(specs)} candidates, {len(shapes)} shapes, {mode} mode")
-        candidates = [self._load(_Candidate(spec)) for spec in specs]
+        candidates = [self._load(_Candidate(spec), definition) for spec in specs]
         for candidate in candidates:
             if candidate.fn is None:
                 self._emit("rejected", op, candidate.backend, candidate.reason or "")
@@ -128,9 +137,9 @@ class Tuner:
         log.debug("tune %s %s %s %s", op, kind, backend or "", detail)
         self.on_event(TuneEvent(kind, op, backend, detail, fraction, self._mode))
 
-    def _load(self, candidate: _Candidate) -> _Candidate:
+    def _load(self, candidate: _Candidate, definition: OpDefinition) -> _Candidate:
         try:
-            candidate.fn = candidate.spec.load()
+            candidate.fn = kernel_of(definition, candidate.spec.load())
         except (Exception, SystemExit) as exc:  # a candidate that cannot load is data, not a failure of the tune
             candidate.reject("rejected", f"could not load {candidate.spec.target!r}: {type(exc).__name__}: {exc}")
         return candidate
@@ -154,6 +163,9 @@ class Tuner:
                 continue
             report = checks.check_candidate(candidate.fn, definition, reference, shapes, device=self.device, seed=self.seed)
             candidate.errors, candidate.first_call_s = report.errors, report.first_call_s
+            candidate.unsupported = report.unsupported
+            if not report.reason and len(report.unsupported) == len(shapes):
+                report.reason = f"runs none of the shapes; {next(iter(report.unsupported.values()))}"
             if report.reason:
                 candidate.reject("rejected", report.reason)
                 self._emit("rejected", definition.op, candidate.backend, candidate.reason)
@@ -203,16 +215,19 @@ class Tuner:
                     buckets[index] = bucket_of(definition, base)
                     _check_route(definition, base, buckets[index], routes)
                     _one_type_per_bucket(op, buckets)
-                timed = [c for c in order if c.status == "ok" and (c.backend, index) not in settled]
+                timed = [c for c in order if c.status == "ok" and (c.backend, index) not in settled
+                         and index not in c.unsupported]
                 if round_index > 0 and len(timed) < 2:  # the shape's winner is settled
                     continue
+                prepared, failed_plans = self._prepare(definition, timed, base, index)
                 if writes:
-                    calls = {c.backend: _after_writing(c.fn, definition.activations, base, definition.weights,
-                                                       weight_bytes) for c in timed}
-                    calls[WRITES] = _after_writing(None, definition.activations, base)
+                    calls = {b: _after_writing(fn, definition.activations, args, definition.weights, weight_bytes)
+                             for b, (fn, args) in prepared.items()}
+                    calls[WRITES] = _after_writing(None, definition.activations, run_args(definition, base))
                 else:
-                    calls = {c.backend: checks.rotating_call(c.fn, base, rotate_bytes) for c in timed}
+                    calls = {b: checks.rotating_call(fn, args, rotate_bytes) for b, (fn, args) in prepared.items()}
                 times, failed = measure_together(self.timer, calls, shape=shape)
+                failed.update(failed_plans)
                 if writes:
                     times = _less_writes(times, failed, op, shape)
                 for candidate in timed:
@@ -245,17 +260,38 @@ class Tuner:
                 break
         return buckets
 
+    def _prepare(self, definition: OpDefinition, timed: list[_Candidate], base: tuple, index: int
+                 ) -> tuple[dict[str, tuple], dict[str, BaseException]]:
+        """Per candidate, what its timed calls run and on what: a planned op's plan is built here, outside the
+        timed region, and the time that took kept as evidence (autosel.planned). A plan that raises is the
+        candidate's failure, as a call that raises while timed is."""
+        prepared, failed = {}, {}
+        for candidate in timed:
+            try:
+                fn, args, plan_us = prepare(definition, candidate.fn, base, self.device)
+            except (Exception, SystemExit) as exc:
+                failed[candidate.backend] = exc
+                continue
+            prepared[candidate.backend] = (fn, args)
+            if plan_us is not None:
+                candidate.plan_us.setdefault(index, []).append(plan_us)
+        return prepared, failed
+
     def _settled(self, alive: list[_Candidate], n_shapes: int) -> set[tuple[str, int]]:
         """settled_pairs of the first round's per-shape medians."""
-        return settled_pairs({c.backend: [statistics.median(c.samples[i]) for i in range(n_shapes)] for c in alive},
+        return settled_pairs({c.backend: [math.inf if i in c.unsupported else statistics.median(c.samples[i])
+                                          for i in range(n_shapes)] for c in alive},
                              self.settled_factor)
 
     def _drop_far_behind(self, op: str, alive: list[_Candidate], n_shapes: int) -> None:
         """Drop candidates far behind over all shapes, except one that was the fastest at some shape: it may
         win that shape's bucket."""
+        if not _shared(alive, n_shapes):  # no shape that every candidate runs: nothing to compare them on
+            return
         scores = _scores(alive, n_shapes)
         best = min(scores.values())  # relative to the best score, so the leader itself is never dropped
-        leaders = {min(alive, key=lambda c: statistics.median(c.samples[i])).backend for i in range(n_shapes)}
+        leaders = {min((c for c in alive if i not in c.unsupported), key=lambda c: statistics.median(c.samples[i])
+                       ).backend for i in range(n_shapes)}
         for candidate in alive:
             behind = scores[candidate.backend] / best
             if behind > self.drop_factor and candidate.backend not in leaders:
@@ -284,14 +320,27 @@ class Tuner:
         common = dict(mode=mode, platform_key=platform_key, versions=dict(versions), method=method,
                       tune_s=tune_s, autosel_version=autosel_version, checked_with=definition.checked_with,
                       created_at=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))
-        verdict = self.policy.judge(stats)
+        # A planned op's backend that cannot run some shapes (its supports) competes only where it runs all of a
+        # decision's shapes: the op-level winner, which untuned buckets run, must run every tuned one.
+        everywhere = {b: ms for b, ms in stats.items() if all(m is not None for m in ms)}
+        if not everywhere:
+            raise NoCandidateError(f"op {op!r}: no candidate runs every shape ("
+                                   + "; ".join(f"{c.backend}: {next(iter(c.unsupported.values()), c.reason)}"
+                                               for c in candidates) + ")")
+        verdict = self.policy.judge(everywhere)
         decision = _decision(op, OP_LEVEL_BUCKET, verdict, candidates, timings, shapes, range(len(shapes)), common)
         groups: dict = {}
         for i, key in enumerate(buckets):
             if key is not None:
                 groups.setdefault(key, []).append(i)
+        if len(everywhere) == len(stats):
+            verdicts = self.policy.judge_groups(stats, groups, default=decision.winner)
+        else:
+            verdicts = {key: self.policy.judge_groups(
+                {b: [ms[i] for i in idx] for b, ms in stats.items() if all(ms[i] is not None for i in idx)},
+                {key: range(len(idx))}, default=decision.winner)[key] for key, idx in groups.items()}
         per_bucket = [_decision(op, bucket_text(key), v, candidates, timings, shapes, groups[key], common)
-                      for key, v in self.policy.judge_groups(stats, groups, default=decision.winner).items()]
+                      for key, v in verdicts.items()]
         lead = "" if not decision.runner_up else (
             f"lead over {decision.runner_up} {format_lead(decision)}, " if decision.lead_over_runner_up >= 0
             else f"over {decision.runner_up}: {format_lead(decision)}; ")  # in words: the default kept
@@ -399,10 +448,15 @@ def _decision(op: str, bucket: str, verdict: Verdict, candidates: list[_Candidat
         shape_results = tuple(
             ShapeResult(shape=dict(shapes[i]), max_abs_err=c.errors.get(i, (None, None))[0],
                         max_rel_err=c.errors.get(i, (None, None))[1], timing=timings[c.backend][i],
-                        first_call_s=c.first_call_s.get(i))
+                        first_call_s=c.first_call_s.get(i),
+                        plan_us=statistics.median(c.plan_us[i]) if c.plan_us.get(i) else None)
             for i in indices
         )
-        results.append(CandidateResult(backend=c.backend, status=c.status, reason=c.reason,
+        status, reason = c.status, c.reason
+        cannot = [c.unsupported[i] for i in indices if i in c.unsupported]
+        if status == "ok" and cannot:  # ineligible for this decision's shapes, with the reason, never wrong
+            status, reason = "unsupported", cannot[0]
+        results.append(CandidateResult(backend=c.backend, status=status, reason=reason,
                                        score=scores.get(c.backend), shapes=shape_results))
     return Decision(
         op=op, bucket=bucket, winner=winner, candidates=tuple(results), margin=verdict.margin, runner_up=runner_up,

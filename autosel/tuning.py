@@ -14,6 +14,7 @@ from autosel.decisions import (OP_LEVEL_BUCKET, Decision, DecisionKey, near_deta
                                versions_hash)
 from autosel.dispatch import BucketTable
 from autosel.errors import NoCandidateError, TuningError
+from autosel.planned import kernel_of
 from autosel.platforms import PlatformInfo, capturing_cuda_graph, version_vector
 from autosel.version import __version__
 from autosel.registry import load_plugins, registry
@@ -366,7 +367,7 @@ def reference_for(definition: OpDefinition, spec: KernelSpec | None = None) -> C
     """What the op's candidates are checked against: its reference backend's kernel, else its reference callable.
     spec: reference_spec(definition) already looked up (a TuneJob carries it), else it is looked up here."""
     spec = reference_spec(definition) if spec is None else spec
-    return definition.reference if spec is None else spec.load()
+    return definition.reference if spec is None else kernel_of(definition, spec.load())
 
 
 def reference_spec(definition: OpDefinition) -> KernelSpec | None:

@@ -82,3 +82,21 @@ def use_platform(monkeypatch, platform) -> None:
     from autosel import platforms
 
     monkeypatch.setattr(platforms, "current_platform", lambda: platform)
+
+
+def use_fresh_registry(monkeypatch, platform, *, builtin: bool = False, timer=None):
+    """A registry of the test's own (with the built-in ops if asked), seen on `platform`, tuned with `timer` when
+    given (every timer_for returns it)."""
+    from autosel import timing
+    from autosel.registry import KernelRegistry
+
+    fresh = KernelRegistry()
+    if builtin:
+        from autosel.ops import register_builtin_ops
+
+        register_builtin_ops(fresh)
+    use_registry(monkeypatch, fresh)
+    use_platform(monkeypatch, platform)
+    if timer is not None:
+        monkeypatch.setattr(timing, "timer_for", lambda device, mode: timer)
+    return fresh

@@ -14,7 +14,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from conftest import use_platform, use_registry
+from conftest import use_fresh_registry
 from click.testing import CliRunner
 
 from autosel import state
@@ -22,7 +22,6 @@ from autosel import cli, tuning
 from autosel.cli._common import settings_for
 from autosel.decisions import CandidateResult, Decision, Measurement, ShapeResult
 from autosel.platforms import PlatformInfo
-from autosel.registry import KernelRegistry
 from autosel.spec import CapabilityRequirement as Cap, KernelBackend as B, KernelSpec, OpDefinition
 
 HERE = Path(__file__).parent
@@ -46,12 +45,7 @@ class FakeTimer:
 
 @pytest.fixture
 def reg(monkeypatch):
-    import autosel.timing
-
-    fresh = KernelRegistry()
-    use_registry(monkeypatch, fresh)
-    use_platform(monkeypatch, CPU)
-    monkeypatch.setattr(autosel.timing, "timer_for", lambda device, mode: FakeTimer())
+    fresh = use_fresh_registry(monkeypatch, CPU, timer=FakeTimer())
     monkeypatch.syspath_prepend(str(HERE))
     return fresh
 

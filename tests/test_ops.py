@@ -8,13 +8,13 @@ import subprocess
 import sys
 
 import pytest
-from conftest import use_platform, use_registry
+from conftest import use_fresh_registry
 import torch
 
 from autosel import checks, selector, tuning
-from autosel.ops import GROUPS, register_builtin_ops
+from autosel.ops import GROUPS
+from autosel.planned import kernel_of
 from autosel.platforms import PlatformInfo
-from autosel.registry import KernelRegistry
 from autosel.spec import KernelBackend as B
 
 CPU = PlatformInfo("cpu", arch="x86_64", device_name="test cpu", multiprocessor_count=2)
@@ -107,8 +107,8 @@ def _small(op: str) -> list[dict]:
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_torch_compile_agrees_with_the_reference(op, dtype):
     definition = DEFINITIONS[op]
-    reference = next(s for s in SPECS if s.op == op and s.backend == B.TORCH).load()
-    compiled = next(s for s in SPECS if s.op == op and s.backend == B.TORCH_COMPILE).load()
+    reference = kernel_of(definition, next(s for s in SPECS if s.op == op and s.backend == B.TORCH).load())
+    compiled = kernel_of(definition, next(s for s in SPECS if s.op == op and s.backend == B.TORCH_COMPILE).load())
     for index, shape in enumerate(_small(op)):
         torch.manual_seed(index)
         args = definition.make_inputs(dict(shape, dtype=dtype), "cpu")
@@ -120,10 +120,7 @@ def test_torch_compile_agrees_with_the_reference(op, dtype):
 
 @pytest.mark.compile
 def test_select_kernel_tunes_a_builtin_op_between_cpu_backends(monkeypatch):
-    fresh = KernelRegistry()
-    register_builtin_ops(fresh)
-    use_registry(monkeypatch, fresh)
-    use_platform(monkeypatch, CPU)
+    use_fresh_registry(monkeypatch, CPU, builtin=True)
     monkeypatch.setenv("AUTOSEL_BUDGET_S", "20")
     spec = selector.select_kernel("activation.silu_and_mul")
     decision, layer = tuning.database().decisions("activation.silu_and_mul")[0]

@@ -19,7 +19,7 @@ from autosel.decisions import OP_LEVEL_BUCKET, bucket_order
 from autosel.errors import ConfigError, TuningError
 from autosel.inventory import Entry, Inventory, unregistered
 from autosel.formatting import format_lead, format_us
-from autosel.report import candidate_median_us, first_call_s
+from autosel.report import candidate_median_us, first_call_s, plan_us
 
 
 # --- show -------------------------------------------------------------------------------------------------
@@ -52,6 +52,8 @@ def _evidence(d) -> str:
             score = "" if c.score is None else f", {c.score:.2f}x"
             first = first_call_s(c)
             compile_note = "" if first is None else f", first call {first:.2f} s"
+            if (plan := plan_us(c)) is not None:  # a planned op: built once per batch, outside the timed runs
+                compile_note += f", plan {format_us(plan)}"
             lines.append(f"{c.backend}{mark}: {format_us(candidate_median_us(c))}{score}{compile_note}"
                          + (f" ({c.status})" if not c.ok else ""))
         else:

@@ -5,10 +5,10 @@ Importing this package imports no torch: kernels are named by "module:attr" and 
 
 from __future__ import annotations
 
-from autosel.ops import activation, embeddings, gemm, layernorm
+from autosel.ops import activation, attention, embeddings, gemm, layernorm
 from autosel.registry import KernelRegistry, registry
 
-GROUPS = (layernorm, activation, embeddings, gemm)
+GROUPS = (layernorm, activation, embeddings, gemm, attention)
 
 
 def register_builtin_ops(into: KernelRegistry | None = None) -> None:

@@ -1,0 +1,322 @@
+"""attention.decode and attention.extend: paged attention as planned ops, with the batch description (PagedBatch),
+representative batches, bucket functions and the input factory that every backend shares.
+
+The KV cache is paged: `k_cache` and `v_cache` are [num_pages, page_size, kv_heads, head_dim]. A batch is described
+once per step by a PagedBatch; each backend's plan converts it to what its kernel takes. Decode's q is
+[batch, q_heads, head_dim]; extend's is [sum(q_lens), q_heads, head_dim], the sequences concatenated in batch order.
+The new tokens' K/V are already in the cache at positions seq_len - q_len .. seq_len - 1; query i of sequence b
+sits at position seq_len - q_len + i and attends causally to cache positions up to its own (prefill: prefix 0).
+GQA: query head h reads KV head h // (q_heads // kv_heads).
+
+Tolerances: the dtype's defaults (autosel.checks.TOLERANCES): bf16 rtol = atol = 2e-2, fp16 1e-2, against the
+torch backend (gather the pages, scaled_dot_product_attention), whose own rounding is one bf16 ulp (2**-8) of
+an output of magnitude up to about 1: flash kernels' fp32 accumulation differs from it by a few ulps.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+from autosel.dispatch import token_bucket
+from autosel.ops.common import CUDA_SM80, ShapesByDevice, dtype_of
+from autosel.spec import CapabilityRequirement, KernelBackend, KernelSpec, OpDefinition
+
+CUDA_SM90 = frozenset({CapabilityRequirement.cuda(min_sm=(9, 0), max_sm=(9, 0))})  # FlashAttention-3: Hopper only
+GPU = frozenset({CapabilityRequirement.CUDA, CapabilityRequirement.HIP})
+
+
+@dataclass(frozen=True, eq=False)  # eq=False: compared and hashed by identity (it holds tensors)
+class PagedBatch:
+    """One step's batch over a paged KV cache, built once per step (PagedBatch.build) and read by every plan.
+
+    page_table: int32 [batch, max_pages], row b sequence b's pages in order (entries past its last page unused);
+    seq_lens: int32 [batch], tokens in the cache per sequence, the new ones included; q_lens: int32 [batch], new
+    (query) tokens per sequence (all 1 for decode); cu_q_lens: int32 [batch + 1], their prefix sums.
+    seq_lens_list and q_lens_list: the same as Python lists, so that bucket keys and plans never wait for the GPU.
+    """
+
+    page_table: Any
+    seq_lens: Any
+    q_lens: Any
+    cu_q_lens: Any
+    page_size: int
+    num_q_heads: int
+    num_kv_heads: int
+    head_dim: int
+    dtype: Any
+    scale: float
+    device: str
+    seq_lens_list: tuple[int, ...]
+    q_lens_list: tuple[int, ...]
+
+    @classmethod
+    def build(cls, *, page_table: Any, seq_lens: Sequence[int], q_lens: Sequence[int] | None = None,
+              page_size: int, num_q_heads: int, num_kv_heads: int, head_dim: int, dtype: Any,
+              scale: float | None = None) -> "PagedBatch":
+        """A batch from its page table (a tensor on the cache's device, or nested lists) and its lengths as Python
+        ints (q_lens default all 1: decode). Checks what a kernel would read out of bounds, with the values."""
+        import torch
+
+        seq = [int(n) for n in seq_lens]
+        new = [1] * len(seq) if q_lens is None else [int(n) for n in q_lens]
+        if not seq or len(new) != len(seq):
+            raise ValueError(f"PagedBatch: seq_lens ({len(seq)} sequences) and q_lens ({len(new)}) must name the "
+                             "same, at least one, sequences")
+        bad = [b for b, (s, q) in enumerate(zip(seq, new)) if not 1 <= q <= s]
+        if bad:
+            b = bad[0]
+            raise ValueError(f"PagedBatch: sequence {b} has q_len {new[b]} and seq_len {seq[b]}; each sequence needs "
+                             "1 <= q_len <= seq_len (seq_len counts the new tokens too)")
+        if page_size < 1 or head_dim < 1 or num_kv_heads < 1 or num_q_heads % num_kv_heads:
+            raise ValueError(f"PagedBatch: page_size={page_size}, head_dim={head_dim}, {num_q_heads} query heads over "
+                             f"{num_kv_heads} KV heads: sizes must be positive and query heads a multiple of KV heads")
+        if not isinstance(page_table, torch.Tensor):
+            page_table = torch.tensor(page_table, dtype=torch.int32)
+        if page_table.dim() != 2 or page_table.shape[0] != len(seq):
+            raise ValueError(f"PagedBatch: page_table has shape {tuple(page_table.shape)}; it must be "
+                             f"[batch={len(seq)}, max_pages]")
+        short = [b for b, s in enumerate(seq) if -(-s // page_size) > page_table.shape[1]]
+        if short:
+            b = short[0]
+            raise ValueError(f"PagedBatch: sequence {b} holds {seq[b]} tokens, {-(-seq[b] // page_size)} pages of "
+                             f"{page_size}, but page_table rows have {page_table.shape[1]} pages")
+        device = page_table.device
+        cu = [0]
+        for q in new:
+            cu.append(cu[-1] + q)
+        as_int32 = functools.partial(torch.tensor, dtype=torch.int32, device=device)
+        return cls(page_table=page_table.to(torch.int32), seq_lens=as_int32(seq), q_lens=as_int32(new),
+                   cu_q_lens=as_int32(cu), page_size=int(page_size), num_q_heads=int(num_q_heads),
+                   num_kv_heads=int(num_kv_heads), head_dim=int(head_dim), dtype=dtype,
+                   scale=float(head_dim ** -0.5 if scale is None else scale), device=str(device),
+                   seq_lens_list=tuple(seq), q_lens_list=tuple(new))
+
+    @property
+    def batch_size(self) -> int:
+        return len(self.seq_lens_list)
+
+    @functools.cached_property
+    def total_q(self) -> int:
+        return sum(self.q_lens_list)
+
+    @functools.cached_property
+    def total_kv(self) -> int:
+        return sum(self.seq_lens_list)
+
+    @functools.cached_property
+    def max_kv(self) -> int:
+        return max(self.seq_lens_list)
+
+    @functools.cached_property
+    def max_q(self) -> int:
+        return max(self.q_lens_list)
+
+    @property
+    def is_decode(self) -> bool:
+        return self.total_q == self.batch_size
+
+
+# --- buckets -------------------------------------------------------------------------------------------------
+# What a batch's time depends on, and so what keys its decision:
+# - its size: the batch size (decode), or the new tokens and the batch size (extend): occupancy, and how many
+#   sequences share a launch;
+# - its KV length as the mean over sequences: with the batch size it gives the total KV read, which memory-bound
+#   decode's time follows;
+# - the spread: the longest sequence over the mean, as a power of two (1 for equal lengths). Kernels that pad to the
+#   longest sequence (the torch backend, split-KV schedules sized by the longest) pay for it, ragged ones do not,
+#   so a batch with one long sequence among short ones is not the bucket of its mean alone;
+# - the layout: query and KV heads, head_dim, page_size, dtype, as they are: a model has one, and backends'
+#   support and speed change with each.
+# Numbers are rounded to powers of two (token_bucket), so an untuned bucket runs its nearest tuned one within a
+# factor of two in every number (autosel.dispatch.NEAREST_WITHIN), else the op-level winner.
+
+def _spread(batch: PagedBatch) -> int:
+    return token_bucket(round(batch.max_kv * batch.batch_size / batch.total_kv))
+
+
+def _layout(batch: PagedBatch) -> tuple:
+    return (batch.num_q_heads, batch.num_kv_heads, batch.head_dim, batch.page_size,
+            str(batch.dtype).removeprefix("torch."))
+
+
+def decode_bucket(batch: PagedBatch, *rest) -> tuple:
+    """(batch size, mean KV length, spread, q heads, kv heads, head_dim, page_size, dtype), numbers bucketed."""
+    return (token_bucket(batch.batch_size), token_bucket(batch.total_kv / batch.batch_size), _spread(batch),
+            *_layout(batch))
+
+
+def extend_bucket(batch: PagedBatch, *rest) -> tuple:
+    """(new tokens, batch size, mean KV length, spread, q heads, kv heads, head_dim, page_size, dtype)."""
+    return (token_bucket(batch.total_q), token_bucket(batch.batch_size),
+            token_bucket(batch.total_kv / batch.batch_size), _spread(batch), *_layout(batch))
+
+
+def attention_shape(batch: PagedBatch, *rest) -> dict:
+    """A batch as a shape (AUTOSEL_RECORD), its numbers rounded as its bucket's: decode's batch size and mean KV
+    length, extend's batch size, new tokens and mean prefix; "mixed" where lengths spread."""
+    count = token_bucket(batch.batch_size)
+    if batch.is_decode:
+        sizes = {"batch": count, "kv": token_bucket(batch.total_kv / batch.batch_size)}
+    else:
+        prefix = (batch.total_kv - batch.total_q) / batch.batch_size
+        sizes = {"batch": count, "new": max(count, token_bucket(batch.total_q)),
+                 "prefix": token_bucket(prefix) if prefix >= 1 else 0}
+    if _spread(batch) > 1:
+        sizes["spread"] = "mixed"
+    return {**sizes, "q_heads": batch.num_q_heads, "kv_heads": batch.num_kv_heads, "head_dim": batch.head_dim,
+            "page_size": batch.page_size, "dtype": str(batch.dtype).removeprefix("torch.")}
+
+
+# --- representative batches ------------------------------------------------------------------------------------
+# Head layouts of open models: (q heads, kv heads, head_dim).
+LLAMA3_8B, LLAMA3_70B, QWEN3_32B, GEMMA2_9B, MQA = (32, 8, 128), (64, 8, 128), (64, 8, 128), (16, 8, 256), (48, 1, 128)
+# Llama-3-70B and Qwen3-32B share 64/8 x 128; Gemma-2 9B has 16/8 x 256; the MQA layout is StarCoder-15B's 48/1 x 128.
+
+
+def _shape(layout: tuple, page_size: int = 16, dtype: str = "bfloat16", **sizes) -> dict:
+    q_heads, kv_heads, head_dim = layout
+    shape = {**sizes, "q_heads": q_heads, "kv_heads": kv_heads, "head_dim": head_dim, "page_size": page_size}
+    return shape if dtype == "bfloat16" else {**shape, "dtype": dtype}  # bf16 is dtype_of's default
+
+
+# Decode from batch 1 to 512 and KV 128 to 64k. Total KV tokens are kept to 1M (4 GB of bf16 K and V at 8 KV heads
+# of 128), so batch 512 reaches 2k and 64k is timed at batch 1-8; mixed batches spread lengths from half to twice
+# the mean. Every page size and dtype the issue names appears at least once.
+DECODE_SHAPES = ShapesByDevice(
+    gpu=tuple([
+        _shape(LLAMA3_8B, batch=1, kv=1024), _shape(LLAMA3_8B, batch=1, kv=65536),
+        _shape(LLAMA3_8B, batch=8, kv=8192), _shape(LLAMA3_8B, batch=32, kv=2048),
+        _shape(LLAMA3_8B, batch=128, kv=512), _shape(LLAMA3_8B, batch=512, kv=128),
+        _shape(LLAMA3_8B, batch=512, kv=2048), _shape(LLAMA3_8B, batch=64, kv=4096, spread="mixed"),
+        _shape(LLAMA3_70B, batch=16, kv=4096), _shape(LLAMA3_70B, batch=256, kv=1024, spread="mixed"),
+        _shape(GEMMA2_9B, batch=32, kv=4096), _shape(MQA, batch=64, kv=2048),
+        _shape(LLAMA3_8B, page_size=1, batch=32, kv=1024), _shape(LLAMA3_8B, page_size=64, batch=32, kv=8192),
+        _shape(LLAMA3_8B, dtype="float16", batch=32, kv=2048),
+    ]),
+    cpu=tuple([
+        _shape((4, 2, 64), batch=1, kv=37), _shape((4, 1, 64), batch=4, kv=64, spread="mixed"),
+        _shape((2, 2, 256), page_size=1, batch=2, kv=16),
+    ]),
+)
+# Extend from 1 to 8192 new tokens on prefixes from 0 (prefill) to 32k.
+EXTEND_SHAPES = ShapesByDevice(
+    gpu=tuple([
+        _shape(LLAMA3_8B, batch=1, new=512, prefix=0), _shape(LLAMA3_8B, batch=1, new=8192, prefix=0),
+        _shape(LLAMA3_8B, batch=1, new=1024, prefix=32768), _shape(LLAMA3_8B, batch=8, new=2048, prefix=1024),
+        _shape(LLAMA3_8B, batch=32, new=4096, prefix=4096, spread="mixed"), _shape(LLAMA3_8B, batch=4, new=32,
+                                                                                    prefix=8192),
+        _shape(LLAMA3_70B, batch=4, new=4096, prefix=0), _shape(GEMMA2_9B, batch=2, new=2048, prefix=2048),
+        _shape(MQA, batch=8, new=1024, prefix=1024), _shape(LLAMA3_8B, page_size=1, batch=4, new=1024, prefix=1024),
+        _shape(LLAMA3_8B, page_size=64, batch=4, new=2048, prefix=8192),
+        _shape(LLAMA3_8B, dtype="float16", batch=2, new=2048, prefix=0),
+    ]),
+    cpu=tuple([
+        _shape((4, 2, 64), batch=1, new=19, prefix=0), _shape((4, 1, 64), batch=3, new=24, prefix=40, spread="mixed"),
+        _shape((2, 2, 256), page_size=1, batch=2, new=8, prefix=8),
+    ]),
+)
+
+
+def lengths(count: int, mean: int, spread: str = "uniform") -> list[int]:
+    """`count` lengths around `mean`: all equal, or ("mixed") spread geometrically from half to twice it, a
+    deterministic function of the shape (its bucket must not change from one build of its inputs to the next)."""
+    if spread == "uniform" or count == 1:
+        return [mean] * count
+    if spread != "mixed":
+        raise ValueError(f"spread {spread!r} is not a spread; use 'uniform' or 'mixed'")
+    return [max(1, round(mean * 2 ** (2 * i / (count - 1) - 1))) for i in range(count)]
+
+
+def make_batch(*, seq_lens: Sequence[int], q_lens: Sequence[int] | None, page_size: int, q_heads: int,
+               kv_heads: int, head_dim: int, dtype: Any, device: str, seed: int = 0, spare_pages: int = 1):
+    """A batch with its caches: each sequence's pages taken in a shuffled order (page tables out of order, as a
+    serving engine's pool leaves them), page-table slots past a sequence's last page set to -1, and caches of
+    random values. Returns (batch, k_cache, v_cache)."""
+    import torch
+
+    pages_of = [-(-n // page_size) for n in seq_lens]
+    total = sum(pages_of) + spare_pages
+    order = torch.randperm(total, generator=torch.Generator().manual_seed(seed)).tolist()
+    table = torch.full((len(seq_lens), max(pages_of)), -1, dtype=torch.int32)
+    taken = 0
+    for b, count in enumerate(pages_of):
+        table[b, :count] = torch.tensor(order[taken:taken + count], dtype=torch.int32)
+        taken += count
+    batch = PagedBatch.build(page_table=table.to(device), seq_lens=seq_lens, q_lens=q_lens, page_size=page_size,
+                             num_q_heads=q_heads, num_kv_heads=kv_heads, head_dim=head_dim, dtype=dtype)
+    cache_shape = (total, page_size, kv_heads, head_dim)
+    return (batch, torch.randn(cache_shape, device=device, dtype=dtype),
+            torch.randn(cache_shape, device=device, dtype=dtype))
+
+
+def _batch_inputs(shape: dict, device: str, decode: bool) -> tuple:
+    import torch
+
+    count, spread = shape["batch"], shape.get("spread", "uniform")
+    if decode:
+        seq, new = lengths(count, shape["kv"], spread), None
+    else:
+        new = lengths(count, max(1, shape["new"] // count), spread)
+        seq = [shape["prefix"] + q for q in new]
+    dtype = dtype_of(shape)
+    batch, k_cache, v_cache = make_batch(seq_lens=seq, q_lens=new, page_size=shape["page_size"],
+                                         q_heads=shape["q_heads"], kv_heads=shape["kv_heads"],
+                                         head_dim=shape["head_dim"], dtype=dtype, device=device)
+    q = torch.randn(batch.total_q, shape["q_heads"], shape["head_dim"], device=device, dtype=dtype)
+    return (batch, q, k_cache, v_cache)
+
+
+def decode_inputs(shape: dict, device: str) -> tuple:
+    return _batch_inputs(shape, device, decode=True)
+
+
+def extend_inputs(shape: dict, device: str) -> tuple:
+    return _batch_inputs(shape, device, decode=False)
+
+
+# --- backends ----------------------------------------------------------------------------------------------------
+
+def _present(module: str) -> bool:
+    """Whether autosel has a backend module, found without importing it (its vendor package is not imported)."""
+    return importlib.util.find_spec(module) is not None
+
+
+def _specs(op: str, plan: str) -> list[KernelSpec]:
+    """torch first (the reference and the default), then torch.compile, then the GPU backends, each a plan class
+    named by target and registered where its module is part of this autosel."""
+    specs = [
+        KernelSpec(op, KernelBackend.TORCH, f"autosel.ops.attention_torch:{plan}", requires=("torch",),
+                   description="gather the pages, scaled_dot_product_attention (the reference)"),
+        KernelSpec(op, KernelBackend.TORCH_COMPILE, f"autosel.ops.attention_compiled:{plan}", requires=("torch",),
+                   description="torch.compile of the gather and attention (dynamic shapes)"),
+    ]
+    if _present("autosel.ops.attention_flashinfer"):
+        specs.append(KernelSpec(op, KernelBackend.FLASHINFER, f"autosel.ops.attention_flashinfer:{plan}",
+                                capabilities=CUDA_SM80, requires=("torch", "flashinfer"),
+                                description="flashinfer's paged wrappers"))
+    if _present("autosel.ops.attention_fa3"):
+        specs.append(KernelSpec(op, KernelBackend.SGL_KERNEL, f"autosel.ops.attention_fa3:{plan}",
+                                capabilities=CUDA_SM90, requires=("torch", "sgl_kernel"),
+                                description="sgl-kernel's FlashAttention-3 (flash_attn_with_kvcache)"))
+    return specs
+
+
+SIGNATURE = ("planned: plan = get_kernel({op!r}).plan(batch: PagedBatch), once per step; then "
+             "plan.run(q{q}, k_cache[pages, page_size, kv_heads, head_dim], v_cache[same]) -> new [like q], once "
+             "per layer; bf16/fp16 (fp32 on torch, torch_compile)")
+SPECS = [*_specs("attention.decode", "DecodePlan"), *_specs("attention.extend", "ExtendPlan")]
+if _present("autosel.ops.attention_triton"):
+    SPECS.append(KernelSpec("attention.decode", KernelBackend.TRITON, "autosel.ops.attention_triton:DecodePlan",
+                            capabilities=GPU, requires=("torch", "triton"),
+                            description="autosel's Triton paged decode kernel"))
+DEFINITIONS = [
+    OpDefinition("attention.decode", shapes=DECODE_SHAPES, make_inputs=decode_inputs, shape_of=attention_shape,
+                 bucket=decode_bucket, planned=True, activations=(0,), weights=(1, 2),
+                 signature=SIGNATURE.format(op="attention.decode", q="[batch, q_heads, head_dim]")),
+    OpDefinition("attention.extend", shapes=EXTEND_SHAPES, make_inputs=extend_inputs, shape_of=attention_shape,
+                 bucket=extend_bucket, planned=True, activations=(0,), weights=(1, 2),
+                 signature=SIGNATURE.format(op="attention.extend", q="[sum(q_lens), q_heads, head_dim]")),
+]
