@@ -13,10 +13,14 @@
 #
 # What travels (see docs/GPU_BACKENDS.md for why each piece is needed and what was left out):
 #   .gpu/flashinfer-0.7.4.tar.xz      flashinfer-python 0.7.4: every Python file, plus only the CUDA
-#                                      sources/headers that the norm, rope and act_and_mul JIT modules
-#                                      include (flashinfer compiles them with nvcc at first use).
+#                                      sources/headers that the norm, rope, act_and_mul and paged
+#                                      attention (batch decode, fa2 batch prefill) JIT modules include
+#                                      (flashinfer compiles them with nvcc at first use).
 #   .gpu/sglang_kernel-0.4.5.tar.xz   sglang-kernel 0.4.5 (the renamed sgl-kernel, built for torch 2.11
 #                                      + CUDA 13): Python files + sm90/common_ops.abi3.so only.
+#   .gpu/sgl_flash_ops-0.4.5.tar.xz   sglang-kernel 0.4.5's FlashAttention-3 library (flash_ops.abi3.so, 1.12 GB)
+#                                      with every cubin autosel's attention does not call zeroed
+#                                      (tools/trim_fa3.py): sm_90a, head_dim 64/128/256, bf16/fp16.
 #   .gpu/whl/apache_tvm_ffi-*.whl     flashinfer's FFI runtime (compiled; not in the GPU image).
 #   .gpu/sgl_kernel-0.3.21.undef.txt.gz  torch symbols the old sgl-kernel 0.3.21 needs (ABI evidence).
 #   .gpu/fi_aot.tar.gz                 optional prebuilt flashinfer modules (see the preamble section).

@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# The paged attention backends on the GPU machine in one command: install what travels (tools/gpu_env.sh), build
+# flashinfer's attention modules in parallel, run their GPU tests, then tools/attention_bench.py. Results land in $OUT:
+# attention_tests.txt, attention_bench.{json,md}, and fi_attn_aot.tar.gz (the built modules, loadable as flashinfer
+# AOT modules on another machine, see docs/GPU_BACKENDS.md).
+#   run: bash tools/attention_gpu_run.sh     carry: [".whl", ".gpu"]
+# env: AUTOSEL_COMMIT (recorded in the JSON), TOTAL_S (540), BENCH_ARGS, GPU_TESTS (tests/gpu/test_attention_gpu.py)
+set -uo pipefail
+deadline=$((SECONDS + ${TOTAL_S:-540}))
+left() { local s=$((deadline - SECONDS)); echo $((s > 1 ? s : 1)); }
+. tools/gpu_env.sh || exit 1
+# FA3's carried library holds zeroed cubins for what autosel never calls (tools/trim_fa3.py): load modules lazily.
+export CUDA_MODULE_LOADING=LAZY
+cat "$OUT/gpu.txt"
+began=$SECONDS
+timeout "$(left)" python3 tools/attention_prewarm.py 2>&1 | tail -8
+echo "prewarm wall $((SECONDS - began)) s"
+timeout "$(left)" python3 -m pytest ${GPU_TESTS:-tests/gpu/test_attention_gpu.py} -q -p no:cacheprovider -rs \
+  > "$OUT/attention_tests.txt" 2>&1
+tail -25 "$OUT/attention_tests.txt"
+timeout "$(left)" python3 tools/attention_bench.py --out "$OUT" ${BENCH_ARGS:-} > "$OUT/attention_bench.log" 2>&1
+tail -5 "$OUT/attention_bench.log"; cat "$OUT/attention_bench.md" 2>/dev/null
+ops="${FLASHINFER_WORKSPACE_BASE:-/tmp/fiws}/.cache/flashinfer/0.7.4/90a/cached_ops"
+[ -d "$ops" ] && (mkdir -p /tmp/aot && for m in "$ops"/*/; do n=$(basename "$m"); [ -f "$m/$n.so" ] && mkdir -p \
+  "/tmp/aot/$n" && cp "$m/$n.so" "/tmp/aot/$n/"; done; tar -czf "$OUT/fi_attn_aot.tar.gz" -C /tmp/aot .)
+ls -la "$OUT"
