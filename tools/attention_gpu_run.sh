@@ -4,7 +4,8 @@
 # attention_tests.txt, attention_bench.{json,md}, and fi_attn_aot.tar.gz (the built modules, loadable as flashinfer
 # AOT modules on another machine, see docs/GPU_BACKENDS.md).
 #   run: bash tools/attention_gpu_run.sh     carry: [".whl", ".gpu"]
-# env: AUTOSEL_COMMIT (recorded in the JSON), TOTAL_S (540), BENCH_ARGS, GPU_TESTS (tests/gpu/test_attention_gpu.py)
+# env: AUTOSEL_COMMIT (recorded in the JSON), TOTAL_S (540), TESTS_TIMEOUT_S (220), BENCH_ARGS,
+#      GPU_TESTS (tests/gpu/test_attention_gpu.py tests/test_attention_triton.py)
 set -uo pipefail
 deadline=$((SECONDS + ${TOTAL_S:-540}))
 left() { local s=$((deadline - SECONDS)); echo $((s > 1 ? s : 1)); }
@@ -15,7 +16,8 @@ cat "$OUT/gpu.txt"
 began=$SECONDS
 timeout "$(left)" python3 tools/attention_prewarm.py 2>&1 | tail -8
 echo "prewarm wall $((SECONDS - began)) s"
-timeout "$(left)" python3 -m pytest ${GPU_TESTS:-tests/gpu/test_attention_gpu.py} -q -p no:cacheprovider -rs \
+tests_s=$(left); [ "$tests_s" -gt "${TESTS_TIMEOUT_S:-220}" ] && tests_s=${TESTS_TIMEOUT_S:-220}
+timeout "$tests_s" python3 -m pytest ${GPU_TESTS:-tests/gpu/test_attention_gpu.py tests/test_attention_triton.py} -q -p no:cacheprovider -rs \
   > "$OUT/attention_tests.txt" 2>&1
 tail -25 "$OUT/attention_tests.txt"
 timeout "$(left)" python3 tools/attention_bench.py --out "$OUT" ${BENCH_ARGS:-} > "$OUT/attention_bench.log" 2>&1
