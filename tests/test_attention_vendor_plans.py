@@ -45,3 +45,31 @@ def test_flashinfer_tensor_cores_from_a_group_of_five():
     assert not attention_flashinfer.use_tensor_cores(batch)
     batch.num_kv_heads = 4
     assert attention_flashinfer.use_tensor_cores(batch)
+
+
+def test_a_plan_too_large_for_the_workspace_is_planned_again_on_a_larger_one(monkeypatch):
+    # flashinfer's CUDA-graph prefill plans outgrew the 128 MB workspace at 4 x 2048 new tokens and failed.
+    monkeypatch.setattr(attention_flashinfer, "_WORKSPACE_BYTES", 16)
+    monkeypatch.setattr(attention_flashinfer, "_MAX_WORKSPACE_BYTES", 64)
+    monkeypatch.setattr(attention_flashinfer, "_workspaces", {})
+    tried = []
+
+    def plan(wrapper):
+        tried.append(wrapper.numel())
+        if wrapper.numel() < 40:
+            raise RuntimeError("Buffer overflow ... Increase the workspace buffer size.")
+
+    wrapper = attention_flashinfer._planned(lambda workspace: workspace, plan, "cpu")
+    assert tried == [16, 32, 64] and wrapper.numel() == 64
+    # Plans made later start from the grown workspace; a need beyond the cap, or another error, is raised.
+    assert attention_flashinfer._workspace("cpu", 16).numel() == 64
+    with pytest.raises(RuntimeError, match="Increase the workspace"):
+        attention_flashinfer._planned(lambda workspace: workspace, _fails("Increase the workspace buffer size."), "cpu")
+    with pytest.raises(RuntimeError, match="another error"):
+        attention_flashinfer._planned(lambda workspace: workspace, _fails("another error"), "cpu")
+
+
+def _fails(message):
+    def plan(wrapper):
+        raise RuntimeError(message)
+    return plan

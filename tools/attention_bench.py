@@ -34,6 +34,8 @@ BACKENDS = {"triton": "autosel.ops.attention_triton", "flashinfer": "autosel.ops
 HEADS, KV_HEADS, HEAD_DIM, PAGE = 32, 8, 128, 16
 DECODE_BATCHES = (1, 8, 32, 64, 128, 256)
 DECODE_KV = (1024, 4096, 16384, 32768)
+# Batches whose sequences differ in length: (label, lengths), lengths log-uniform between the bounds (seeded).
+DECODE_MIXED = [("32 of 128-32k", 32, 128, 32768), ("128 of 512-8k", 128, 512, 8192), ("64 of 1k-32k", 64, 1024, 32768)]
 EXTEND = [(1, 512, 0), (1, 2048, 0), (1, 8192, 0), (1, 512, 4096), (1, 2048, 4096), (1, 8192, 4096),
           (4, 512, 1024), (4, 2048, 0)]  # (sequences, new tokens each, prefix each)
 
@@ -57,12 +59,15 @@ def time_plan(plan, q, k_cache, v_cache, *, graph: bool) -> float:
     return 1000 * triton.testing.do_bench(fn, warmup=10, rep=50, return_mode="median")
 
 
-def bench_point(op: str, batch, k_cache, v_cache, q, modules: dict, first: set, check: bool) -> list[dict]:
+def bench_point(op: str, batch, k_cache, v_cache, q, modules: dict, first: set, check: bool,
+                label: str | None = None) -> list[dict]:
     rows = []
     expected = reference(q, k_cache, v_cache, batch) if check else None
     for name, module in modules.items():
-        row = {"op": op, "backend": name, "batch": len(batch.seq_lens_list), "seq_lens": sorted(set(batch.seq_lens_list)),
-               "q_lens": sorted(set(batch.q_lens_list))}
+        row = {"op": op, "backend": name, "batch": len(batch.seq_lens_list), "q_lens": sorted(set(batch.q_lens_list)),
+               "seq_lens": batch.seq_lens_list if label else sorted(set(batch.seq_lens_list))}
+        if label:
+            row["mixed"] = label
         reason = module.supports(batch)
         if reason is not None:
             rows.append(row | {"declined": reason})
@@ -95,6 +100,12 @@ def bench_point(op: str, batch, k_cache, v_cache, q, modules: dict, first: set, 
     return rows
 
 
+def _key(row: dict) -> tuple:
+    """(op, batch, KV length(s), query length(s)) as the table shows them; a mixed batch by its label."""
+    kv = f"mixed {row['mixed']}" if "mixed" in row else "/".join(map(str, row["seq_lens"]))
+    return row["op"], row["batch"], kv, "/".join(map(str, row["q_lens"]))
+
+
 def table(rows: list[dict]) -> str:
     names = list(BACKENDS)
     lines = []
@@ -103,15 +114,13 @@ def table(rows: list[dict]) -> str:
                   "|---|---|---|---|" + "---|" * (len(names) + 1)]
         keys = []
         for r in rows:
-            k = (r["op"], r["batch"], tuple(r["seq_lens"]), tuple(r["q_lens"]))
-            if k not in keys:
-                keys.append(k)
+            if _key(r) not in keys:
+                keys.append(_key(r))
         for k in keys:
-            cells = {r["backend"]: r.get(mode) for r in rows if (r["op"], r["batch"], tuple(r["seq_lens"]),
-                                                                 tuple(r["q_lens"])) == k}
+            cells = {r["backend"]: r.get(mode) for r in rows if _key(r) == k}
             timed = {n: v for n, v in cells.items() if isinstance(v, (int, float))}
             best = min(timed, key=timed.get) if timed else "-"
-            lines.append(f"| {k[0]} | {k[1]} | {'/'.join(map(str, k[2]))} | {'/'.join(map(str, k[3]))} | "
+            lines.append(f"| {k[0]} | {k[1]} | {k[2]} | {k[3]} | "
                          + " | ".join(f"{cells[n]:.1f}" if isinstance(cells.get(n), (int, float)) else "-"
                                       for n in names) + f" | {best} |")
     return "\n".join(lines) + "\n"
@@ -145,6 +154,16 @@ def main(argv=None) -> int:
                 rows += bench_point("decode", batch, k, v, q, modules, first, check=bs * kv <= args.check_up_to)
                 del k, v
                 torch.cuda.empty_cache()
+    if "decode" in ops:
+        gen = torch.Generator().manual_seed(0)
+        for label, bs, low, high in DECODE_MIXED:
+            lens = torch.exp(torch.empty(bs).uniform_(float(torch.tensor(low).log()), float(torch.tensor(high).log()),
+                                                      generator=gen)).round().int().tolist()
+            batch, k, v = make_batch(seq_lens=lens, page_size=PAGE, num_q_heads=HEADS, num_kv_heads=KV_HEADS,
+                                     head_dim=HEAD_DIM, dtype=torch.bfloat16, device="cuda", fill=False)
+            rows += bench_point("decode", batch, k, v, make_q(batch), modules, first,
+                                check=sum(lens) <= args.check_up_to, label=label)
+            del k, v
     if "extend" in ops:
         for seqs, new, prefix in EXTEND:
             batch, k, v = make_batch(seq_lens=[prefix + new] * seqs, q_lens=[new] * seqs, page_size=PAGE,

@@ -18,8 +18,6 @@ With `cuda_graph=True` a plan's wrapper keeps its metadata in buffers of its own
 
 from __future__ import annotations
 
-import functools
-
 import torch
 
 _HEAD_DIMS = (64, 128, 256)
@@ -28,6 +26,7 @@ _DTYPES = (torch.bfloat16, torch.float16)
 # to the tensor-core kernel, which takes any.
 _CUDA_CORE_GROUPS = (1, 2, 3, 4)
 _WORKSPACE_BYTES = 128 * 1024 * 1024  # flashinfer's recommended float workspace
+_MAX_WORKSPACE_BYTES = 4 * 1024 ** 3
 
 
 def _common_reason(batch) -> str | None:
@@ -51,10 +50,32 @@ def use_tensor_cores(batch) -> bool:
     return batch.num_q_heads // batch.num_kv_heads not in _CUDA_CORE_GROUPS
 
 
-@functools.lru_cache(maxsize=None)
-def _workspace(device: str) -> torch.Tensor:
-    """One float workspace per device, shared by every plan: flashinfer uses it only while a run() is in flight."""
-    return torch.zeros(_WORKSPACE_BYTES, dtype=torch.uint8, device=device)
+_workspaces: dict[str, torch.Tensor] = {}
+
+
+def _workspace(device: str, at_least: int) -> torch.Tensor:
+    """The float workspace of a device, shared by every plan: flashinfer uses it only while a run() is in flight.
+    Replaced by a larger one when a plan needs more; plans made before keep the one they were given."""
+    buffer = _workspaces.get(device)
+    if buffer is None or buffer.numel() < at_least:
+        buffer = _workspaces[device] = torch.zeros(at_least, dtype=torch.uint8, device=device)
+    return buffer
+
+
+def _planned(make_wrapper, plan, device: str):
+    """A wrapper made on the device's workspace and planned, on a workspace twice as large while flashinfer says
+    it is too small: CUDA-graph prefill plans split for the worst case and outgrew 128 MB from 4 x 2048 new tokens
+    (results/attention_bench_h100, "Increase the workspace buffer size")."""
+    size = _WORKSPACE_BYTES
+    while True:
+        wrapper = make_wrapper(_workspace(device, size))
+        try:
+            plan(wrapper)
+            return wrapper
+        except RuntimeError as exc:
+            if "Increase the workspace buffer size" not in str(exc) or size >= _MAX_WORKSPACE_BYTES:
+                raise
+            size *= 2
 
 
 def paged_kv_csr(batch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -97,12 +118,15 @@ class DecodePlan(_Plan):
             buffers = dict(paged_kv_indptr_buffer=self.kv_indptr.to(batch.device),
                            paged_kv_indices_buffer=self.kv_indices.clone(),
                            paged_kv_last_page_len_buffer=self.last_page_len.to(batch.device))
-        self.wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
-            _workspace(batch.device), "NHD", use_cuda_graph=cuda_graph, use_tensor_cores=use_tensor_cores(batch),
-            backend="fa2", **buffers)
-        self.wrapper.plan(self.kv_indptr, self.kv_indices, self.last_page_len, batch.num_q_heads,
-                          batch.num_kv_heads, batch.head_dim, batch.page_size, q_data_type=batch.dtype,
-                          kv_data_type=batch.dtype, sm_scale=batch.scale)
+        self.wrapper = _planned(
+            lambda workspace: flashinfer.BatchDecodeWithPagedKVCacheWrapper(
+                workspace, "NHD", use_cuda_graph=cuda_graph, use_tensor_cores=use_tensor_cores(batch), backend="fa2",
+                **buffers),
+            lambda wrapper: wrapper.plan(
+                self.kv_indptr, self.kv_indices, self.last_page_len, batch.num_q_heads, batch.num_kv_heads,
+                batch.head_dim, batch.page_size, q_data_type=batch.dtype, kv_data_type=batch.dtype,
+                sm_scale=batch.scale),
+            batch.device)
 
     def run(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
         return self.wrapper.run(q, (k_cache, v_cache))
@@ -124,11 +148,14 @@ class ExtendPlan(_Plan):
                            paged_kv_indptr_buf=self.kv_indptr.to(batch.device),
                            paged_kv_indices_buf=self.kv_indices.clone(),
                            paged_kv_last_page_len_buf=self.last_page_len.to(batch.device))
-        self.wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(
-            _workspace(batch.device), "NHD", use_cuda_graph=cuda_graph, backend="fa2", **buffers)
-        self.wrapper.plan(qo_indptr, self.kv_indptr, self.kv_indices, self.last_page_len, batch.num_q_heads,
-                          batch.num_kv_heads, batch.head_dim, batch.page_size, causal=True,
-                          sm_scale=batch.scale, q_data_type=batch.dtype, kv_data_type=batch.dtype)
+        self.wrapper = _planned(
+            lambda workspace: flashinfer.BatchPrefillWithPagedKVCacheWrapper(
+                workspace, "NHD", use_cuda_graph=cuda_graph, backend="fa2", **buffers),
+            lambda wrapper: wrapper.plan(
+                qo_indptr, self.kv_indptr, self.kv_indices, self.last_page_len, batch.num_q_heads,
+                batch.num_kv_heads, batch.head_dim, batch.page_size, causal=True, sm_scale=batch.scale,
+                q_data_type=batch.dtype, kv_data_type=batch.dtype),
+            batch.device)
 
     def run(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
         return self.wrapper.run(q, (k_cache, v_cache))

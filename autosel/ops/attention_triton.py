@@ -18,6 +18,7 @@ import triton
 import triton.language as tl
 
 from autosel.ops.common import next_power_of_2, pin_triton_cache_dir
+from autosel.ops.triton_launch import FastLaunch
 
 pin_triton_cache_dir()
 
@@ -149,6 +150,12 @@ def _merge_kernel(part_out_ptr, part_lse_ptr, out_ptr, stride_ob, stride_oh,
     tl.store(out_ptr + b.to(tl.int64) * stride_ob + h * stride_oh + d, out.to(out_ptr.dtype.element_ty))
 
 
+# Triton's own launch path costs tens of microseconds of host time with this many arguments, more than a small
+# decode's kernel (results/attention_bench_h100: 66 us eager against 14 us in a CUDA graph at batch 8, KV 1k).
+_launch_decode = FastLaunch(_decode_kernel)
+_launch_merge = FastLaunch(_merge_kernel)
+
+
 class DecodePlan:
     """attention.decode with autosel's Triton kernel: the split count and buffers are fixed here, once a step.
 
@@ -160,19 +167,19 @@ class DecodePlan:
         if reason is not None:
             raise ValueError(f"Triton paged decode cannot run this batch: {reason}")
         self.batch = batch
-        self.group = batch.num_q_heads // batch.num_kv_heads
-        self.block_g = max(_MIN_ROWS, next_power_of_2(self.group))
+        group = batch.num_q_heads // batch.num_kv_heads
+        block_g = max(_MIN_ROWS, next_power_of_2(group))
         # 256-wide heads take half the tokens per step so that K, V and the accumulator stay in registers.
-        self.block_n = 64 if batch.head_dim <= 128 else 32
+        block_n = 64 if batch.head_dim <= 128 else 32
         max_len = max(batch.seq_lens_list)
         if num_splits is None:
             num_splits = choose_splits(batch_size=len(batch.seq_lens_list), num_kv_heads=batch.num_kv_heads,
                                        max_seq_len=max_len, sm_count=_sm_count(batch.device))
         per_split = -(-max_len // num_splits)
         # Whole BLOCK_N steps per split, so that only each split's last step is partly masked.
-        self.tokens_per_split = -(-per_split // self.block_n) * self.block_n
+        self.tokens_per_split = -(-per_split // block_n) * block_n
         self.num_splits = -(-max_len // self.tokens_per_split)
-        self.qk_scale = batch.scale * _LOG2E
+        self.qk_scale = float(batch.scale * _LOG2E)
         rows = len(batch.seq_lens_list) * batch.num_q_heads * self.num_splits
         if self.num_splits > 1:
             self.part_out = torch.empty(rows, batch.head_dim, dtype=torch.float32, device=batch.device)
@@ -181,6 +188,11 @@ class DecodePlan:
             self.part_out = self.part_lse = torch.empty(1, dtype=torch.float32, device=batch.device)
         self.grid = (len(batch.seq_lens_list), batch.num_kv_heads, self.num_splits)
         self.num_warps = 4 if batch.head_dim <= 128 else 8
+        self.constexprs = (batch.num_q_heads, group, block_g, batch.head_dim, batch.page_size, block_n,
+                           self.num_splits, _DOT_FP32)
+        self.merge_grid = (len(batch.seq_lens_list), batch.num_q_heads)
+        self.merge_constexprs = (batch.num_q_heads, batch.head_dim, self.num_splits,
+                                 next_power_of_2(self.num_splits))
 
     def run(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
         batch = self.batch
@@ -188,18 +200,13 @@ class DecodePlan:
             raise ValueError("Triton paged decode needs q, k_cache and v_cache contiguous in head_dim "
                              f"(strides {q.stride()}, {k_cache.stride()}, {v_cache.stride()}); pass .contiguous()")
         out = torch.empty_like(q)
-        _decode_kernel[self.grid](
+        _launch_decode(self.grid, (
             q, k_cache, v_cache, batch.page_table, batch.seq_lens, out, self.part_out, self.part_lse,
             self.qk_scale, self.tokens_per_split,
             q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
             v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
-            batch.page_table.stride(0), out.stride(0), out.stride(1),
-            NUM_Q_HEADS=batch.num_q_heads, GROUP=self.group, BLOCK_G=self.block_g, HEAD_DIM=batch.head_dim,
-            PAGE_SIZE=batch.page_size, BLOCK_N=self.block_n, NUM_SPLITS=self.num_splits,
-            DOT_FP32=_DOT_FP32, num_warps=self.num_warps, num_stages=2)
+            batch.page_table.stride(0), out.stride(0), out.stride(1)), self.constexprs, self.num_warps)
         if self.num_splits > 1:
-            _merge_kernel[(len(batch.seq_lens_list), batch.num_q_heads)](
-                self.part_out, self.part_lse, out, out.stride(0), out.stride(1),
-                NUM_Q_HEADS=batch.num_q_heads, HEAD_DIM=batch.head_dim, NUM_SPLITS=self.num_splits,
-                BLOCK_S=next_power_of_2(self.num_splits), num_warps=4)
+            _launch_merge(self.merge_grid, (self.part_out, self.part_lse, out, out.stride(0), out.stride(1)),
+                          self.merge_constexprs, 4)
         return out
