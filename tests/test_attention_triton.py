@@ -104,7 +104,7 @@ def test_choose_splits_fills_the_gpu_but_not_with_short_splits():
 
 def _batch(**overrides):
     fields = dict(head_dim=128, dtype=torch.bfloat16, num_q_heads=32, num_kv_heads=8, seq_lens_list=[5],
-                  q_lens_list=[1])
+                  q_lens_list=[1], device=DEVICE)
     fields.update(overrides)
     return SimpleNamespace(**fields)
 
@@ -120,7 +120,7 @@ def _batch(**overrides):
 def test_supports_names_the_unsupported_case(overrides, words):
     assert words in at.supports(_batch(**overrides))
     with pytest.raises(ValueError, match="cannot run this batch"):
-        at.DecodePlan(_batch(**overrides, device="cpu"))
+        at.DecodePlan(_batch(**overrides))
 
 
 def test_supports_llama_layout():

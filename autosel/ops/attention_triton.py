@@ -46,6 +46,8 @@ def supports(batch) -> str | None:
     group = batch.num_q_heads // batch.num_kv_heads
     if group > _MAX_GROUP:
         return f"autosel's Triton decode kernel takes at most {_MAX_GROUP} query heads per KV head, got {group}"
+    if torch.device(batch.device).type != "cuda" and not _DOT_FP32:
+        return f"autosel's Triton kernels run on GPUs (or under TRITON_INTERPRET=1), the batch is on {batch.device}"
     if min(batch.seq_lens_list) < 1:
         return "every sequence of a decode batch holds at least its new token; a sequence has length 0"
     if any(q != 1 for q in batch.q_lens_list):
