@@ -3,52 +3,15 @@ when there is no GPU (tiny shapes: the interpreter runs each program in numpy)."
 
 from __future__ import annotations
 
-import importlib
-import os
-import sys
 from types import SimpleNamespace
 
 import pytest
 import torch
 
 from paged_attention_cases import TOL, make_batch, make_q, reference
+from triton_interpret import DEVICE, import_kernels, interpreter_env  # noqa: F401 - the fixture is autouse
 
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-_INTERPRET = DEVICE == "cpu"
-_MODULE = "autosel.ops.attention_triton"
-
-
-def _import_module():
-    if not _INTERPRET:
-        return importlib.import_module(_MODULE)
-    # @triton.jit fixes interpret mode at decoration: import a private copy under the variable, then restore both.
-    saved_module = sys.modules.pop(_MODULE, None)
-    saved_env = os.environ.get("TRITON_INTERPRET")
-    os.environ["TRITON_INTERPRET"] = "1"
-    try:
-        return importlib.import_module(_MODULE)
-    finally:
-        if saved_env is None:
-            del os.environ["TRITON_INTERPRET"]
-        else:
-            os.environ["TRITON_INTERPRET"] = saved_env
-        if saved_module is None:
-            sys.modules.pop(_MODULE, None)
-        else:
-            sys.modules[_MODULE] = saved_module
-
-
-at = _import_module()
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _interpreter_env():
-    if not _INTERPRET:
-        yield
-        return
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("TRITON_INTERPRET", "1")
-        yield
+at = import_kernels("autosel.ops.attention_triton")
 
 
 def check(*, seq_lens, page_size, num_q_heads=4, num_kv_heads=2, head_dim=64, dtype=torch.bfloat16,

@@ -15,18 +15,19 @@ from __future__ import annotations
 
 import torch
 
+from autosel.ops.attention_support import layout_reason
+
 _HEAD_DIMS = (64, 128, 256)
 _DTYPES = (torch.bfloat16, torch.float16)
 
 
 def supports(batch) -> str | None:
     """None where FA3 runs this batch's case on this batch's device, else why not."""
-    if batch.head_dim not in _HEAD_DIMS:
-        return f"sgl-kernel's FA3 is carried with head_dim {_HEAD_DIMS} (tools/trim_fa3.py), got {batch.head_dim}"
-    if batch.dtype not in _DTYPES:
-        return f"FA3 takes bf16 and fp16 here (fp8 needs descales autosel does not pass), got {batch.dtype}"
-    if batch.num_q_heads % batch.num_kv_heads:
-        return f"query heads ({batch.num_q_heads}) are not a multiple of KV heads ({batch.num_kv_heads})"
+    # fp8 would need descales autosel does not pass; other head dims are not in the carried library.
+    reason = layout_reason(batch, backend="sgl-kernel's FA3 as carried (tools/trim_fa3.py)", head_dims=_HEAD_DIMS,
+                           dtypes=_DTYPES)
+    if reason is not None:
+        return reason
     device = torch.device(batch.device)
     if device.type != "cuda":
         return f"FA3 runs on CUDA devices, the batch is on {batch.device}"

@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import torch
 
+from autosel.ops.attention_support import layout_reason
+
 _HEAD_DIMS = (64, 128, 256)
 _DTYPES = (torch.bfloat16, torch.float16)
 # flashinfer's CUDA-core decode kernel is compiled for these GQA groups (DISPATCH_GQA_GROUP_SIZE); wider groups go
@@ -29,21 +31,15 @@ _WORKSPACE_BYTES = 128 * 1024 * 1024  # flashinfer's recommended float workspace
 _MAX_WORKSPACE_BYTES = 4 * 1024 ** 3
 
 
-def _common_reason(batch) -> str | None:
-    if batch.head_dim not in _HEAD_DIMS:
-        return f"flashinfer's paged attention is built here for head_dim {_HEAD_DIMS}, got {batch.head_dim}"
-    if batch.dtype not in _DTYPES:
-        return f"flashinfer's paged attention takes bf16 and fp16, got {batch.dtype}"
-    if batch.num_q_heads % batch.num_kv_heads:
-        return f"query heads ({batch.num_q_heads}) are not a multiple of KV heads ({batch.num_kv_heads})"
+def supports(batch) -> str | None:
+    """None where this module's plans run the batch's case (decode and extend alike), else why not."""
+    reason = layout_reason(batch, backend="flashinfer's paged attention as autosel builds it", head_dims=_HEAD_DIMS,
+                           dtypes=_DTYPES)
+    if reason is not None:
+        return reason
     if torch.device(batch.device).type != "cuda":
         return f"flashinfer runs on CUDA devices, the batch is on {batch.device}"
     return None
-
-
-def supports(batch) -> str | None:
-    """None where this module's plans run the batch's case (decode and extend alike), else why not."""
-    return _common_reason(batch)
 
 
 def use_tensor_cores(batch) -> bool:

@@ -17,6 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
+from autosel.ops.attention_support import layout_reason
 from autosel.ops.common import next_power_of_2, pin_triton_cache_dir
 from autosel.ops.triton_launch import FastLaunch
 
@@ -37,12 +38,9 @@ _DOT_FP32 = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 def supports(batch) -> str | None:
     """None where DecodePlan runs this batch's case, else why not."""
-    if batch.head_dim not in _HEAD_DIMS:
-        return f"autosel's Triton decode kernel takes head_dim {_HEAD_DIMS}, got {batch.head_dim}"
-    if batch.dtype not in _DTYPES:
-        return f"autosel's Triton decode kernel takes bf16 and fp16, got {batch.dtype}"
-    if batch.num_q_heads % batch.num_kv_heads:
-        return f"query heads ({batch.num_q_heads}) are not a multiple of KV heads ({batch.num_kv_heads})"
+    reason = layout_reason(batch, backend="autosel's Triton decode kernel", head_dims=_HEAD_DIMS, dtypes=_DTYPES)
+    if reason is not None:
+        return reason
     group = batch.num_q_heads // batch.num_kv_heads
     if group > _MAX_GROUP:
         return f"autosel's Triton decode kernel takes at most {_MAX_GROUP} query heads per KV head, got {group}"
