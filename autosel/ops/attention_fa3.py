@@ -39,11 +39,11 @@ def supports(batch) -> str | None:
 
 class _Plan:
     def __init__(self, batch):
-        from sgl_kernel.flash_attn import flash_attn_with_kvcache
-
         reason = supports(batch)
         if reason is not None:
             raise ValueError(f"FA3 paged attention cannot run this batch: {reason}")
+        from sgl_kernel.flash_attn import flash_attn_with_kvcache
+
         self._fn = flash_attn_with_kvcache
         self.batch = batch
         self.page_table = batch.page_table if batch.page_table.is_contiguous() else batch.page_table.contiguous()
