@@ -60,11 +60,12 @@ def _sm_count(device: str) -> int:
     return torch.cuda.get_device_properties(torch.device(device)).multi_processor_count
 
 
-def choose_splits(*, batch_size: int, num_kv_heads: int, max_seq_len: int, sm_count: int) -> int:
-    """KV splits per sequence: enough programs for two waves of the SMs, each split at least _MIN_SPLIT_TOKENS."""
+def choose_splits(*, batch_size: int, num_kv_heads: int, seq_len: int, sm_count: int) -> int:
+    """KV splits of a sequence of the batch's mean length: enough programs for two waves of the SMs, each split at
+    least _MIN_SPLIT_TOKENS."""
     programs = batch_size * num_kv_heads
     wanted = -(-2 * sm_count // programs)
-    by_length = -(-max_seq_len // _MIN_SPLIT_TOKENS)
+    by_length = -(-seq_len // _MIN_SPLIT_TOKENS)
     return max(1, min(wanted, by_length, _MAX_SPLITS))
 
 
@@ -173,9 +174,15 @@ class DecodePlan:
         block_n = 64 if batch.head_dim <= 128 else 32
         max_len = max(batch.seq_lens_list)
         if num_splits is None:
+            # Splits as long as a mean-length sequence's: a longer sequence takes more of them, so that in a batch of
+            # mixed lengths its programs do not walk several times the others' tokens (sized by the longest, the
+            # kernel ran 1.2-1.8x behind FA3 on mixed batches, results/attention_bench_h100/badc6ae).
+            mean_len = -(-sum(batch.seq_lens_list) // len(batch.seq_lens_list))
             num_splits = choose_splits(batch_size=len(batch.seq_lens_list), num_kv_heads=batch.num_kv_heads,
-                                       max_seq_len=max_len, sm_count=_sm_count(batch.device))
-        per_split = -(-max_len // num_splits)
+                                       seq_len=mean_len, sm_count=_sm_count(batch.device))
+            per_split = max(-(-mean_len // num_splits), -(-max_len // _MAX_SPLITS))
+        else:
+            per_split = -(-max_len // num_splits)
         # Whole BLOCK_N steps per split, so that only each split's last step is partly masked.
         self.tokens_per_split = -(-per_split // block_n) * block_n
         self.num_splits = -(-max_len // self.tokens_per_split)
