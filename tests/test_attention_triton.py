@@ -68,10 +68,10 @@ def test_choose_splits_fills_the_gpu_but_not_with_short_splits():
 def test_mixed_lengths_split_the_long_sequences_more():
     # Splits sized by the longest sequence left the long sequences' programs walking most of the batch's tokens: the
     # kernel ran 1.2-1.8x behind FA3 on mixed-length batches. One 4k sequence among fifteen of 64 tokens: a split is
-    # a mean-length sequence's share (316 tokens, one split under the interpreter's 4 SMs, 320 in whole BLOCK_N
-    # steps), so the long sequence has 13 of them.
+    # at most a mean-length sequence's share (316 tokens, 320 in whole BLOCK_N steps; less where the device has more
+    # SMs to fill), so the long sequence is cut into 13 or more splits rather than walked by one program.
     plan = check(seq_lens=[4096] + [64] * 15, page_size=16)
-    assert plan.tokens_per_split == 320 and plan.num_splits == 13
+    assert plan.tokens_per_split <= 320 and plan.num_splits == -(-4096 // plan.tokens_per_split)
 
 
 def _batch(**overrides):
