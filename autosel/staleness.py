@@ -348,7 +348,7 @@ def outdated(db, decision: Decision, layer, names: list[str], definition: OpDefi
         return f"was checked with {decision.checked_with}; the op is checked with {definition.checked_with} now"
     if _timed_from_the_l2(decision, definition):
         return ("was timed replaying one copy of its weights, which the L2 can hold; graph timing reads them from "
-                "memory since stop 37 (docs/TUNING.md section 2)")
+                "memory now (docs/TUNING.md section 2)")
     if decision.fingerprint:
         timed = {c.backend for c in decision.candidates}
         now = fingerprint(definition, [s for s in specs if not timed or s.backend.value in timed],

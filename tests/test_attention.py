@@ -9,7 +9,7 @@ import pytest
 import torch
 from conftest import use_fresh_registry
 
-from autosel import checks, selector, tuning
+from autosel import batch, checks, selector, tuning
 from autosel.ops import attention, attention_torch
 from autosel.ops.attention import PagedBatch, decode_bucket, extend_bucket, make_batch
 from autosel.platforms import PlatformInfo
@@ -158,7 +158,7 @@ def test_every_shapes_inputs_fall_in_the_bucket_their_meta_inputs_say():
 def test_a_cpu_tune_of_both_attention_ops_stores_per_bucket_decisions(monkeypatch):
     use_fresh_registry(monkeypatch, CPU, builtin=True)
     monkeypatch.setenv("AUTOSEL_BUDGET_S", "5")
-    outcomes = tuning.tune_ops(["attention.*"])
+    outcomes = batch.tune_ops(["attention.*"])
     assert sorted((o.op, o.status) for o in outcomes) == [("attention.decode", "tuned"), ("attention.extend", "tuned")]
     for outcome in outcomes:
         rows = {d.bucket for d, _ in tuning.database().decisions(outcome.op)}

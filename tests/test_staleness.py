@@ -188,7 +188,6 @@ def test_a_changed_kernel_is_retuned_kept_with_a_warning_shown_and_refused(packa
     assert entries[0].status == "stale" and reason in entries[0].detail  # what `autosel show` lists
     monkeypatch.setenv("AUTOSEL_TUNE", "off")
     caplog.set_level(logging.WARNING, logger="autosel")
-    monkeypatch.setattr(tuning, "_untimed_said", set())
     assert selector.select_kernel("fp.op").backend == B.JIT  # kept where nothing can be timed, and said once
     assert f"the stored decision (jit) {reason}; it is kept" in caplog.text
 

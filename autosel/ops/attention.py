@@ -20,7 +20,7 @@ import importlib.util
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from autosel.dispatch import token_bucket
+from autosel.buckets import token_bucket
 from autosel.ops.common import CUDA_SM80, ShapesByDevice, dtype_of
 from autosel.spec import CapabilityRequirement, KernelBackend, KernelSpec, OpDefinition
 
