@@ -131,3 +131,100 @@ def test_stability_counts_identical_decisions_and_the_disagreements_inside_the_m
     counts, notes = stability(first, second)
     assert counts == {"eager": {"decisions": 5, "agree": 2, "inside_margin": 1}}
     assert notes == ["a eager s1: x vs y (inside the margin)", "b eager *: x vs y", "b eager s1: x vs y"]
+
+
+class FakeProcesses:
+    """Stands in for the fresh processes autosel.bench.startup times: this checkout's first get_kernel takes 20 ms
+    and imports 6 modules, the baseline's 3.9 s and sympy; every warm-up round takes 100 s, to show it is dropped."""
+
+    def __init__(self, rounds_per_checkout):
+        self.calls = {}
+        self.per_round = rounds_per_checkout
+
+    def _warm_up(self, key):
+        self.calls[key] = self.calls.get(key, 0) + 1
+        return self.calls[key] == 1
+
+    def child(self, op, env):
+        baseline = env["AUTOSEL_DB"].endswith("baseline.db")
+        seconds = 100.0 if self._warm_up((op, baseline)) else (3.9 if baseline else 0.02)
+        return {"import_torch_s": 4.0, "import_autosel_s": 0.05, "get_kernel_s": seconds, "winners": ["torch"],
+                "imported": ["sympy", *"abcde"] if baseline else list("abcdef")}
+
+    def wall_s(self, argv, env):
+        baseline = env["AUTOSEL_DB"].endswith("baseline.db")
+        show = argv[-1] == "show"
+        if self._warm_up((show, baseline)):
+            return 100.0
+        return (13.0 if baseline else 5.3) if show else 5.0
+
+
+def test_bench_startup_writes_its_result_file_and_drops_the_warm_up_round(tmp_path, monkeypatch):
+    from autosel.bench import startup
+
+    fake = FakeProcesses(6)
+    monkeypatch.setattr(startup, "_child", fake.child)
+    monkeypatch.setattr(startup, "_wall_s", fake.wall_s)
+    baseline = tmp_path / "other-checkout"
+    baseline.mkdir()
+    out = tmp_path / "results"
+    result = CliRunner().invoke(main, ["bench", "startup", "--op", "gemm.mm", "--rounds", "5", "--baseline",
+                                       str(baseline), "--results", str(out)])
+    assert result.exit_code == 0, result.output
+    [record] = results.read_results(out)
+    assert result.output.endswith(f"wrote {out / record['file']}\n")  # after the progress bar on stderr
+    assert record["kind"] == "startup" and record["file"].startswith("startup-")
+    assert record["command"] == f"autosel bench startup --op gemm.mm --rounds 5 --baseline {baseline} --results {out}"
+    body = record["results"]
+    assert body["ops"]["gemm.mm"]["first_get_kernel_ms_all"] == [20.0] * 5  # the warm-up's 100 s are not in it
+    assert body["ops"]["gemm.mm"]["kind"] == "plain-torch winner" and body["show"]["beyond_import_torch_ms"] == 300.0
+    assert body["baseline"]["checkout"] == str(baseline) and body["baseline"]["commit"] is None  # not a git checkout
+    assert body["baseline"]["ops"]["gemm.mm"]["heavy_modules_imported"] == ["sympy"]
+    assert [t["met"] for t in body["targets"].values()] == [True, True]
+    assert sum(fake.calls.values()) == 6 * 2 * 3  # (5 rounds + the warm-up) x 2 checkouts x (op, show, torch)
+
+
+@pytest.mark.parametrize("args, code, said", [(["--op", "no.such*"], 1, "no op matches --op 'no.such*'"),
+                                              (["--rounds", "4"], 2, "4 is not in the range x>=5")])
+def test_bench_startup_refuses_before_timing_anything(tmp_path, monkeypatch, args, code, said):
+    from autosel.bench import startup
+
+    monkeypatch.setattr(startup, "_child", lambda op, env: pytest.fail("timed something"))
+    result = CliRunner().invoke(main, ["bench", "startup", *args, "--results", str(tmp_path)])
+    assert result.exit_code == code and said in result.output
+    assert list(tmp_path.iterdir()) == []
+
+
+def _startup_samples(name, get_kernel_s, winners, imported):
+    child = {"import_torch_s": 4.0, "import_autosel_s": 0.05, "get_kernel_s": get_kernel_s, "winners": winners,
+             "imported": imported}
+    return {(name, "gemm.mm"): [child] * 5, (name, "show"): [5.3] * 5, (name, "import_torch"): [5.0] * 5}
+
+
+def test_the_page_renders_a_startup_record_with_its_targets_and_load():
+    from autosel.bench import startup
+
+    samples = {**_startup_samples("this", 0.2147, ["torch"], list("abcdef")),
+               **_startup_samples("baseline", 3.8916, ["torch_compile"], ["sympy", "triton", "x"])}
+    body = startup.summarize(samples, ops=["gemm.mm"], rounds=5, baseline={"checkout": "/co", "commit": "abc"})
+    body.update(load_average=[10.99, 9.5, 8.0], cpus=2)
+    body["tables"], body["notes"] = startup.tables(body), startup.notes(body)
+    record = {**_record("startup", "cpu/x86_64/X/2", "2026-12-05"), "results": body}
+    text = page.render([record])
+    assert "| Cold start | never ran | never ran | CPU (2026-12-05) |" in text
+    assert "| gemm.mm | plain-torch winner (torch) | 214.7 | 6 | 3,891.6 | 3 |" in text
+    assert "| this checkout | 5,300.0 | 5,000.0 | 300.0 |" in text
+    assert "| plain-torch first get_kernel <= 50 ms beyond import torch; import autosel | 214.7 | missed |" in text
+    assert "| autosel show <= 1 s beyond import torch | 300.0 | met |" in text
+    assert "- load average (1-minute first): [10.99, 9.5, 8.0]; 2 CPUs" in text
+    assert "- baseline: /co at commit abc, timed in the same rounds" in text
+
+
+def test_startup_targets_say_so_where_no_op_has_a_plain_torch_winner():
+    from autosel.bench import startup
+
+    body = startup.summarize(_startup_samples("this", 17.2, ["torch_compile"], ["sympy"]), ops=["gemm.mm"], rounds=5)
+    assert body["ops"]["gemm.mm"]["kind"] == "torch.compile winner"
+    target = "plain-torch first get_kernel <= 50 ms beyond import torch; import autosel"
+    assert body["targets"][target] == "no op with plain-torch winners"
+    assert [target, "no figure", "n/a"] in startup.tables(body)[2]["rows"]

@@ -41,7 +41,10 @@ KINDS = {
     "ranks_check": Kind("Many ranks run rank 0's decisions", "Every contested op selected on two ranks under "
                         "torchrun: whether each rank runs rank 0's whole table, and warns where its own DB disagrees.",
                         "torchrun --nproc-per-node 2 tools/ranks_check.py --out DIR"),
-    "startup": Kind("Cold start", "The time from a fresh process to the first kernel call.", "autosel bench startup"),
+    "startup": Kind("Cold start", "What a fresh process pays on stored decisions (AUTOSEL_TUNE=off, the shipped "
+                    "DBs): each contested op's first `get_kernel` beyond `import torch; import autosel`, with the "
+                    "modules it imported, and `autosel show` beyond `import torch`; medians of interleaved rounds of "
+                    "fresh processes, with the load average they ran under.", "autosel bench startup"),
 }
 
 #: What no result file covers yet, by design of the status table: listed until a file of that kind exists.

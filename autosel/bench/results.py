@@ -29,10 +29,10 @@ class ResultFileError(AutoselError):
     """A result file that cannot be read back: not JSON, or without the provenance keys."""
 
 
-def source_commit() -> str | None:
-    """The commit of the autosel source tree that runs, with "-dirty" where it has uncommitted changes;
-    None where autosel is installed from a wheel (no git checkout around it)."""
-    root = Path(autosel.__file__).resolve().parent.parent
+def source_commit(root: Path | None = None) -> str | None:
+    """The commit of the autosel source tree that runs (or of the checkout at `root`), with "-dirty" where its
+    autosel/ has uncommitted changes; None where there is no git checkout (autosel installed from a wheel)."""
+    root = Path(autosel.__file__).resolve().parent.parent if root is None else Path(root)
     try:
         commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True,
                                 check=True, timeout=10).stdout.strip()

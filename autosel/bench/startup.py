@@ -1,10 +1,10 @@
 """What a fresh process pays to start on stored decisions: `import torch`, `import autosel`, the first get_kernel of
 each contested op (plain-torch winners apart from torch.compile ones), and `autosel show`; fresh processes side by
-side in interleaved rounds, medians, written as a JSON result file with its provenance.
+side in interleaved rounds, medians, as the body of a result file (autosel.bench.results).
 
-    python -m autosel.bench.startup --out results/             # every contested op, 7 rounds
-    python -m autosel.bench.startup --out results/ --ops gemm.mm --rounds 5
-    python -m autosel.bench.startup --out results/ --baseline ../autosel-main   # another commit, same rounds
+    autosel bench startup                                  # every contested op, 7 rounds
+    autosel bench startup --op gemm.mm --rounds 5
+    autosel bench startup --baseline ../autosel-main       # another commit's checkout, timed in the same rounds
 
 Each process runs with AUTOSEL_TUNE=off on an empty user DB and the shipped DBs (those of the checkout the package is
 imported from, else the package's), so it reads what a worker restarted from an image reads. One round before the
@@ -12,17 +12,18 @@ timed ones is discarded: it writes the user DB and the bytecode a deployed image
 
 from __future__ import annotations
 
-import argparse
-import datetime
+import fnmatch
 import json
 import os
-import platform as host
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Callable
+
+from autosel.bench.results import BenchError, source_commit
 
 # Run in each fresh process: the seconds of each step and which heavy modules the first get_kernel imported.
 CHILD = r"""
@@ -77,11 +78,18 @@ def _wall_s(argv: list[str], env: dict[str, str]) -> float:
     return time.perf_counter() - start
 
 
-def _contested_ops() -> list[str]:
+def _contested_ops(patterns: tuple[str, ...] = ()) -> list[str]:
+    """The contested ops here matching `patterns` (all of them without one); BenchError for a pattern that
+    matches none, before anything is timed."""
     from autosel.platforms import current_platform
     from autosel.tuning import contested_ops
 
-    return [op for op, _ in contested_ops(current_platform())]
+    known = [op for op, _ in contested_ops(current_platform())]
+    for pattern in patterns:
+        if not any(fnmatch.fnmatchcase(op, pattern) for op in known):
+            raise BenchError(f"no op matches --op {pattern!r}; the ops with several backends here: "
+                             f"{', '.join(known) or 'none'}")
+    return [op for op in known if not patterns or any(fnmatch.fnmatchcase(op, p) for p in patterns)]
 
 
 def _median_ms(values: list[float]) -> float:
@@ -102,23 +110,53 @@ def _summary(runs: list[dict]) -> dict:
     }
 
 
-def run(ops: list[str], rounds: int, baseline: Path | None = None) -> dict:
-    """The medians over `rounds` interleaved rounds (each round one fresh process per measurement); with a
-    `baseline` checkout (another commit's), its processes take their turns in the same rounds."""
-    checkouts = {"this": Path(__file__).resolve().parents[2], **({"baseline": baseline} if baseline else {})}
+#: The start-up targets: a plain-torch winner costs a fresh process little beyond its imports, and `autosel show`
+#: answers within a second of what torch itself takes to import.
+GET_KERNEL_TARGET_MS, SHOW_TARGET_MS = 50, 1000
+
+
+def run(*, ops: tuple[str, ...] = (), rounds: int = 7, baseline: Path | None = None,
+        on_step: Callable[[str], None] = lambda step: None,
+        on_round: Callable[[int], None] = lambda done: None) -> dict:
+    """The medians over `rounds` interleaved rounds (each round one fresh process per measurement) of the contested
+    ops matching the globs `ops` (every contested op without one); with a `baseline` checkout (another commit's),
+    its processes take their turns in the same rounds. Returns the result file's body."""
+    if rounds < 5:
+        raise BenchError(f"rounds={rounds}: the medians need at least 5 rounds")
+    chosen = _contested_ops(tuple(ops))
+    checkouts = {"this": Path(__file__).resolve().parents[2], **({"baseline": Path(baseline)} if baseline else {})}
     with tempfile.TemporaryDirectory() as tmp:
         envs = {name: _env(path, Path(tmp) / f"{name}.db") for name, path in checkouts.items()}
         samples: dict[tuple, list] = {}
         for round_index in range(rounds + 1):  # the first round is the discarded warm-up
             for name, env in envs.items():
-                taken = {op: _child(op, env) for op in ops}
+                label = f"round {round_index}/{rounds}" if round_index else "warm-up round"
+                taken = {}
+                for op in chosen:
+                    on_step(f"{label}: {name} {op}")
+                    taken[op] = _child(op, env)
                 for what, argv in (("show", [sys.executable, "-m", "autosel", "show"]),
                                    ("import_torch", [sys.executable, "-c", "import torch"])):
+                    on_step(f"{label}: {name} {what.replace('_', ' ')}")
                     taken[what] = _wall_s(argv, env)
                 for what, sample in taken.items() if round_index else ():
                     samples.setdefault((name, what), []).append(sample)
+            on_round(round_index + 1)
+    load = [round(x, 2) for x in os.getloadavg()] if hasattr(os, "getloadavg") else None
+    results = summarize(samples, ops=chosen, rounds=rounds,
+                        baseline={"checkout": str(checkouts["baseline"]),
+                                  "commit": source_commit(checkouts["baseline"])} if baseline else None)
+    results.update(load_average=load, cpus=os.cpu_count(), python=sys.version.split()[0])
+    results["tables"], results["notes"] = tables(results), notes(results)
+    return results
+
+
+def summarize(samples: dict[tuple[str, str], list], *, ops: list[str], rounds: int,
+              baseline: dict | None = None) -> dict:
+    """The medians of `samples` ({(checkout name, op or "show" or "import_torch"): the rounds' samples}) and the
+    targets met or missed; `baseline` names the other checkout ("checkout", "commit") where there is one."""
     results: dict = {"rounds": rounds}
-    for name in checkouts:
+    for name in ("this", "baseline") if baseline else ("this",):
         show_ms, torch_ms = _median_ms(samples[name, "show"]), _median_ms(samples[name, "import_torch"])
         part = {"ops": {op: _summary(samples[name, op]) for op in ops},
                 "show": {"wall_ms": show_ms, "import_torch_wall_ms": torch_ms,
@@ -126,62 +164,64 @@ def run(ops: list[str], rounds: int, baseline: Path | None = None) -> dict:
         if name == "this":
             results.update(part)
         else:
-            results[name] = {"checkout": str(checkouts[name]), "commit": _commit(checkouts[name]), **part}
+            results[name] = {**baseline, **part}
     plain = [v["first_get_kernel_ms"] for v in results["ops"].values() if v["kind"] == "plain-torch winner"]
+    beyond = results["show"]["beyond_import_torch_ms"]
     results["targets"] = {
-        "plain-torch first get_kernel <= 50 ms beyond import torch; import autosel": (
-            {"worst_ms": max(plain), "met": max(plain) <= 50} if plain else "no op with plain-torch winners"),
-        "autosel show <= 1 s beyond import torch": {"beyond_ms": results["show"]["beyond_import_torch_ms"],
-                                                    "met": results["show"]["beyond_import_torch_ms"] <= 1000},
+        f"plain-torch first get_kernel <= {GET_KERNEL_TARGET_MS} ms beyond import torch; import autosel": (
+            {"worst_ms": max(plain), "met": max(plain) <= GET_KERNEL_TARGET_MS} if plain
+            else "no op with plain-torch winners"),
+        f"autosel show <= {SHOW_TARGET_MS / 1000:g} s beyond import torch": {"beyond_ms": beyond,
+                                                                            "met": beyond <= SHOW_TARGET_MS},
     }
     return results
 
 
-def _commit(checkout: Path) -> str:
-    try:
-        commit = subprocess.run(["git", "-C", str(checkout), "rev-parse", "HEAD"], capture_output=True, text=True,
-                                timeout=30).stdout.strip()
-        dirty = subprocess.run(["git", "-C", str(checkout), "status", "--porcelain", "--untracked-files=no"],
-                               capture_output=True, text=True, timeout=30).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return "unknown (no git)"
-    return f"{commit}{' (with uncommitted changes)' if dirty else ''}" if commit else "unknown (not a checkout)"
+def _ms(value: float) -> str:
+    return f"{value:,.1f}"
 
 
-def provenance(argv: list[str]) -> dict:
-    import autosel
-    from autosel.platforms import current_platform
-
-    platform = current_platform()
-    commit = _commit(Path(autosel.__file__).resolve().parents[1])
-    return {"command": " ".join(["python -m autosel.bench.startup", *argv]), "commit": commit,
-            "autosel_version": autosel.__version__, "platform_key": platform.key,
-            "versions": {**dict(platform.versions), "python": host.python_version(), "cpus": str(os.cpu_count()),
-                         "load_average_1m": f"{os.getloadavg()[0]:.2f}"},
-            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
+def _count(value: float) -> str:
+    return f"{value:g}"
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    parser = argparse.ArgumentParser(prog="python -m autosel.bench.startup", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", type=Path, required=True, help="folder the JSON result file is written to")
-    parser.add_argument("--ops", nargs="+", help="ops whose first get_kernel is timed (default: every contested op)")
-    parser.add_argument("--rounds", type=int, default=7, help="timed rounds, at least 5 (default 7)")
-    parser.add_argument("--baseline", type=Path, help="a checkout of another commit, timed in the same rounds")
-    args = parser.parse_args(argv)
-    if args.rounds < 5:
-        parser.error(f"--rounds {args.rounds}: the medians need at least 5 rounds")
-    meta = provenance(argv)
-    results = run(args.ops or _contested_ops(), args.rounds, args.baseline)
-    args.out.mkdir(parents=True, exist_ok=True)
-    stamp = meta["date"].replace(":", "").replace("-", "")[:15]
-    path = args.out / f"startup-{meta['platform_key'].replace('/', '_')}-{stamp}.json"
-    path.write_text(json.dumps({**meta, "results": results}, indent=2) + "\n", encoding="utf-8")
-    print(f"wrote {path}")
-    print(json.dumps(results["targets"], indent=2))
-    return 0
+def tables(results: dict) -> list[dict]:
+    """The page's tables of one run (autosel.bench.page renders them): per op its winner kind, first get_kernel
+    beyond `import torch; import autosel` and modules imported; `autosel show` beyond `import torch`; the targets."""
+    other = results.get("baseline")
+    columns = ["op", "winner kind (winners)", "first get_kernel, ms beyond import torch; import autosel",
+               "modules imported (heavy ones)"]
+    if other:
+        columns += ["baseline: first get_kernel, ms", "baseline: modules imported"]
+    rows = []
+    for op, mine in results["ops"].items():
+        heavy = ", ".join(mine["heavy_modules_imported"])
+        row = [op, f"{mine['kind']} ({', '.join(mine['winners'])})", _ms(mine["first_get_kernel_ms"]),
+               _count(mine["modules_imported"]) + (f" ({heavy})" if heavy else "")]
+        if other:
+            theirs = other["ops"].get(op)
+            row += [_ms(theirs["first_get_kernel_ms"]), _count(theirs["modules_imported"])] if theirs else ["", ""]
+        rows.append(row)
+    show_rows = [["this checkout", _ms(results["show"]["wall_ms"]), _ms(results["show"]["import_torch_wall_ms"]),
+                  _ms(results["show"]["beyond_import_torch_ms"])]]
+    if other:
+        show_rows.append(["baseline", _ms(other["show"]["wall_ms"]), _ms(other["show"]["import_torch_wall_ms"]),
+                          _ms(other["show"]["beyond_import_torch_ms"])])
+    target_rows = [[target, "no figure", "n/a"] if isinstance(v, str) else
+                   [target, _ms(v.get("worst_ms", v.get("beyond_ms"))), "met" if v["met"] else "missed"]
+                   for target, v in results["targets"].items()]
+    return [{"title": f"Medians of {results['rounds']} interleaved rounds, one fresh process per figure, "
+                      f"AUTOSEL_TUNE=off on the shipped DBs and an empty user DB:", "columns": columns, "rows": rows},
+            {"title": "`autosel show`, wall time of the whole process:",
+             "columns": ["", "ms", "`python -c 'import torch'`, ms", "beyond import torch, ms"], "rows": show_rows},
+            {"title": "Targets:", "columns": ["target", "ms", "met"], "rows": target_rows}]
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+def notes(results: dict) -> list[str]:
+    """The page's notes of one run: the load it ran under (a host time read at a load above the CPUs is not one)
+    and the baseline's checkout."""
+    found = [f"load average (1-minute first): {results.get('load_average')}; {results.get('cpus')} CPUs"]
+    if results.get("baseline"):
+        found.append(f"baseline: {results['baseline']['checkout']} at commit "
+                     f"{results['baseline']['commit'] or 'unknown'}, timed in the same rounds")
+    return found

@@ -74,6 +74,7 @@ def bench() -> None:
     Examples:
       autosel bench hot-path
       autosel bench heldout --op 'layernorm.*'
+      autosel bench startup --op gemm.mm
       autosel bench page --check"""
 
 
@@ -171,6 +172,32 @@ def stability(ops: tuple[str, ...], budget_s: float, keep: Path | None, folder: 
         result = bench_stability.run(ops=ops, budget_s=budget_s, keep=keep, on_event=on_event,
                                      on_tune=lambda index: advance(f"tune {index}"))
     _written(write_result("tuning", result, folder=folder, command=command_line()))
+
+
+@bench.command("startup")
+@op_option("Only ops matching this glob (repeatable); default every op with several backends here.")
+@click.option("--rounds", type=click.IntRange(min=5), default=7, show_default=True,
+              help="Timed rounds (the medians need five); one untimed round comes first.")
+@click.option("--baseline", type=click.Path(file_okay=False, exists=True, path_type=Path), metavar="CHECKOUT",
+              help="A checkout of another commit, its processes timed in the same rounds.")
+@results_option()
+def startup(ops: tuple[str, ...], rounds: int, baseline: Path | None, folder: Path) -> None:
+    """What a fresh process pays before its first kernel call, on the stored decisions: each op's first get_kernel
+    beyond `import torch; import autosel`, and `autosel show` beyond `import torch`.
+
+    Every figure is a fresh process with AUTOSEL_TUNE=off, the shipped DBs and an empty user DB: your DBs are not
+    read or written.
+
+    \b
+    Example:
+      autosel bench startup --op gemm.mm --baseline ../autosel-main"""
+    from autosel.bench import startup as bench_startup
+    from autosel.bench.results import write_result
+
+    with progress_bar("cold start", rounds + 1) as advance:
+        result = bench_startup.run(ops=ops, rounds=rounds, baseline=baseline, on_step=advance,
+                                   on_round=lambda done: advance())
+    _written(write_result("startup", result, folder=folder, command=command_line()))
 
 
 def _numbers(ctx, param, value: str | None) -> tuple[int, ...]:
