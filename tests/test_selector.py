@@ -484,7 +484,7 @@ def test_the_loser_of_a_tune_race_runs_the_winners_decision_without_saying_it_ti
         return found
 
     monkeypatch.setattr(tuning, "lookup_stored", racing)
-    monkeypatch.setattr(tuning, "_announced", set())  # as in a process of its own
+    state.process.memos.announced.clear()  # as in a process of its own
     caplog.clear()
     caplog.set_level(logging.INFO, logger="autosel")
     assert selector.select_kernel("toy.double").backend == B.TRITON
