@@ -65,7 +65,8 @@ def test_gpu_only_backends_say_why_on_cpu():
     assert reasons["flashinfer"] == "needs cuda, device is cpu"
 
 
-@pytest.mark.parametrize("op", sorted(DEFINITIONS))
+# Planned ops (attention) are keyed by their batch, not a token count; their CPU batches are tiny correctness cases.
+@pytest.mark.parametrize("op", sorted(op for op, definition in DEFINITIONS.items() if not definition.planned))
 def test_every_cpu_token_bucket_has_a_representative_one_within_a_factor_of_two(op):
     # The CPU shapes left 2-8 tokens without a tuned bucket within a factor of two (the nearest-bucket rule's reach,
     # buckets.NEAREST_WITHIN), so a 3-token call ran the op-level winner, torch.compile, where torch was 1.2-1.5x
