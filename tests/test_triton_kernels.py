@@ -2,52 +2,15 @@
 
 from __future__ import annotations
 
-import importlib
 import math
-import os
-import sys
 
 import pytest
 import torch
 
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+from triton_interpret import DEVICE, import_kernels, interpreter_env  # noqa: F401 - the fixture is autouse
+
 _INTERPRET = DEVICE == "cpu"
-_KERNELS = "autosel.ops.triton_kernels"
-
-
-def _import_kernels():
-    if not _INTERPRET:
-        return importlib.import_module(_KERNELS)
-    # @triton.jit fixes interpret mode at decoration, so import a private copy under the variable, then put back both
-    # the variable and any copy other test modules imported, leaving their view of triton untouched.
-    saved_module = sys.modules.pop(_KERNELS, None)
-    saved_env = os.environ.get("TRITON_INTERPRET")
-    os.environ["TRITON_INTERPRET"] = "1"
-    try:
-        return importlib.import_module(_KERNELS)
-    finally:
-        if saved_env is None:
-            del os.environ["TRITON_INTERPRET"]
-        else:
-            os.environ["TRITON_INTERPRET"] = saved_env
-        if saved_module is None:
-            sys.modules.pop(_KERNELS, None)
-        else:
-            sys.modules[_KERNELS] = saved_module
-
-
-tk = _import_kernels()
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _interpreter_env():
-    # The interpreter also reads the variable while launching (triton imports gluon lazily and asserts it).
-    if not _INTERPRET:
-        yield
-        return
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("TRITON_INTERPRET", "1")
-        yield
+tk = import_kernels("autosel.ops.triton_kernels")
 
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]

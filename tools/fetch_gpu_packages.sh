@@ -13,10 +13,14 @@
 #
 # What travels (see docs/GPU_BACKENDS.md for why each piece is needed and what was left out):
 #   .gpu/flashinfer-0.7.4.tar.xz      flashinfer-python 0.7.4: every Python file, plus only the CUDA
-#                                      sources/headers that the norm, rope and act_and_mul JIT modules
-#                                      include (flashinfer compiles them with nvcc at first use).
+#                                      sources/headers that the norm, rope, act_and_mul and paged
+#                                      attention (batch decode, fa2 batch prefill) JIT modules include
+#                                      (flashinfer compiles them with nvcc at first use).
 #   .gpu/sglang_kernel-0.4.5.tar.xz   sglang-kernel 0.4.5 (the renamed sgl-kernel, built for torch 2.11
 #                                      + CUDA 13): Python files + sm90/common_ops.abi3.so only.
+#   .gpu/sgl_flash_ops-0.4.5.tar.xz   sglang-kernel 0.4.5's FlashAttention-3 library (flash_ops.abi3.so, 1.12 GB)
+#                                      with every cubin autosel's attention does not call zeroed
+#                                      (tools/trim_fa3.py): sm_90a, head_dim 64/128/256, bf16/fp16.
 #   .gpu/whl/apache_tvm_ffi-*.whl     flashinfer's FFI runtime (compiled; not in the GPU image).
 #   .gpu/sgl_kernel-0.3.21.undef.txt.gz  torch symbols the old sgl-kernel 0.3.21 needs (ABI evidence).
 #   .gpu/fi_aot.tar.gz                 optional prebuilt flashinfer modules (see the preamble section).
@@ -57,7 +61,14 @@ import pathlib, re, sys
 data = pathlib.Path(sys.argv[1]).resolve()
 seeds = ["csrc/norm.cu", "csrc/flashinfer_norm_binding.cu", "csrc/rope.cu",
          "csrc/flashinfer_rope_binding.cu", "csrc/tvm_ffi_utils.h",
-         "include/flashinfer/activation.cuh"]  # act_and_mul .cu is generated; it includes this
+         "include/flashinfer/activation.cuh",  # act_and_mul .cu is generated; it includes this
+         # attention: the paged decode module and the fa2 prefill module (autosel.ops.attention_flashinfer), whose
+         # kernel files flashinfer renders from these templates at run time
+         "csrc/batch_decode.cu", "csrc/batch_decode_jit_binding.cu", "csrc/batch_decode_customize_config.jinja",
+         "csrc/batch_decode_kernel_inst.jinja", "csrc/batch_prefill.cu", "csrc/batch_prefill_jit_binding.cu",
+         "csrc/batch_prefill_paged.cu", "csrc/batch_prefill_paged.cuh", "csrc/batch_prefill_paged_jit_binding.cu",
+         "csrc/batch_prefill_customize_config.jinja", "csrc/batch_prefill_paged_kernel_inst.jinja",
+         "csrc/batch_prefill_ragged_kernel_inst.jinja"]
 dirs = [data / d for d in ("include", "csrc", "cutlass/include", "cutlass/tools/util/include",
                            "spdlog/include", "cccl/cub", "cccl/libcudacxx/include", "cccl/thrust")]
 include = re.compile(r'^\s*#\s*include\s*[<"]([^>"]+)[>"]', re.M)
@@ -112,6 +123,18 @@ if [ ! -s "$sk_tar" ]; then
   echo sgl_kernel > "$(echo "$work"/sglang_kernel-*.dist-info)/top_level.txt"
   (cd "$work" && tar -cf - sgl_kernel sglang_kernel-*.dist-info) | xz -T0 -6 > "$sk_tar.part"
   mv "$sk_tar.part" "$sk_tar"
+  rm -rf "$work"
+fi
+
+# --- sglang-kernel's FlashAttention-3 library, trimmed to the Hopper cubins autosel calls ----------------------
+fa3_tar="$out/sgl_flash_ops-$SGLANG_KERNEL_VERSION.tar.xz"
+if [ ! -s "$fa3_tar" ]; then
+  work=$(mktemp -d)
+  unzip -q "$cache"/sglang_kernel-"$SGLANG_KERNEL_VERSION"-*.whl 'sgl_kernel/flash_ops.abi3.so' -d "$work/full"
+  mkdir -p "$work/sgl_kernel"
+  python3 "$repo_root/tools/trim_fa3.py" "$work/full/sgl_kernel/flash_ops.abi3.so" "$work/sgl_kernel/flash_ops.abi3.so"
+  (cd "$work" && tar -cf - sgl_kernel/flash_ops.abi3.so) | xz -T0 -6 > "$fa3_tar.part"
+  mv "$fa3_tar.part" "$fa3_tar"
   rm -rf "$work"
 fi
 
