@@ -19,25 +19,24 @@ R=/tmp/attention_results && mkdir -p $R && cp "$OUT/gpu.txt" $R/
 pack() { tar -czf "$OUT/attention_results.tar.gz" -C $R . ; }
 trap pack EXIT
 echo "setup $SECONDS s"; cat $R/gpu.txt
-timeout "$(cap 40 400)" python3 tools/attention_prewarm.py bfloat16:128 bfloat16:256 2>&1 | tail -3
 began=$SECONDS
 timeout "$(cap 70 380)" python3 -m pytest tests/gpu/test_attention_gpu.py tests/test_attention_triton.py -q \
   -p no:cacheprovider -rs > $R/attention_tests.txt 2>&1
-tail -3 $R/attention_tests.txt; echo "tests wall $((SECONDS - began)) s"
+tail -3 $R/attention_tests.txt; echo "tests wall $((SECONDS - began)) s"; pack
 began=$SECONDS
 timeout "$(cap 200 170)" python3 tools/stability_bench.py --out $R/tune --op 'attention.*' --index 1 \
   --budget-s "${TUNE_BUDGET_S:-20}" > $R/tune1.log 2>&1
-grep -E "chosen|took|failed" $R/tune1.log; echo "tune 1 wall $((SECONDS - began)) s"
+grep -E "chosen|took|failed" $R/tune1.log; echo "tune 1 wall $((SECONDS - began)) s"; pack
 began=$SECONDS
 AUTOSEL_DB=$R/tune/tune1.db AUTOSEL_TUNE=off timeout "$(cap 150 100)" python3 tools/attention_heldout.py \
-  --out $R --rounds 7 --deadline-s "$(cap 120 130)" > $R/heldout.log 2>&1
-tail -3 $R/heldout.log; head -12 $R/attention_heldout.md 2>/dev/null; echo "held-out wall $((SECONDS - began)) s"
+  --out $R --rounds 7 --decode 32 --extend 16 --deadline-s "$(cap 120 130)" > $R/heldout.log 2>&1
+tail -3 $R/heldout.log; head -12 $R/attention_heldout.md 2>/dev/null; echo "held-out wall $((SECONDS - began)) s"; pack
 began=$SECONDS
 timeout "$(cap 110 25)" python3 tools/stability_bench.py --out $R/tune --op 'attention.*' --index 2 \
   --budget-s "${TUNE_BUDGET_S:-20}" > $R/tune2.log 2>&1
 grep -E "chosen|took|failed" $R/tune2.log; echo "tune 2 wall $((SECONDS - began)) s"
 [ -f $R/tune/tune2.db ] && timeout 30 python3 tools/stability_bench.py --out $R/tune --compare > $R/compare.log 2>&1
-head -20 $R/tune/stability.md 2>/dev/null
+head -20 $R/tune/stability.md 2>/dev/null; pack
 began=$SECONDS
 AUTOSEL_DB=$R/tune/tune1.db AUTOSEL_TUNE=off timeout "$(left 5)" python3 tools/attention_model_step.py --out $R \
   --deadline-s "$(left 25)" > $R/model_step.log 2>&1
