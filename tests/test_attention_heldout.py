@@ -3,21 +3,20 @@ the same for a seed) and its summary (time over the per-batch best, the rule's v
 
 from __future__ import annotations
 
-import importlib.util
+import importlib
 import math
 from pathlib import Path
 
 import pytest
 
-TOOL = Path(__file__).resolve().parents[1] / "tools" / "attention_heldout.py"
+TOOLS = Path(__file__).resolve().parents[1] / "tools"
 
 
 @pytest.fixture(scope="module")
 def heldout():
-    spec = importlib.util.spec_from_file_location("attention_heldout", TOOL)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    with pytest.MonkeyPatch.context() as patch:
+        patch.syspath_prepend(str(TOOLS))  # the tool imports attention_bench from beside itself
+        yield importlib.import_module("attention_heldout")
 
 
 def test_decode_batches_stay_within_their_limits_and_repeat_for_a_seed(heldout):

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import importlib
 import json
 import math
 import os
@@ -38,6 +37,9 @@ from pathlib import Path
 from types import SimpleNamespace
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tools"))
+from attention_bench import _platform, versions  # noqa: E402,F401 - the run's record, as the benchmark writes it
+
 MARGIN = {"eager": 0.10, "graph": 0.06}  # autosel.policy's floors for cuda:back-to-back and graph replay
 MODULE_BACKEND = {"attention_torch": "torch", "attention_compiled": "torch_compile",
                   "attention_flashinfer": "flashinfer", "attention_fa3": "sgl_kernel", "attention_triton": "triton"}
@@ -226,10 +228,7 @@ def time_batch(op_name: str, spec: dict, backends: list[str], rounds: int, check
                     leaders.append(other)
         row[f"{mode}_led_by"] = leaders  # backends ahead of autosel's choice beyond the margin in every round
         del samplers
-    del plans, ks, vs, k_cache, v_cache, q
-    if device == "cuda":
-        torch.cuda.empty_cache()
-    return row
+    return row  # its caches and plans go with this frame; main empties the CUDA cache after it
 
 
 def geomean(values: list[float]) -> float:
@@ -276,18 +275,6 @@ def summary(rows: list[dict], backends: list[str]) -> list[dict]:
                 if ratios["autosel"]:
                     entry["autosel_over_best_fixed"] = round(entry["autosel"]["geomean"] / complete[best_fixed], 4)
             out.append(entry)
-    return out
-
-
-def versions() -> dict:
-    import torch
-
-    out = {"python": platform.python_version(), "torch": torch.__version__, "cuda": torch.version.cuda}
-    for name in ("triton", "flashinfer", "sgl_kernel"):
-        try:
-            out[name] = getattr(importlib.import_module(name), "__version__", "?")
-        except Exception as exc:  # noqa: BLE001 - a missing vendor is a fact of the run
-            out[name] = f"unavailable: {type(exc).__name__}"
     return out
 
 
@@ -401,8 +388,8 @@ def main(argv=None) -> int:
         except Exception as exc:  # noqa: BLE001 - one batch failing (out of memory) is a result
             traceback.print_exc()
             row = {"op": op, "batch": describe(spec), "error": f"{type(exc).__name__}: {exc}"[:300]}
-            if args.device == "cuda":
-                torch.cuda.empty_cache()
+        if args.device == "cuda":
+            torch.cuda.empty_cache()
         result["rows"].append(row)
         print(json.dumps({k: row.get(k) for k in ("op", "batch", "autosel_eager", "autosel_graph", "eager_us",
                                                   "graph_us", "errors")}), flush=True)
@@ -413,14 +400,6 @@ def main(argv=None) -> int:
     print(markdown(result))
     return 0
 
-
-def _platform() -> str:
-    try:
-        from autosel.platforms import current_platform
-
-        return str(current_platform())
-    except Exception as exc:  # noqa: BLE001
-        return f"unknown ({type(exc).__name__})"
 
 
 if __name__ == "__main__":

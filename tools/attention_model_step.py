@@ -131,10 +131,7 @@ def run_row(model, op: str, seq_lens, q_lens, mode: str, backends, rounds: int, 
     adjusted = dict(zip(names, common_drift_removed([times[n] for n in names]))) if names else {}
     row["step_us"] = {n: round(statistics.median(ts), 1) for n, ts in adjusted.items()}
     row["rounds_us"] = {n: [round(t, 1) for t in ts] for n, ts in adjusted.items()}
-    del steps, caches, k0, v0
-    if device == "cuda":
-        torch.cuda.empty_cache()
-    return row
+    return row  # its caches and graphs go with this frame; main empties the CUDA cache after it
 
 
 def model_layers(model) -> int:
@@ -205,8 +202,8 @@ def main(argv=None) -> int:
         except Exception as exc:  # noqa: BLE001
             traceback.print_exc()
             row = {"op": op, "mode": mode, "batch": len(seq), "kv": seq[0], "error": f"{type(exc).__name__}: {exc}"}
-            if args.device == "cuda":
-                torch.cuda.empty_cache()
+        if args.device == "cuda":
+            torch.cuda.empty_cache()
         result["rows"].append(row)
         print(json.dumps({k: row.get(k) for k in ("op", "batch", "kv", "autosel", "step_us", "errors")}), flush=True)
         result["wall_s"] = round(time.time() - started, 1)
