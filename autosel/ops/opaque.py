@@ -1,13 +1,13 @@
 """The built-in ops' kernels as torch.compile sees them: one torch custom op per (op, backend) around the kernel,
 with a fake implementation that gives its output's shape, so compiled code calls the kernel as one node.
 
-On the H200 (device calls 22-4 and 22-5) compiled code could not call them as they are: flashinfer's calls cannot
+On the H200 (commit 0dde738) compiled code could not call them as they are: flashinfer's calls cannot
 be traced (a graph break each, and `fullgraph=True` failed), and autosel's Triton wrappers were traced and compiled
 again for every token count (`fullgraph=True` failed at the ninth, on the recompile limit). sgl-kernel's are wrapped
 alike, and so are the torch_compile backend's: a function torch.compile made is not traced by an outer compile (a
 graph break; a patched model under `fullgraph=True` failed on this CPU). Every kernel of every op, compiled with
-`fullgraph=True` over four token counts, ran in at most two graphs and matched its eager calls on the H200 (call
-23-1, tests/gpu/test_ops_gpu.py).
+`fullgraph=True` over four token counts, ran in at most two graphs and matched its eager calls on the H200
+(tests/gpu/test_ops_gpu.py).
 The torch backend is torch code that torch.compile traces and fuses: it is left as it is.
 
 Eager calls never go through these ops (a custom op call costs microseconds of host time); only traced code does,
