@@ -57,6 +57,8 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
 
 
 def _commit() -> str:
+    if os.environ.get("AUTOSEL_COMMIT"):  # a copied tree without .git, on the GPU machine
+        return os.environ["AUTOSEL_COMMIT"]
     try:
         return subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True,
                               check=True).stdout.strip()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import os
 import re
 import shlex
 import subprocess
@@ -31,7 +32,8 @@ class ResultFileError(AutoselError):
 
 def source_commit(root: Path | None = None) -> str | None:
     """The commit of the autosel source tree that runs (or of the checkout at `root`), with "-dirty" where its
-    autosel/ has uncommitted changes; None where there is no git checkout (autosel installed from a wheel)."""
+    autosel/ has uncommitted changes; where there is no git checkout (autosel installed from a wheel, a copied
+    tree on a GPU machine), AUTOSEL_COMMIT if the caller set it, else None."""
     root = Path(autosel.__file__).resolve().parent.parent if root is None else Path(root)
     try:
         commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True,
@@ -39,7 +41,7 @@ def source_commit(root: Path | None = None) -> str | None:
         dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", "autosel"], cwd=root,
                                capture_output=True, text=True, check=True, timeout=10).stdout.strip()
     except (OSError, subprocess.SubprocessError):
-        return None
+        return os.environ.get("AUTOSEL_COMMIT") or None
     return commit + ("-dirty" if dirty else "")
 
 
