@@ -16,7 +16,6 @@ an output of magnitude up to about 1: flash kernels' fp32 accumulation differs f
 from __future__ import annotations
 
 import functools
-import importlib.util
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -279,28 +278,21 @@ def extend_inputs(shape: dict, device: str) -> tuple:
 
 # --- backends ----------------------------------------------------------------------------------------------------
 
-def _present(module: str) -> bool:
-    """Whether autosel has a backend module, found without importing it (its vendor package is not imported)."""
-    return importlib.util.find_spec(module) is not None
-
-
 def _specs(op: str, plan: str) -> list[KernelSpec]:
     """torch first (the reference and the default), then torch.compile, then the GPU backends, each a plan class
-    named by target and registered where its module is part of this autosel."""
+    named by target (its module, and so its vendor package, is imported only when it runs)."""
     specs = [
         KernelSpec(op, KernelBackend.TORCH, f"autosel.ops.attention_torch:{plan}", requires=("torch",),
                    description="gather the pages, scaled_dot_product_attention (the reference)"),
         KernelSpec(op, KernelBackend.TORCH_COMPILE, f"autosel.ops.attention_compiled:{plan}", requires=("torch",),
                    description="torch.compile of the gather and attention (dynamic shapes)"),
     ]
-    if _present("autosel.ops.attention_flashinfer"):
-        specs.append(KernelSpec(op, KernelBackend.FLASHINFER, f"autosel.ops.attention_flashinfer:{plan}",
-                                capabilities=CUDA_SM80, requires=("torch", "flashinfer"),
-                                description="flashinfer's paged wrappers"))
-    if _present("autosel.ops.attention_fa3"):
-        specs.append(KernelSpec(op, KernelBackend.SGL_KERNEL, f"autosel.ops.attention_fa3:{plan}",
-                                capabilities=CUDA_SM90, requires=("torch", "sgl_kernel"),
-                                description="sgl-kernel's FlashAttention-3 (flash_attn_with_kvcache)"))
+    specs.append(KernelSpec(op, KernelBackend.FLASHINFER, f"autosel.ops.attention_flashinfer:{plan}",
+                            capabilities=CUDA_SM80, requires=("torch", "flashinfer"),
+                            description="flashinfer's paged wrappers"))
+    specs.append(KernelSpec(op, KernelBackend.SGL_KERNEL, f"autosel.ops.attention_fa3:{plan}",
+                            capabilities=CUDA_SM90, requires=("torch", "sgl_kernel"),
+                            description="sgl-kernel's FlashAttention-3 (flash_attn_with_kvcache)"))
     return specs
 
 
@@ -308,10 +300,9 @@ SIGNATURE = ("planned: plan = get_kernel({op!r}).plan(batch: PagedBatch), once p
              "plan.run(q{q}, k_cache[pages, page_size, kv_heads, head_dim], v_cache[same]) -> new [like q], once "
              "per layer; bf16/fp16 (fp32 on torch, torch_compile)")
 SPECS = [*_specs("attention.decode", "DecodePlan"), *_specs("attention.extend", "ExtendPlan")]
-if _present("autosel.ops.attention_triton"):
-    SPECS.append(KernelSpec("attention.decode", KernelBackend.TRITON, "autosel.ops.attention_triton:DecodePlan",
-                            capabilities=GPU, requires=("torch", "triton"),
-                            description="autosel's Triton paged decode kernel"))
+SPECS.append(KernelSpec("attention.decode", KernelBackend.TRITON, "autosel.ops.attention_triton:DecodePlan",
+                        capabilities=GPU, requires=("torch", "triton"),
+                        description="autosel's Triton paged decode kernel"))
 DEFINITIONS = [
     OpDefinition("attention.decode", shapes=DECODE_SHAPES, make_inputs=decode_inputs, shape_of=attention_shape,
                  bucket=decode_bucket, planned=True, activations=(0,), weights=(1, 2),
