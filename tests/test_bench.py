@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 from click.testing import CliRunner
 
 from autosel.bench import page, results
@@ -182,6 +183,21 @@ def test_bench_startup_writes_its_result_file_and_drops_the_warm_up_round(tmp_pa
     assert body["baseline"]["ops"]["gemm.mm"]["heavy_modules_imported"] == ["sympy"]
     assert [t["met"] for t in body["targets"].values()] == [True, True]
     assert sum(fake.calls.values()) == 6 * 2 * 3  # (5 rounds + the warm-up) x 2 checkouts x (op, show, torch)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="forces a backend that only a CPU cannot run")
+def test_bench_startup_patch_process_resolves_every_op_a_transformers_patch_calls(tmp_path):
+    # A real fresh process on the shipped CPU DB: the patch figure is the five ops patch_model resolves, not one.
+    from autosel.bench import startup
+    from autosel.integrations.transformers import OPS
+
+    env = startup._env(Path(startup.__file__).resolve().parents[2], tmp_path / "user.db")
+    taken = startup._child(startup.PATCH, env)
+    assert taken["get_kernel_s"] > 0 and set(taken["winners"]) <= {"torch", "torch_compile", "triton"}
+    assert "autosel.integrations.transformers" not in taken["imported"]  # autosel's own modules are left out
+    env["AUTOSEL_BACKEND"] = f"{list(OPS.values())[-1]}=triton"  # the last op the patch resolves, unusable on CPU
+    with pytest.raises(RuntimeError, match=f"forces 'triton' for op '{list(OPS.values())[-1]}'"):
+        startup._child(startup.PATCH, env)  # so every op, to the last, is resolved in the patch's process
 
 
 @pytest.mark.parametrize("args, code, said", [(["--op", "no.such*"], 1, "no op matches --op 'no.such*'"),

@@ -26,8 +26,10 @@ from typing import Callable
 from autosel.bench.results import BenchError, source_commit
 
 # Run in each fresh process: the seconds of each step and which heavy modules the first get_kernel imported.
+PATCH = "transformers patch"  # the ops patch_model resolves, together in one process (no model is built)
 CHILD = r"""
 import json, sys, time
+PATCH = %r
 t0 = time.perf_counter()
 import torch
 t1 = time.perf_counter()
@@ -37,14 +39,22 @@ op = sys.argv[1]
 result = {"import_torch_s": t1 - t0, "import_autosel_s": t2 - t1}
 if op:
     before = set(sys.modules)
-    kernel = autosel.get_kernel(op)
+    if op == PATCH:  # what patching a transformers model resolves: its module, then one kernel per op it replaces
+        from autosel.integrations.transformers import OPS
+        names = list(OPS.values())
+    else:
+        names = [op]
+    kernels = {name: autosel.get_kernel(name) for name in names}
     result["get_kernel_s"] = time.perf_counter() - t2
     result["imported"] = sorted(m for m in set(sys.modules) - before if not m.startswith("autosel"))
-    table = getattr(kernel, "table", None)  # a bucket dispatcher; else the op-level winner runs every call
-    result["winners"] = (sorted({table.default, *table.winners.values()}) if table
-                         else [autosel.select_kernel(op).backend.value])
+    winners = set()
+    for name, kernel in kernels.items():
+        table = getattr(kernel, "table", None)  # a bucket dispatcher; else the op-level winner runs every call
+        winners |= ({table.default, *table.winners.values()} if table
+                    else {autosel.select_kernel(name).backend.value})
+    result["winners"] = sorted(winners)
 print(json.dumps(result))
-"""
+""" % PATCH
 HEAVY = ("torch._dynamo", "torch._inductor", "sympy", "triton", "sqlite_utils")
 
 
@@ -115,12 +125,14 @@ def _summary(runs: list[dict]) -> dict:
 GET_KERNEL_TARGET_MS, SHOW_TARGET_MS = 50, 1000
 
 
-def run(*, ops: tuple[str, ...] = (), rounds: int = 7, baseline: Path | None = None,
+def run(*, ops: tuple[str, ...] = (), rounds: int = 7, baseline: Path | None = None, patch: bool | None = None,
         on_step: Callable[[str], None] = lambda step: None,
         on_round: Callable[[int], None] = lambda done: None) -> dict:
     """The medians over `rounds` interleaved rounds (each round one fresh process per measurement) of the contested
     ops matching the globs `ops` (every contested op without one); with a `baseline` checkout (another commit's),
-    its processes take their turns in the same rounds. Returns the result file's body."""
+    its processes take their turns in the same rounds; with `patch` (by default where no `ops` narrow the run),
+    also the ops a transformers patch resolves, together in one process. Returns the result file's body."""
+    patch = not ops if patch is None else patch
     if rounds < 5:
         raise BenchError(f"rounds={rounds}: the medians need at least 5 rounds")
     chosen = _contested_ops(tuple(ops))
@@ -132,7 +144,7 @@ def run(*, ops: tuple[str, ...] = (), rounds: int = 7, baseline: Path | None = N
             for name, env in envs.items():
                 label = f"round {round_index}/{rounds}" if round_index else "warm-up round"
                 taken = {}
-                for op in chosen:
+                for op in [*chosen, *([PATCH] if patch else [])]:
                     on_step(f"{label}: {name} {op}")
                     taken[op] = _child(op, env)
                 for what, argv in (("show", [sys.executable, "-m", "autosel", "show"]),
@@ -143,7 +155,7 @@ def run(*, ops: tuple[str, ...] = (), rounds: int = 7, baseline: Path | None = N
                     samples.setdefault((name, what), []).append(sample)
             on_round(round_index + 1)
     load = [round(x, 2) for x in os.getloadavg()] if hasattr(os, "getloadavg") else None
-    results = summarize(samples, ops=chosen, rounds=rounds,
+    results = summarize(samples, ops=[*chosen, *([PATCH] if patch else [])], rounds=rounds,
                         baseline={"checkout": str(checkouts["baseline"]),
                                   "commit": source_commit(checkouts["baseline"])} if baseline else None)
     results.update(load_average=load, cpus=os.cpu_count(), python=sys.version.split()[0])
@@ -165,7 +177,8 @@ def summarize(samples: dict[tuple[str, str], list], *, ops: list[str], rounds: i
             results.update(part)
         else:
             results[name] = {**baseline, **part}
-    plain = [v["first_get_kernel_ms"] for v in results["ops"].values() if v["kind"] == "plain-torch winner"]
+    plain = [v["first_get_kernel_ms"] for op, v in results["ops"].items()
+             if op != PATCH and v["kind"] == "plain-torch winner"]
     beyond = results["show"]["beyond_import_torch_ms"]
     results["targets"] = {
         f"plain-torch first get_kernel <= {GET_KERNEL_TARGET_MS} ms beyond import torch; import autosel": (

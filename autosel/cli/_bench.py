@@ -183,7 +183,8 @@ def stability(ops: tuple[str, ...], budget_s: float, keep: Path | None, folder: 
 @results_option()
 def startup(ops: tuple[str, ...], rounds: int, baseline: Path | None, folder: Path) -> None:
     """What a fresh process pays before its first kernel call, on the stored decisions: each op's first get_kernel
-    beyond `import torch; import autosel`, and `autosel show` beyond `import torch`.
+    beyond `import torch; import autosel`, and `autosel show` beyond `import torch`. Without --op, also the ops a
+    transformers patch resolves (patch_model), together in one process.
 
     Every figure is a fresh process with AUTOSEL_TUNE=off, the shipped DBs and an empty user DB: your DBs are not
     read or written.
