@@ -70,6 +70,18 @@ def test_the_page_shows_the_newest_run_per_platform_and_subject_and_what_never_r
     assert "| 1 | 2.500 |" in text
 
 
+def test_the_status_says_what_never_ran_until_a_result_file_of_that_kind_exists():
+    # The status table claimed nothing about the attention ops' held-out proof, which no GPU run had written.
+    cpu = [_record("hot_path", "cpu/x86_64/X/2", "2026-01-01")]
+    text = page.render(cpu)
+    assert "`tools/attention_heldout.py`): never run on a GPU into a result file | never ran |" in text
+    assert "GPUs the result files come from: none." in text
+    ran = page.render(cpu + [_record("attention_heldout", Platform.key, "2026-01-02")])
+    assert "tools/attention_heldout.py`): never run" not in ran
+    assert "| attention_heldout | NVIDIA H200 (2026-01-02) | never ran | never ran |" in ran
+    assert "GPUs the result files come from: NVIDIA H200." in ran
+
+
 def test_the_repositorys_benchmarks_page_is_what_its_result_files_render(monkeypatch):
     # CI's check, as build_tuning_db.py --check is for the shipped DBs: a figure edited by hand, or a result file
     # added without rendering, fails here.

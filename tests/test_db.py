@@ -736,6 +736,26 @@ def test_stress_tool_small_run(tmp_path):
     assert not list(tmp_path.glob("autosel-stress-*"))  # a clean run leaves no working folder behind
 
 
+def test_stress_tool_writes_a_result_file_that_its_page_cites(tmp_path):
+    # docs/RELIABILITY.md quoted figures the tool wrote into the page alone, with no result file behind them.
+    tool = [sys.executable, str(REPO / "tools" / "db_stress.py"), "--procs", "2", "--writes", "5", "--kills", "0",
+            "--select-procs", "0"]
+    env = dict(os.environ, TMPDIR=str(tmp_path))
+    refused = subprocess.run(tool + ["--write-doc", str(tmp_path / "R.md")], capture_output=True, text=True,
+                             timeout=60, env=env)
+    assert refused.returncode == 2 and "--write-doc needs --out FOLDER" in refused.stderr
+    out = subprocess.run(tool + ["--out", str(tmp_path / "results"), "--write-doc", str(tmp_path / "R.md")],
+                         capture_output=True, text=True, timeout=120, env=env)
+    assert out.returncode == 0, out.stdout + out.stderr
+    from autosel.bench.results import read_result
+
+    [written] = (tmp_path / "results").glob("reliability-*.json")
+    record = read_result(written)
+    assert record["kind"] == "reliability" and "--out" in record["command"]
+    assert [(p["phase"], p["rows"], p["lost"]) for p in record["results"]["phases"]] == [("concurrent writers", 10, 0)]
+    assert written.name in (tmp_path / "R.md").read_text()
+
+
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="finds the isolation child through /proc")
 def test_stress_tool_signal_phase(tmp_path):
     # The fault run's SIGTERM/SIGHUP case: each left the isolation child running and the lease held.

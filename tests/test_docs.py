@@ -121,12 +121,15 @@ def test_no_diary_label_in_docs_code_tests_tools_dev_results_or_examples():
             continue
         if path.name == "test_docs.py":  # this file names the labels to find them
             continue
-        for number, line in enumerate(path.read_text(encoding="utf-8", errors="replace").splitlines(), 1):
+        lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+        for number, line in enumerate(lines, 1):
             # The benchmarks page quotes each result file's command verbatim; a carried figure keeps the command
             # that made it, labels and all.
             if rel == "docs/BENCHMARKS.md" and line.startswith("- command: `"):
                 continue
-            if DIARY.search(line):
+            # A label wrapped over two lines ("(call\n32-1)" in docs/KERNELS.md) is read with the next line's start.
+            following = lines[number].strip().lstrip("#").split(" ", 1)[0] if number < len(lines) else ""
+            if DIARY.search(line) or DIARY.search(f"{line.rstrip()} {following}"):
                 found.append(f"{rel}:{number}: {line.strip()[:80]}")
     assert found == []
 
@@ -137,3 +140,67 @@ def test_the_diary_pattern_catches_each_kind_of_label():
                                             "held-out sets 2 and 3", "set 4", "offset 4", "the 4-token bucket",
                                             "recalls 3-4")] == [
         True, True, True, True, True, True, False, False, False]
+
+
+# A figure: a number, or a range of two, with a unit of time, a ratio ("1.4x", not the "8 x 128" of a shape) or a
+# percentage.
+FIGURE = re.compile(r"(?<![\w.])\d+(?:[.,]\d+)*(?:-\d+(?:[.,]\d+)*)?(?:\s?(?:ms|µs|us|s)\b|x\b|%)")
+# autosel's own settings, which the pages quote beside the constant that holds them and which no run measures: the
+# rule's floors, cuts and host readings (autosel/policy.py, autosel/tuner.py), the CPU timer's block sizes
+# (autosel/timing.py), the time budgets, busy timeout and lease bounds (autosel/config.py, autosel/db/), and the
+# process-group timeout of the many-ranks tests (tests/test_distributed.py).
+SETTINGS = {"6%", "10%", "5%", "3%", "1.2x", "1.25x", "1.6x", "3x", "1.3x", "1 ms", "50 ms", "2.5 ms", "30 s", "60 s",
+            "120 s", "300 s", "600 s", "20 s"}
+# Generated pages: the benchmarks page from result files (test_bench checks it), the CLI and configuration
+# references from the code's help (checked above).
+GENERATED = {"BENCHMARKS.md", "cli.md", "configuration.md"}
+
+
+def _blocks(text: str) -> list[str]:
+    """A page's paragraphs, a table read together with the paragraph that introduces it."""
+    blocks: list[str] = []
+    for block in re.split(r"\n[ \t]*\n", text):
+        if block.lstrip().startswith("|") and blocks:
+            blocks[-1] += "\n" + block
+        else:
+            blocks.append(block)
+    return blocks
+
+
+def unsourced_figures(text: str) -> list[str]:
+    """The paragraphs that quote a measured figure but cite no result file (a path under results/)."""
+    return [block for block in _blocks(text) if "results/" not in block
+            and any(figure.replace("\u00a0", " ") not in SETTINGS for figure in FIGURE.findall(block))]
+
+
+@pytest.mark.parametrize("page", ["README.md", *sorted(p.name for p in (ROOT / "docs").glob("*.md")
+                                                         if p.name not in GENERATED)])
+def test_every_measured_figure_cites_a_result_file(page):
+    # TUNING and KERNELS quoted figures by commit, and the numbers were in a deleted diary, not in a file that
+    # names the command, commit and platform; a figure now cites its result file in the same paragraph.
+    path = ROOT / page if page == "README.md" else ROOT / "docs" / page
+    found = [f"{block.strip()[:120]}... ({', '.join(FIGURE.findall(block))})"
+             for block in unsourced_figures(path.read_text(encoding="utf-8"))]
+    assert found == []
+
+
+def test_the_figure_rule_tells_a_measurement_from_a_setting_and_a_shape():
+    assert FIGURE.findall("0.3-0.5 us, 1.4x, 12%, 8 x 128, 2 x budget, 60 s, sm_90, 1.5s") == [
+        "0.3-0.5 us", "1.4x", "12%", "60 s", "1.5s"]
+    assert unsourced_figures("The floor is 6% (policy.py).\n\nIt ran 1.4x faster.") == ["It ran 1.4x faster."]
+    assert unsourced_figures("It ran 1.4x faster ([x](../results/carried/a.json)).") == []
+    assert unsourced_figures("Measured, results/a.json:\n\n| a | b |\n|---|---|\n| 1 | 2.5 us |") == []
+
+
+def test_every_cited_result_file_exists_and_carries_its_provenance():
+    # A page cited a result file by a name no file had; a carried file must say where its figures were copied from.
+    from autosel.bench.results import read_result
+
+    cited = set()
+    for page in [ROOT / "README.md", *(ROOT / "docs").glob("*.md")]:
+        cited |= set(re.findall(r"results/[\w./-]+\.json", page.read_text(encoding="utf-8")))
+    assert cited
+    missing = [c for c in sorted(cited) if not (ROOT / c).is_file()]
+    assert missing == []
+    for path in sorted((ROOT / "results" / "carried").glob("*.json")):
+        assert read_result(path).get("carried"), path.name

@@ -4,7 +4,7 @@ tune stopped by SIGTERM or SIGHUP.
 
     python tools/db_stress.py --procs 16 --writes 200 --kills 50 --create-kills 100 --hang-waiters 8 \\
         --select-procs 16 --select-ops 200 --special-files --signals 4 [--db PATH] [--json] \\
-        [--write-doc docs/RELIABILITY.md]
+        [--out results --write-doc docs/RELIABILITY.md]
 
 Phase 1 starts --procs processes that each record --writes decisions into one DB, and counts rows and errors.
 Phase 2 starts a writer --kills times and kills it (SIGKILL) at a random moment while it writes; the writer
@@ -534,15 +534,41 @@ def phase_signals(folder: Path, trials: int, seed: int) -> dict:
             "wall_s": round(time.monotonic() - start, 2)}
 
 
+HEAD = ["phase", "processes", "writes", "kills", "rows", "lost", "errors", "integrity", "wall_s", "tunes", "disagree"]
+
+
 def table(results: list[dict]) -> str:
-    head = ["phase", "processes", "writes", "kills", "rows", "lost", "errors", "integrity", "wall_s", "tunes",
-            "disagree"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    lines += ["| " + " | ".join(str(r.get(h, "-")) for h in head) + " |" for r in results]
+    lines = ["| " + " | ".join(HEAD) + " |", "|" + "---|" * len(HEAD)]
+    lines += ["| " + " | ".join(str(r.get(h, "-")) for h in HEAD) + " |" for r in results]
     return "\n".join(lines)
 
 
-def write_doc(path: Path, command: str, results: list[dict]) -> None:
+def machine() -> dict:
+    """What the figures depend on besides the code: cores, kernel, Python, SQLite, and the load they ran under."""
+    return {"cpus": os.cpu_count(), "system": f"{platform.system()} {platform.release()}",
+            "python": platform.python_version(), "sqlite": sqlite3.sqlite_version,
+            "load_average_5min": round(os.getloadavg()[1], 1)}
+
+
+def write_results(folder: Path, command: str, results: list[dict]) -> Path:
+    """The run's figures as a result file (autosel.bench.results), which docs/RELIABILITY.md and the benchmarks
+    page cite."""
+    from autosel.bench.results import write_result
+
+    facts = machine()
+    return write_result("reliability", {
+        "machine": facts, "phases": results,
+        "tables": [{"title": "", "columns": HEAD, "rows": [[r.get(h, "-") for h in HEAD] for r in results]}],
+        "notes": [f"{facts['cpus']} CPU cores, {facts['system']}, Python {facts['python']}, SQLite {facts['sqlite']}; "
+                  f"load average {facts['load_average_5min']:g} over the last 5 minutes (other processes share the "
+                  "cores: wall times and the writes a killed writer made before its kill shrink as that grows)."]},
+        folder=folder, command=command)
+
+
+def write_doc(path: Path, command: str, results: list[dict], result_file: str, record: dict) -> None:
+    """docs/RELIABILITY.md from one run: `record` is the run's result file as read back, `result_file` its path from
+    the repository root, which the page cites."""
+    facts, date = record["results"]["machine"], record["date"][:10]
     kill = next((r for r in results if r["phase"] == "kill -9 mid-write"), None)
     takeover = f"{kill['max_lease_takeover_s']:.3f} s" if kill else "not measured"
     create = next((r for r in results if r["phase"] == "kill -9 during creation"), None)
@@ -566,10 +592,14 @@ def write_doc(path: Path, command: str, results: list[dict]) -> None:
                     if signals else "not measured")
     text = f"""# Reliability of the tuning DB
 
-Figures from one run of the stress tool on this machine ({os.cpu_count()} CPU cores, {platform.system()}
-{platform.release()}, Python {platform.python_version()}, SQLite {sqlite3.sqlite_version}), {time.strftime("%Y-%m-%d")},
-with a load average of {os.getloadavg()[1]:.0f} over the last 5 minutes (other processes share the cores: wall times and
-the writes a killed writer made before its kill shrink as that grows):
+For: operators who share one tuning DB between processes, and anyone judging what happens to it when a process
+is killed or a file is not autosel's.
+
+Figures from one run of the stress tool on this machine ({facts["cpus"]} CPU cores, {facts["system"]}, Python
+{facts["python"]}, SQLite {facts["sqlite"]}), {date}, with a load average of
+{facts["load_average_5min"]:.0f} over the last 5 minutes (other processes share the cores: wall times and the writes a
+killed writer made before its kill shrink as that grows); the result file, with the commit and the raw figures:
+[{result_file}](../{result_file}).
 
 {table(results)}
 
@@ -589,7 +619,7 @@ What the rows mean:
   missing from the DB (`rows` can exceed `writes`: a writer killed after its commit but before logging the
   key). `integrity` is `PRAGMA integrity_check` at the end, and reopening the DB must raise no
   warning (nothing moved aside). Each writer first takes a tuning lease that its killed predecessor still
-  holds; the longest wait for that takeover (dead pid on the same host) was {takeover}.
+  holds; the longest wait for that takeover (dead pid on the same host) was {takeover} ({result_file}).
 - **kill -9 during creation**: for each of `kills` new DB paths, two writers start together and one of them is
   killed at a random moment of the first 12 ms after its imports, while it creates the file (the file, the
   switch to WAL, the schema and the autosel mark take 4-10 ms here); {early} were killed before their first
@@ -677,7 +707,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--db", type=Path, help="DB file to use (default: a new temporary one)")
     parser.add_argument("--seed", type=int, default=0, help="seed for the kill moments and the selection orders")
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
-    parser.add_argument("--write-doc", type=Path, help="write the figures as Markdown here (docs/RELIABILITY.md)")
+    parser.add_argument("--out", type=Path, help="write the figures as a result file into this folder (results)")
+    parser.add_argument("--write-doc", type=Path,
+                        help="write the figures as Markdown here (docs/RELIABILITY.md), citing the --out result file")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--log", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--lease", action="store_true", help=argparse.SUPPRESS)
@@ -695,6 +727,8 @@ def main(argv: list[str] | None = None) -> int:
         else:
             writer(args.db, args.worker, args.writes, args.log, args.lease)
         return 0
+    if args.write_doc and not args.out:  # the page cites the result file that holds its figures
+        parser.error("--write-doc needs --out FOLDER: the page cites the result file written there")
     if args.db is not None and args.db.is_dir():  # else every writer, then count_rows, fails to open it
         parser.error(f"--db {args.db} is a folder; give a file path in it, such as {args.db / 'stress.db'}")
     folder = Path(tempfile.mkdtemp(prefix="autosel-stress-"))
@@ -722,9 +756,15 @@ def main(argv: list[str] | None = None) -> int:
         for r in results:
             for line in r["error_lines"]:
                 print(f"  {r['phase']}: {line}")
-    if args.write_doc:
+    if args.out:
         shown = [a for a in (argv if argv is not None else sys.argv[1:]) if a]
-        write_doc(args.write_doc, "python tools/db_stress.py " + " ".join(shown), results)
+        command = "python tools/db_stress.py " + " ".join(shown)
+        written = write_results(args.out, command, results)
+        print(f"wrote {written}")
+        if args.write_doc:
+            record = json.loads(written.read_text(encoding="utf-8"))
+            cited = os.path.relpath(written.resolve(), REPO)  # as the page's link names it, from the repository root
+            write_doc(args.write_doc, command, results, cited, record)
     ok = all(r["lost"] == 0 and r["errors"] == 0 and r["integrity"] == "ok" for r in results)
     if ok:  # the DBs and logs of a clean run tell nothing more; a failed run's are kept to look into
         shutil.rmtree(folder, ignore_errors=True)

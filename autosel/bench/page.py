@@ -45,12 +45,21 @@ KINDS = {
                     "DBs): each contested op's first `get_kernel` beyond `import torch; import autosel`, with the "
                     "modules it imported, and `autosel show` beyond `import torch`; medians of interleaved rounds of "
                     "fresh processes, with the load average they ran under.", "autosel bench startup"),
+    "reliability": Kind("The tuning DB under stress", "Many writers at once, writers killed with SIGKILL while they write "
+                        "and while they create the DB, a hung lease holder, many processes selecting the same ops, a "
+                        "FIFO where a file is read, and `autosel tune --isolate` stopped by SIGTERM or SIGHUP: rows "
+                        "lost, errors and the DB's integrity. [RELIABILITY.md](RELIABILITY.md) says what each phase "
+                        "does.", "python tools/db_stress.py --create-kills 100 --hang-waiters 8 --special-files "
+                        "--signals 4 --out results"),
 }
 
-#: What no result file covers yet, by design of the status table: listed until a file of that kind exists.
+#: What no result file covers yet, by design of the status table: listed until a result file of that kind exists.
 NOT_RUN = {
     "parallel_tune": "tuning spread over two or more GPUs of one host (`autosel tune` with several visible GPUs): "
                      "implemented and tested on CPU workers, never timed on GPUs",
+    "attention_heldout": "the paged-attention ops (`attention.decode`, `attention.extend`) on held-out batches, "
+                         "against every fixed backend (`tools/attention_heldout.py`): never run on a GPU into a result "
+                         "file",
 }
 GPU_FAMILIES = ("NVIDIA (CUDA)", "AMD (ROCm)", "CPU")
 
@@ -92,7 +101,10 @@ def status(records: list[dict[str, Any]]) -> list[str]:
     for kind, what in NOT_RUN.items():
         if not any(r["kind"] == kind for r in records):
             rows.append([what, "never ran", "never ran", "never ran"])
-    return table(["benchmark", *GPU_FAMILIES], rows)
+    lines = table(["benchmark", *GPU_FAMILIES], rows)
+    gpus = sorted({device_name(r["platform_key"]) for r in records if family(r["platform_key"]) != "CPU"})
+    lines += ["", "GPUs the result files come from: " + (", ".join(gpus) or "none") + "."]
+    return [line.rstrip() for line in lines]
 
 
 def section(record: dict[str, Any]) -> list[str]:
@@ -124,10 +136,10 @@ def render(records: list[dict[str, Any]]) -> str:
              "comes from a result file in [results/](../results/) that names the command, commit, versions and "
              "platform that made it; only the newest run of each benchmark on each platform is shown (git "
              "history keeps the others). Run the same benchmarks on your own machine with the commands below; "
-             "each writes a result file you can compare with these. How the tuning DB holds up under concurrent "
-             "writers, "
-             "kills and foreign files is on its own page, [RELIABILITY.md](RELIABILITY.md).", "", "## Status", "",
-             *status(records), ""]
+             "each writes a result file you can compare with these. The figures behind autosel's rules and its "
+             "own kernels' plans, measured before result files existed, are carried in "
+             "[results/carried/](../results/carried/README.md) and cited where the docs quote them.", "",
+             "## Status", "", *status(records), ""]
     kinds = list(KINDS) + sorted({r["kind"] for r in standing} - set(KINDS))
     for kind in kinds:
         mine = [r for r in standing if r["kind"] == kind]
