@@ -20,7 +20,7 @@ transformers = route_paged_attention = None  # imported by the fixture below
 @pytest.fixture(autouse=True, scope="module")
 def imported_when_run():
     # Imported when run, not at collection: transformers imports torch._dynamo and with it triton, which must not
-    # take compiled mode before tests/test_triton_kernels.py imports its kernels (tests/test_integrations_transformers.py).
+    # take compiled mode before tests/test_triton_kernels.py imports its kernels (as in test_integrations_transformers).
     global transformers, route_paged_attention
     import transformers as library
 

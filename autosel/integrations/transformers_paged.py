@@ -81,7 +81,8 @@ def route_paged_attention(model, *, backend: str | None = None, mode: str | None
                                "is unchanged.")
 
     planners = {}
-    for op in OPS:  # resolved (and on a miss tuned) before the first change, so that a failure leaves the model as it was
+    # Resolved (and on a miss tuned) before the first change, so that a failure leaves the model as it was.
+    for op in OPS:
         if backend is not None:  # an explicit backend is not checked against the device (the contract): check it here
             reason = autosel.select_kernel(op, backend).unavailable_reason(platforms.current_platform())
             if reason:
