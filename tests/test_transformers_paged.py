@@ -98,6 +98,27 @@ def test_one_plan_per_step_run_by_every_layer():
     assert routed.backends == {"torch": len(steps.seen)}
 
 
+def test_transformers_gathers_no_cached_kv_for_routed_layers(monkeypatch):
+    # Each layer's cache.update copied every cached token's K/V into new tensors that autosel's plans never read.
+    from transformers.generation.continuous_batching.cache_allocators import FullAttentionCacheAllocator
+
+    read = []
+    update = FullAttentionCacheAllocator.update
+
+    def spy(self, key_states, value_states, layer_idx, read_index, write_index):
+        read.append(read_index.numel())
+        return update(self, key_states, value_states, layer_idx, read_index, write_index)
+
+    monkeypatch.setattr(FullAttentionCacheAllocator, "update", spy)
+    model = tiny_llama()
+    expected = transformers_own(model)
+    assert max(read) > 0
+    read.clear()
+    with route_paged_attention(model, backend="torch") as routed:
+        assert generate(model, routed.batching_config(**SETTINGS)) == expected
+    assert read and max(read) == 0 and routed.plans["attention.extend"] > 0
+
+
 def test_with_patch_model_too():
     # patch_model's rope read the cache's length through get_seq_length, which the paged cache does not have: every
     # request failed with an AttributeError.

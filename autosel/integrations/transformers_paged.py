@@ -13,7 +13,8 @@ and plan, and every layer of the step runs that plan on its own K/V pages.
 transformers' cache is one flat tensor in which each block holds, per layer, a page of K then a page of V; the page
 views it keeps for its flash decode path (`get_cache_for_block_table`) are [pages, page_size, kv_heads, head_dim]
 views with no copy, autosel's layout, and a token's row in them is its read index. The page table is taken from the
-step's read indices (the first token of each page, divided by page_size), on the device.
+step's read indices (the first token of each page, divided by page_size), on the device, and the layers are passed
+none, so that transformers writes the new tokens' K/V into the pages but copies none back out for attention.
 """
 
 from __future__ import annotations
@@ -140,9 +141,16 @@ class PagedAttention:
     def __exit__(self, *exc) -> None:
         self.undo()
 
-    def _begin(self, model, args, kwargs) -> None:
+    def _begin(self, model, args, kwargs):
         cache = kwargs.get("cache")
-        self._step = Step(cache) if isinstance(cache, PagedAttentionCache) else None
+        if not isinstance(cache, PagedAttentionCache):
+            self._step = None
+            return None
+        self._step = Step(cache, kwargs.get("read_index"))
+        # Given read indices, transformers' cache.update gathers every cached token's K/V into new tensors for each
+        # layer (allocator.update's index_select) before attention is called; autosel's plans read the pages instead.
+        # With empty ones it only writes the new tokens, as it does for a batch of first prefills.
+        return args, {**kwargs, "read_index": [index[:0] for index in kwargs.get("read_index") or []]}
 
     def _end(self, model, args, output) -> None:
         self._step = None  # the step's indices and plan are not kept past its forward
@@ -179,14 +187,14 @@ class PagedAttention:
 class Step:
     """One forward of continuous batching: its cache, and the batch and plan its first attention call builds."""
 
-    __slots__ = ("cache", "cu_seq_lens_q", "batch", "plan")
+    __slots__ = ("cache", "read_index", "cu_seq_lens_q", "batch", "plan")
 
-    def __init__(self, cache: PagedAttentionCache) -> None:
-        self.cache = cache
+    def __init__(self, cache: PagedAttentionCache, read_index: list | None) -> None:
+        self.cache, self.read_index = cache, read_index  # the step's own read indices (the layers are passed none)
         self.cu_seq_lens_q = self.batch = self.plan = None
 
     def begin(self, route: PagedAttention, kwargs: dict, query: torch.Tensor, scaling: float) -> None:
-        self.batch = paged_batch(self.cache, kwargs, query, scaling)
+        self.batch = paged_batch(self.cache, {**kwargs, "read_index": self.read_index}, query, scaling)
         op = "attention.decode" if self.batch.is_decode else "attention.extend"
         planner = route.planners[op]
         self.plan = planner.plan(self.batch)
