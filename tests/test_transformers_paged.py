@@ -34,6 +34,7 @@ def imported_when_run():
 
 
 LAYERS = 3
+FAMILIES = {"llama": "Llama", "mistral": "Mistral", "qwen3": "Qwen3"}
 # Prompts of 11, 3, 20, 1 and 7 tokens in steps of at most 8 tokens and pages of 4: first prefills, prefills chunked
 # over a cached prefix, steps mixing decodes with a prefill chunk, and decode-only steps, sequences ending mid-page.
 PROMPTS = [list(range(1, 12)), [7, 8, 9], list(range(10, 30)), [5], list(range(40, 47))]
@@ -41,8 +42,7 @@ SETTINGS = dict(page_size=4, num_blocks=64, max_batch_tokens=8)
 
 
 def tiny_llama(family: str = "llama", **overrides):
-    config_class = {"llama": transformers.LlamaConfig, "mistral": transformers.MistralConfig}[family]
-    model_class = {"llama": transformers.LlamaForCausalLM, "mistral": transformers.MistralForCausalLM}[family]
+    config_class, model_class = (getattr(transformers, FAMILIES[family] + kind) for kind in ("Config", "ForCausalLM"))
     settings = dict(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=LAYERS,
                     num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=256)
     torch.manual_seed(0)
@@ -74,9 +74,9 @@ class Steps:
         self.seen.append(([b - a for a, b in zip(cu_q, cu_q[1:])], [b - a for a, b in zip(cu_k, cu_k[1:])]))
 
 
-@pytest.mark.parametrize("reference", ["sdpa", "paged|eager"])
-def test_greedy_tokens_equal_transformers_own_paged_attention(reference):
-    model = tiny_llama()
+@pytest.mark.parametrize("family, reference", [("llama", "sdpa"), ("llama", "paged|eager"), ("qwen3", "sdpa")])
+def test_greedy_tokens_equal_transformers_own_paged_attention(family, reference):
+    model = tiny_llama(family)
     model.config._attn_implementation = reference  # what continuous batching runs on besides flash
     expected = transformers_own(model)
     steps = Steps(model)
@@ -91,11 +91,19 @@ def test_greedy_tokens_equal_transformers_own_paged_attention(reference):
 
 
 def test_one_plan_per_step_run_by_every_layer():
+    from collections import Counter
+
     model = tiny_llama()
     steps = Steps(model)
+    made = Counter()
     with route_paged_attention(model, backend="torch") as routed:
+        for op, planner in routed.planners.items():  # counted where autosel's Planner makes each plan
+            def counted(batch, make=planner.make_plan, op=op):
+                made[op] += 1
+                return make(batch)
+            planner.make_plan = counted
         generate(model, routed.batching_config(**SETTINGS))
-    assert sum(routed.plans.values()) == len(steps.seen) > 5
+    assert made == routed.plans and sum(made.values()) == len(steps.seen) > 5
     assert routed.layer_calls == LAYERS * len(steps.seen)
     decodes = sum(set(q) == {1} for q, _ in steps.seen)
     assert routed.plans["attention.decode"] == decodes

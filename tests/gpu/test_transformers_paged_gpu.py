@@ -92,11 +92,6 @@ def check(backend: str | None) -> None:
     assert not problems, f"backends {dict(routed.backends)}: " + "; ".join(problems)
 
 
-def test_default_backends_give_transformers_tokens(monkeypatch):
-    monkeypatch.setenv("AUTOSEL_BUDGET_S", "5")  # a miss tunes both ops here, on the test's own DB
-    check(None)
-
-
 @pytest.mark.parametrize("backend", ["torch", "flashinfer", "sgl_kernel"])
 def test_each_backend_gives_transformers_tokens(backend):
     import autosel
@@ -106,3 +101,9 @@ def test_each_backend_gives_transformers_tokens(backend):
     if reason:
         pytest.skip(f"{backend}: {reason}")
     check(backend)
+
+
+def test_default_backends_give_transformers_tokens(monkeypatch):
+    # Last: a miss tunes both ops here, on the test's own DB (the longest of these tests).
+    monkeypatch.setenv("AUTOSEL_BUDGET_S", "5")
+    check(None)
