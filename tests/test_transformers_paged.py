@@ -5,11 +5,7 @@ attention, plans once per step for every layer, and refuses what it cannot run w
 from __future__ import annotations
 
 import importlib.util
-import os
 import re
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -224,12 +220,8 @@ def test_refusals_before_anything_changes():
 
 
 def test_the_docs_snippet_runs_as_pasted(tmp_path):
-    root = Path(__file__).parent.parent
-    text = (root / "docs" / "TRANSFORMERS.md").read_text(encoding="utf-8")
-    section = text[text.index("## Continuous batching: attention through autosel"):]
-    script = tmp_path / "snippet.py"
-    script.write_text(section[section.index("```python") + len("```python"):].split("```", 1)[0])
-    env = dict(os.environ, PYTHONPATH=str(root), AUTOSEL_DB=str(tmp_path / "user.db"))
-    result = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, cwd=tmp_path)
+    from conftest import run_snippet
+
+    result = run_snippet("docs/TRANSFORMERS.md", "## Continuous batching: attention through autosel", tmp_path)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "{'attention.extend': 1, 'attention.decode': 7}"
