@@ -168,6 +168,8 @@ class PagedAttention:
         if query.is_cuda and torch.cuda.is_current_stream_capturing():
             raise IntegrationError("transformers is capturing a CUDA graph of the step, whose replays would run other "
                                    "batches on this step's plan; use routed.batching_config(), which turns graphs off")
+        if scaling is None:  # transformers' attention functions default to 1/sqrt(head_dim) alike
+            scaling = query.shape[-1] ** -0.5
         if step.plan is None:
             step.begin(self, kwargs, query, scaling)
         elif kwargs.get("cu_seq_lens_q") is not step.cu_seq_lens_q:
