@@ -4,10 +4,10 @@
 # and each tune's wall time, tune1.db and tune2.db kept), the held-out benchmark on the first tune's DB
 # (tools/attention_heldout.py), then the model step (tools/attention_model_step.py). Everything lands in
 # $OUT/attention_results.tar.gz (the device returns 8 files).
-#   run: bash dev/attention_heldout_run.sh     carry: [".whl", ".gpu"]
+#   run: bash dev/attention_heldout_run.sh     carry: [".whl", ".gpu"] (and ".hfw" for the transformers test)
 # env: AUTOSEL_COMMIT, TOTAL_S (400), TUNE_BUDGET_S (20: seconds of timing per op and mode); each phase's most
-# seconds: TESTS_S (40), TUNES_S (210), HELDOUT_S (110); each keeps what the tunes (100 s) and the held-out run
-# (40 s) need at least; the model step gets what is left.
+# seconds: TESTS_S (40), PAGED_S (60: tests/gpu/test_transformers_paged_gpu.py), TUNES_S (210), HELDOUT_S (110);
+# each keeps what the tunes (100 s) and the held-out run (40 s) need at least; the model step gets what is left.
 set -uo pipefail
 deadline=$((SECONDS + ${TOTAL_S:-400}))
 left() { local s=$((deadline - SECONDS - ${1:-0})); echo $((s > 1 ? s : 1)); }
@@ -25,6 +25,10 @@ began=$SECONDS
 timeout "$(cap ${TESTS_S:-40} 100)" python3 -m pytest tests/gpu/test_attention_gpu.py tests/test_attention_triton.py -q \
   -p no:cacheprovider -rs > $R/attention_tests.txt 2>&1
 tail -3 $R/attention_tests.txt; echo "tests wall $((SECONDS - began)) s"; pack
+began=$SECONDS  # transformers' continuous batching through autosel's attention: skipped unless .hfw (5.24) is carried
+timeout "$(cap ${PAGED_S:-60} 100)" python3 -m pytest tests/gpu/test_transformers_paged_gpu.py -q -p no:cacheprovider \
+  -rs > $R/transformers_paged_tests.txt 2>&1
+tail -3 $R/transformers_paged_tests.txt; echo "paged transformers tests wall $((SECONDS - began)) s"; pack
 began=$SECONDS
 timeout "$(cap ${TUNES_S:-210} 40)" python3 -m autosel bench stability --op 'attention.*' \
   --budget-s "${TUNE_BUDGET_S:-20}" --keep $R/tune --results $R > $R/tunes.log 2>&1

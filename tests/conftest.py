@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
+
+ROOT = Path(__file__).parent.parent
 
 
 def pytest_configure(config):
@@ -100,3 +105,14 @@ def use_fresh_registry(monkeypatch, platform, *, builtin: bool = False, timer=No
     if timer is not None:
         monkeypatch.setattr(timing, "timer_for", lambda device, mode: timer)
     return fresh
+
+
+def run_snippet(document: str, heading: str, tmp_path) -> subprocess.CompletedProcess:
+    """Run, as pasted, the first ```python block after `heading` in `document` (a path from the repository's root),
+    with this checkout first on the path and a user DB of the test's own."""
+    text = (ROOT / document).read_text(encoding="utf-8")
+    section = text[text.index(heading):]
+    script = tmp_path / "snippet.py"
+    script.write_text(section[section.index("```python") + len("```python"):].split("```", 1)[0])
+    env = dict(os.environ, PYTHONPATH=str(ROOT), AUTOSEL_DB=str(tmp_path / "user.db"))
+    return subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, cwd=tmp_path)

@@ -4,10 +4,6 @@ tokens), counts what it patched, undoes itself exactly, and refuses a structure 
 from __future__ import annotations
 
 import importlib.util
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -361,13 +357,9 @@ def test_real_selection_on_a_tiny_model(monkeypatch):
 @pytest.mark.compile
 def test_readme_section_runs_as_pasted(tmp_path):
     # No backend given, so the shipped DB (or a tune) decides and torch_compile kernels may compile: ~15 s.
-    root = Path(__file__).parent.parent
-    text = (root / "README.md").read_text(encoding="utf-8")
-    section = text[text.index("## Use it with transformers"):]
-    script = tmp_path / "snippet.py"
-    script.write_text(section[section.index("```python") + len("```python"):].split("```", 1)[0])
-    env = dict(os.environ, PYTHONPATH=str(root), AUTOSEL_DB=str(tmp_path / "user.db"))
-    result = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, cwd=tmp_path)
+    from conftest import run_snippet
+
+    result = run_snippet("README.md", "## Use it with transformers", tmp_path)
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith("autosel patched LlamaForCausalLM (transformers ")
     assert "rmsnorm 3, fused_add_rmsnorm 2, rope 2, silu_and_mul 2" in result.stdout

@@ -287,12 +287,18 @@ def rope_cache(rotary_emb, head_dim: int) -> tuple[RopeTable | None, str]:
     return RopeTable(inv_freq, rotary_emb.attention_scaling, rotary_emb.max_seq_len_cached), ""
 
 
-def positions_bound(cache, layer_idx: int, tokens: int) -> int:
+def positions_bound(cache, layer_idx: int, tokens: int, kwargs: dict) -> int:
     """One past the largest position transformers gives a call of `tokens` tokens per sequence, read on the host
     (a device read would synchronize, and break a CUDA graph capture): what the cache holds plus the call's
-    tokens; where the cache keeps that count on the device (StaticCache), all that the cache can hold."""
+    tokens; where the cache keeps that count on the device (StaticCache), all that the cache can hold. Continuous
+    batching's paged cache (no get_seq_length) passes each sequence's cached-plus-new length's maximum as
+    max_length_k, except on its flash decode path, where a sequence holds at most max_decode_fast_path_length."""
     if cache is None:
         return tokens
+    if isinstance(kwargs.get("max_length_k"), dict):  # a PagedAttentionCache's step: one entry per layer type
+        if kwargs.get("block_table") is not None:
+            return cache.max_decode_fast_path_length
+        return max(max(kwargs["max_length_k"].values()), tokens)
     held = cache.get_seq_length(layer_idx)
     if isinstance(held, torch.Tensor):
         return max(cache.get_max_length(layer_idx), tokens)
@@ -362,7 +368,7 @@ def attention_forward(attn, rope: Callable, table: RopeTable, sliding: Callable 
         value = attn.v_proj(hidden_states).view(hidden_shape).transpose(1, 2)
         tokens = input_shape.numel()
         positions = kwargs["position_ids"].expand(input_shape).reshape(tokens)
-        cos_sin = table.covering(positions_bound(cache, attn.layer_idx, input_shape[-1]))
+        cos_sin = table.covering(positions_bound(cache, attn.layer_idx, input_shape[-1], kwargs))
         rope(positions, query.view(tokens, -1), key.view(tokens, -1), head_dim, cos_sin, True)
         query, key = query.view(hidden_shape).transpose(1, 2), key.view(hidden_shape).transpose(1, 2)
         if cache is not None:
