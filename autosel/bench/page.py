@@ -45,6 +45,15 @@ KINDS = {
                     "DBs): each contested op's first `get_kernel` beyond `import torch; import autosel`, with the "
                     "modules it imported, and `autosel show` beyond `import torch`; medians of interleaved rounds of "
                     "fresh processes, with the load average they ran under.", "autosel bench startup"),
+    "attention_heldout": Kind("Paged attention on held-out batches", "On decode and extend batches the tune never "
+                              "timed (a seeded generator, mixed lengths included), the time of autosel's choice and of "
+                              "every fixed attention backend over the per-batch best, per op and mode, and where a "
+                              "backend led another beyond the noise margin in every round, whether autosel ran one "
+                              "that none led.", "autosel tune --op 'attention.*' && AUTOSEL_TUNE=off autosel bench "
+                              "attention-heldout"),
+    "attention_step": Kind("Paged attention in a model step", "Llama-3-8B's attention blocks (random weights) with one "
+                           "plan per step: step time on autosel's choice and on each fixed attention backend.",
+                           "autosel tune --op 'attention.*' && AUTOSEL_TUNE=off autosel bench attention-step"),
 }
 
 #: What no result file covers yet, by design of the status table: listed until a file of that kind exists.
