@@ -385,7 +385,7 @@ def notes(body: dict) -> list[str]:
     """The page's notes of one run: what was timed and how, a cut at the deadline, and the batches where a backend
     led autosel's choice beyond the margin in every round."""
     found = [f"{len(body['rows'])} held-out batches of seed {body['seed']} (none a representative batch), "
-             f"{body['rounds']} interleaved rounds with the common drift taken out; margins: "
+             f"{body['rounds']} interleaved round(s) with the common drift taken out; margins: "
              + ", ".join(f"{mode} {100 * m:.0f}%" for mode, m in body["margins"].items())
              + f"; decisions read from {body['db']} with AUTOSEL_TUNE={body['tune']}"]
     if body.get("cut_at_deadline"):

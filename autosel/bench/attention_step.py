@@ -211,9 +211,10 @@ def tables(body: dict) -> list[dict]:
 
 def notes(body: dict) -> list[str]:
     """The page's notes of one run: how it was timed, what was not, and a cut at the deadline."""
-    found = [f"{body['rounds']} interleaved rounds with the common drift taken out; decisions read from "
-             f"{body['db']} with AUTOSEL_TUNE={body['tune']}; torch and torch_compile timed only up to "
-             f"{body['slow_max_tokens']:,} KV tokens a batch"]
+    found = [f"{body['rounds']} interleaved round(s) with the common drift taken out; decisions read from "
+             f"{body['db']} with AUTOSEL_TUNE={body['tune']}"
+             + (f"; torch and torch_compile timed only up to {body['slow_max_tokens']:,} KV tokens a batch"
+                if body.get("slow_max_tokens") else "")]
     if body.get("cut_at_deadline"):
         found.append(f"cut at its deadline: {body['cut_at_deadline']} measured")
     if body.get("working_copy"):

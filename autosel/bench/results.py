@@ -76,7 +76,15 @@ def write_result(kind: str, results: dict[str, Any], *, folder: Path = RESULTS_D
                  command: str | None = None) -> Path:
     """Write one run's results with its provenance to FOLDER/<kind>-<platform>-<date>.json and return the path.
     A file of that name is never overwritten: a second run within the same second gets a numbered name."""
-    record = {**provenance(kind, platform=platform, command=command), "results": results}
+    return write_record({**provenance(kind, platform=platform, command=command), "results": results}, folder)
+
+
+def write_record(record: dict[str, Any], folder: Path = RESULTS_DIR) -> Path:
+    """Write a whole record (provenance and results) as write_result names it, never over another file; for a run
+    whose provenance is not now's (one carried from another format keeps its own command, commit and date)."""
+    missing = [k for k in PROVENANCE if k not in record]
+    if missing:
+        raise ResultFileError(f"a result record needs {', '.join(PROVENANCE)}; this one has no {', '.join(missing)}")
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     stem = _stem(record)
