@@ -32,6 +32,26 @@ def test_a_result_file_has_its_provenance_and_a_second_run_gets_a_file_of_its_ow
     assert [r["file"] for r in results.read_results(tmp_path)] == sorted([first.name, second.name])
 
 
+def test_a_working_copy_is_a_readable_record_of_its_own_until_the_result_file_replaces_it(tmp_path):
+    # A long benchmark killed midway must leave what it measured; a second run must not write over the first's copy.
+    first = results.WorkingCopy("attention_heldout", folder=tmp_path, platform=Platform(), command="autosel x")
+    first.update({"rows": [1], "tables": []})
+    second = results.WorkingCopy("attention_heldout", folder=tmp_path, platform=Platform(), command="autosel x")
+    second.update({"rows": [2], "tables": []})
+    assert first.path != second.path and first.path.name.endswith(".partial.json")
+    assert sorted(r["results"]["rows"] for r in results.read_results(tmp_path)) == [[1], [2]]
+    done = first.finish({"rows": [1, 3], "tables": []})
+    assert not first.path.exists() and second.path.exists() and not list(tmp_path.glob("*.tmp"))
+    assert json.loads(done.read_text())["results"]["rows"] == [1, 3]
+
+
+def test_a_record_without_its_provenance_is_not_written(tmp_path):
+    with pytest.raises(results.ResultFileError, match="this one has no commit, date"):
+        results.write_record({"kind": "x", "command": "c", "autosel_version": "0", "platform_key": "cpu/x/X/2",
+                              "versions": {}, "results": {}}, tmp_path)
+    assert list(tmp_path.iterdir()) == []
+
+
 @pytest.mark.parametrize("text, said", [("{", "not a readable result file"),
                                         ('{"kind": "x", "results": {}}', "no command, commit, autosel_version")])
 def test_a_file_without_provenance_is_refused_by_name(tmp_path, text, said):
