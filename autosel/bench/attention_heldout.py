@@ -29,7 +29,7 @@ import statistics
 import time
 import traceback
 from types import SimpleNamespace
-from typing import Callable
+from typing import Any, Callable
 
 from autosel.policy import geomean
 
@@ -219,7 +219,7 @@ def time_batch(op_name: str, spec: dict, backends: list[str], rounds: int, check
         # backends ahead of autosel's choice beyond the margin in every round
         row[f"{mode}_led_by"] = led_by(adjusted, chosen, MARGIN[mode]) if chosen in adjusted else []
         del samplers
-    return row  # its caches and plans go with this frame; run() empties the CUDA cache after it
+    return row  # its caches and plans go with this frame; rows_in_turn empties the CUDA cache after it
 
 
 def led_by(rounds_us: dict[str, list[float]], name: str, margin: float) -> list[str]:
@@ -320,8 +320,6 @@ def run(batches: list[tuple[str, dict]], *, seed: int, rounds: int = 5, check_to
     """Time every batch of `batches` (held_out_batches) on each backend and autosel's choice, eager and (on CUDA)
     graph; return the result file's body. After every batch, on_batch gets the body so far, so that a caller can
     keep a working copy a killed run leaves behind. No batch starts after `deadline_s`."""
-    import torch
-
     from autosel import config
     from autosel.registry import registry
 
@@ -331,22 +329,43 @@ def run(batches: list[tuple[str, dict]], *, seed: int, rounds: int = 5, check_to
     body = {"seed": seed, "rounds": rounds, "margins": MARGIN, "backends": backends, "device": device,
             "db": str(settings.db), "tune": settings.tune, "batches": len(batches), "rows": []}
     modes = ("eager", "graph") if device == "cuda" else ("eager",)
-    for op, spec in batches:
-        if time.time() - started > deadline_s:
-            body["cut_at_deadline"] = f"{len(body['rows'])} of {len(batches)} batches"
-            break
-        on_step(f"{op.split('.')[1]} {describe(spec)}")
+
+    def measure(item):
+        op, spec = item
         eligible = [b for b in backends if any(s.backend.value == b for s in registry.get(op))]
+        return time_batch(op, spec, eligible, rounds, check_tokens, device, modes)
+
+    return rows_in_turn(batches, measure, body=body, unit="batches", started=started, deadline_s=deadline_s,
+                        device=device, label=lambda item: f"{item[0].split('.')[1]} {describe(item[1])}",
+                        failed=lambda item: {"op": item[0], "batch": describe(item[1])}, finish=finish,
+                        on_step=on_step, on_row=on_batch)
+
+
+def rows_in_turn(todo: list, measure: Callable[[Any], dict], *, body: dict, unit: str, started: float,
+                 deadline_s: float, device: str, label: Callable[[Any], str], failed: Callable[[Any], dict],
+                 finish: Callable[[dict], dict], on_step: Callable[[str], None],
+                 on_row: Callable[[dict], None]) -> dict:
+    """measure() each item of `todo` into body["rows"], starting none after `deadline_s` from `started`: an item
+    that raises (out of memory) is a row with its error and the others go on; the CUDA cache is emptied after each
+    (its caches and plans went with measure's frame), and on_row gets the finished body so far, marked a working
+    copy. Returns the finished body (both attention benchmarks run this way)."""
+    import torch
+
+    for item in todo:
+        if time.time() - started > deadline_s:
+            body["cut_at_deadline"] = f"{len(body['rows'])} of {len(todo)} {unit}"
+            break
+        on_step(label(item))
         try:
-            row = time_batch(op, spec, eligible, rounds, check_tokens, device, modes)
-        except Exception as exc:  # noqa: BLE001 - one batch failing (out of memory) is a result
-            log.warning("%s %s failed:\n%s", op, describe(spec), traceback.format_exc())
-            row = {"op": op, "batch": describe(spec), "error": f"{type(exc).__name__}: {exc}"[:300]}
+            row = measure(item)
+        except Exception as exc:  # noqa: BLE001 - one item failing is a result
+            log.warning("%s failed:\n%s", label(item), traceback.format_exc())
+            row = {**failed(item), "error": f"{type(exc).__name__}: {exc}"[:300]}
         if device == "cuda":
             torch.cuda.empty_cache()
         body["rows"].append(row)
         body["wall_s"] = round(time.time() - started, 1)
-        on_batch(finish({**body, "working_copy": True}))
+        on_row(finish({**body, "working_copy": True}))
     return finish(body)
 
 

@@ -22,7 +22,7 @@ import time
 import traceback
 from typing import Callable
 
-from autosel.bench.attention_heldout import backend_of_plan, backends_to_time
+from autosel.bench.attention_heldout import backend_of_plan, backends_to_time, rows_in_turn
 
 log = logging.getLogger(__name__)
 
@@ -124,7 +124,7 @@ def run_row(model, op: str, seq_lens, q_lens, mode: str, backends, rounds: int, 
     adjusted = dict(zip(names, common_drift_removed([times[n] for n in names]))) if names else {}
     row["step_us"] = {n: round(statistics.median(ts), 1) for n, ts in adjusted.items()}
     row["rounds_us"] = {n: [round(t, 1) for t in ts] for n, ts in adjusted.items()}
-    return row  # its caches and graphs go with this frame; run() empties the CUDA cache after it
+    return row  # its caches and graphs go with this frame; rows_in_turn empties the CUDA cache after it
 
 
 def model_layers(model) -> int:
@@ -148,8 +148,6 @@ def run(*, layers: int = LAYERS, rounds: int = 5, skip: tuple[str, ...] = ("torc
         on_row: Callable[[dict], None] = lambda body: None) -> dict:
     """Time each row's step on autosel's choice and every fixed backend; return the result file's body. After every
     row, on_row gets the body so far (a working copy a killed run leaves behind). No row starts after `deadline_s`."""
-    import torch
-
     from autosel import config
     from autosel.registry import registry
 
@@ -160,24 +158,17 @@ def run(*, layers: int = LAYERS, rounds: int = 5, skip: tuple[str, ...] = ("torc
     todo = rows_to_run(device)
     body = {"layers": layers, "rounds": rounds, "backends": backends, "device": device, "db": str(settings.db),
             "tune": settings.tune, "slow_max_tokens": slow_max_tokens, "planned_rows": len(todo), "rows": []}
-    for op, seq, new, mode in todo:
-        if time.time() - started > deadline_s:
-            body["cut_at_deadline"] = f"{len(body['rows'])} of {len(todo)} rows"
-            break
-        on_step(f"{op.split('.')[1]} batch {len(seq)} kv {seq[0]} {mode}")
+
+    def measure(item):
+        op, seq, new, mode = item
         eligible = [b for b in backends if any(s.backend.value == b for s in registry.get(op))]
-        try:
-            row = run_row(model, op, seq, new, mode, eligible, rounds, slow_max_tokens)
-        except Exception as exc:  # noqa: BLE001 - a row failing (out of memory) is a result
-            log.warning("%s batch %d kv %d failed:\n%s", op, len(seq), seq[0], traceback.format_exc())
-            row = {"op": op, "mode": mode, "batch": len(seq), "kv": seq[0], "new": (new or [1])[0],
-                   "error": f"{type(exc).__name__}: {exc}"[:300]}
-        if device == "cuda":
-            torch.cuda.empty_cache()
-        body["rows"].append(row)
-        body["wall_s"] = round(time.time() - started, 1)
-        on_row(finish({**body, "working_copy": True}))
-    return finish(body)
+        return run_row(model, op, seq, new, mode, eligible, rounds, slow_max_tokens)
+
+    return rows_in_turn(todo, measure, body=body, unit="rows", started=started, deadline_s=deadline_s, device=device,
+                        label=lambda item: f"{item[0].split('.')[1]} batch {len(item[1])} kv {item[1][0]} {item[3]}",
+                        failed=lambda item: {"op": item[0], "mode": item[3], "batch": len(item[1]), "kv": item[1][0],
+                                             "new": (item[2] or [1])[0]},
+                        finish=finish, on_step=on_step, on_row=on_row)
 
 
 def finish(body: dict) -> dict:
