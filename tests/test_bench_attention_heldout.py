@@ -1,13 +1,11 @@
-"""autosel.bench.attention_heldout and attention_step (`autosel bench attention-heldout`, `attention-step`): the
-held-out batches (never a representative batch, within the stated limits, the same for a seed), the summary (time
-over the per-batch best, the rule's violations, the batches with a leader beyond the margin), tiny runs of both
-commands on this CPU, and the working copy a run killed midway leaves."""
+"""autosel.bench.attention_heldout (`autosel bench attention-heldout`): the held-out batches (never a representative
+batch, within the stated limits, the same for a seed), the summary (time over the per-batch best, the rule's
+violations, the batches with a leader beyond the margin), a tiny run on this CPU, its deadline, and the working copy
+a run killed midway leaves."""
 
 from __future__ import annotations
 
-import json
 import math
-from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -15,8 +13,6 @@ from click.testing import CliRunner
 from autosel.bench import attention_heldout as bench_attention
 from autosel.bench.results import read_results
 from autosel.cli import main
-
-DATA = Path(__file__).parent / "data"
 
 
 @pytest.fixture
@@ -179,68 +175,3 @@ def test_a_bad_option_is_refused_before_anything_is_timed(tmp_path, args, said):
                                        "--results", str(tmp_path)])
     assert result.exit_code == 2 and said in result.output
     assert not tmp_path.exists() or list(tmp_path.iterdir()) == []
-
-
-def test_the_model_step_on_this_cpu_times_autosels_choice_on_one_decode_and_one_extend_row(tmp_path, torch_chosen):
-    from autosel.bench import page
-
-    result = CliRunner().invoke(main, ["bench", "attention-step", "--layers", "1", *TINY[:2], "--rounds", "1",
-                                       "--skip", TINY[-1], "--results", str(tmp_path)])
-    assert result.exit_code == 0, result.output
-    [record] = read_results(tmp_path)
-    assert record["kind"] == "attention_step"
-    rows = record["results"]["rows"]
-    assert [(r["op"], r["mode"], r["batch"], r["autosel"]) for r in rows] == \
-        [("attention.decode", "eager", 2, "torch"), ("attention.extend", "eager", 1, "torch")]
-    assert all(r["step_us"]["torch"] > 0 and not r["errors"] for r in rows)
-    text = page.render([record])
-    assert "## Paged attention in a model step" in text and "| decode | eager | 2 | 1024 | 1 | torch |" in text
-
-
-@pytest.fixture(scope="module")
-def carry():
-    import importlib.util
-
-    path = Path(__file__).resolve().parents[1] / "dev" / "carry_attention_results.py"
-    spec = importlib.util.spec_from_file_location("carry_attention_results", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-@pytest.mark.parametrize("name, kind", [("attention_heldout_native.json", "attention_heldout"),
-                                        ("attention_model_step_native.json", "attention_step")])
-def test_a_run_of_the_former_tools_is_carried_with_its_own_command_commit_and_date(carry, tmp_path, name, kind):
-    # The fixtures are the tools' own output on this CPU (tools/attention_heldout.py and attention_model_step.py at
-    # b513b8c, --device cpu), the format a GPU run of theirs left under results/attention_h200/.
-    from autosel.bench import page
-
-    native = json.loads((DATA / name).read_text())
-    assert carry.main([str(DATA / name), "--results", str(tmp_path)]) == 0
-    [record] = read_results(tmp_path)
-    assert record["kind"] == kind and record["carried_from"] == (DATA / name).as_posix()
-    assert (record["command"], record["commit"], record["date"]) == (native["command"], native["commit"],
-                                                                     native["date"])
-    assert record["platform_key"] == "cpu/x86_64/Intel_R_Xeon_R_Processor/2"
-    assert record["versions"]["torch"] == native["versions"]["torch"] and "flashinfer" not in record["versions"]
-    assert record["results"]["rows"] == native["rows"]
-    if kind == "attention_heldout":
-        assert len(record["results"]["summary"]) == len(native["summary"]) == 2
-        for theirs, mine in zip(native["summary"], record["results"]["summary"]):
-            assert mine == {**mine, **theirs}, "the package's summary repeats every figure the tool computed"
-    assert "carried, not re-measured: a run of tools/" in page.render([record])
-    assert carry.main([str(DATA / name), "--results", str(tmp_path)]) == 0
-    assert len(read_results(tmp_path)) == 2, "a second carry gets a file of its own"
-
-
-@pytest.mark.parametrize("change, said", [
-    (lambda n: n.pop("rows"), "neither tool's JSON"),
-    (lambda n: n.update(platform="PlatformInfo(device_type=__import__('os').getcwd())"), "is not the PlatformInfo"),
-])
-def test_a_file_that_is_not_a_run_of_the_tools_is_refused_and_nothing_is_written(carry, tmp_path, capsys, change,
-                                                                                 said):
-    native = json.loads((DATA / "attention_heldout_native.json").read_text())
-    change(native)
-    (tmp_path / "native.json").write_text(json.dumps(native))
-    assert carry.main([str(tmp_path / "native.json"), "--results", str(tmp_path / "results")]) == 1
-    assert said in capsys.readouterr().err and not (tmp_path / "results").exists()
