@@ -2,8 +2,10 @@
 # attention's proof on the GPU machine in one command, each phase within what is left of TOTAL_S: the attention GPU
 # tests, two fresh tunes of attention.* in both modes (`autosel bench stability`: the decisions the two made alike
 # and each tune's wall time, tune1.db and tune2.db kept), the held-out benchmark on the first tune's DB
-# (tools/attention_heldout.py), then the model step (tools/attention_model_step.py). Everything lands in
-# $OUT/attention_results.tar.gz (the device returns 8 files).
+# (`autosel bench attention-heldout`), then the model step (`autosel bench attention-step`), each writing its result
+# file into the results folder (a phase killed at its cap leaves its working copy, *.partial.json, there), and the
+# benchmarks page rendered from that folder. Everything lands in $OUT/attention_results.tar.gz (the device returns 8
+# files); copy the result files into results/ and run `autosel bench page`.
 #   run: bash dev/attention_heldout_run.sh     carry: [".whl", ".gpu"] (and ".hfw" for the transformers test)
 # env: AUTOSEL_COMMIT, TOTAL_S (400), TUNE_BUDGET_S (20: seconds of timing per op and mode); each phase's most
 # seconds: TESTS_S (40), PAGED_S (60: tests/gpu/test_transformers_paged_gpu.py), TUNES_S (210), HELDOUT_S (110);
@@ -19,6 +21,10 @@ fi
 export CUDA_MODULE_LOADING=LAZY
 R=/tmp/attention_results && mkdir -p $R && cp "$OUT/gpu.txt" $R/
 pack() { tar -czf "$OUT/attention_results.tar.gz" -C $R . ; }
+section() {  # the section of the benchmarks page rendered from the result files so far whose heading starts with $1
+  python3 -m autosel bench page --results $R/results --out $R/BENCHMARKS.md > /dev/null &&
+    awk -v h="## $1" 'index($0, h) == 1 { p = 1; print; next } p && /^## / { exit } p' $R/BENCHMARKS.md
+}
 trap pack EXIT
 echo "setup $SECONDS s"; cat $R/gpu.txt
 began=$SECONDS
@@ -31,14 +37,14 @@ timeout "$(cap ${PAGED_S:-60} 100)" python3 -m pytest tests/gpu/test_transformer
 tail -3 $R/transformers_paged_tests.txt; echo "paged transformers tests wall $((SECONDS - began)) s"; pack
 began=$SECONDS
 timeout "$(cap ${TUNES_S:-210} 40)" python3 -m autosel bench stability --op 'attention.*' \
-  --budget-s "${TUNE_BUDGET_S:-20}" --keep $R/tune --results $R > $R/tunes.log 2>&1
+  --budget-s "${TUNE_BUDGET_S:-20}" --keep $R/tune --results $R/results > $R/tunes.log 2>&1
 tail -20 $R/tunes.log; echo "two tunes wall $((SECONDS - began)) s"; pack
 began=$SECONDS
 hs=$(cap ${HELDOUT_S:-110} 0)
-AUTOSEL_DB=$R/tune/tune1.db AUTOSEL_TUNE=off timeout "$hs" python3 tools/attention_heldout.py \
-  --out $R --rounds 7 --decode 32 --extend 16 --deadline-s $((hs > 25 ? hs - 15 : 10)) > $R/heldout.log 2>&1
-tail -3 $R/heldout.log; head -12 $R/attention_heldout.md 2>/dev/null; echo "held-out wall $((SECONDS - began)) s"; pack
+AUTOSEL_DB=$R/tune/tune1.db AUTOSEL_TUNE=off timeout "$hs" python3 -m autosel bench attention-heldout \
+  --results $R/results --rounds 7 --decode 32 --extend 16 --deadline-s $((hs > 25 ? hs - 15 : 10)) > $R/heldout.log 2>&1
+tail -3 $R/heldout.log; section "Paged attention on held-out"; echo "held-out wall $((SECONDS - began)) s"; pack
 began=$SECONDS
-AUTOSEL_DB=$R/tune/tune1.db AUTOSEL_TUNE=off timeout "$(left 5)" python3 tools/attention_model_step.py --out $R \
-  --deadline-s "$(left 25)" > $R/model_step.log 2>&1
-tail -2 $R/model_step.log; cat $R/attention_model_step.md 2>/dev/null; echo "model step wall $((SECONDS - began)) s"
+AUTOSEL_DB=$R/tune/tune1.db AUTOSEL_TUNE=off timeout "$(left 5)" python3 -m autosel bench attention-step \
+  --results $R/results --deadline-s "$(left 25)" > $R/model_step.log 2>&1
+tail -2 $R/model_step.log; section "Paged attention in a model step"; echo "model step wall $((SECONDS - began)) s"

@@ -33,6 +33,26 @@ def test_a_result_file_has_its_provenance_and_a_second_run_gets_a_file_of_its_ow
     assert [r["file"] for r in results.read_results(tmp_path)] == sorted([first.name, second.name])
 
 
+def test_a_working_copy_is_a_readable_record_of_its_own_until_the_result_file_replaces_it(tmp_path):
+    # A long benchmark killed midway must leave what it measured; a second run must not write over the first's copy.
+    first = results.WorkingCopy("attention_heldout", folder=tmp_path, platform=Platform(), command="autosel x")
+    first.update({"rows": [1], "tables": []})
+    second = results.WorkingCopy("attention_heldout", folder=tmp_path, platform=Platform(), command="autosel x")
+    second.update({"rows": [2], "tables": []})
+    assert first.path != second.path and first.path.name.endswith(".partial.json")
+    assert sorted(r["results"]["rows"] for r in results.read_results(tmp_path)) == [[1], [2]]
+    done = first.finish({"rows": [1, 3], "tables": []})
+    assert not first.path.exists() and second.path.exists() and not list(tmp_path.glob("*.tmp"))
+    assert json.loads(done.read_text())["results"]["rows"] == [1, 3]
+
+
+def test_a_record_without_its_provenance_is_not_written(tmp_path):
+    with pytest.raises(results.ResultFileError, match="this one has no commit, date"):
+        results.write_record({"kind": "x", "command": "c", "autosel_version": "0", "platform_key": "cpu/x/X/2",
+                              "versions": {}, "results": {}}, tmp_path)
+    assert list(tmp_path.iterdir()) == []
+
+
 @pytest.mark.parametrize("text, said", [("{", "not a readable result file"),
                                         ('{"kind": "x", "results": {}}', "no command, commit, autosel_version")])
 def test_a_file_without_provenance_is_refused_by_name(tmp_path, text, said):
@@ -74,11 +94,10 @@ def test_the_status_says_what_never_ran_until_a_result_file_of_that_kind_exists(
     # The status table claimed nothing about the attention ops' held-out proof, which no GPU run had written.
     cpu = [_record("hot_path", "cpu/x86_64/X/2", "2026-01-01")]
     text = page.render(cpu)
-    assert "`tools/attention_heldout.py`): never run on a GPU into a result file | never ran |" in text
+    assert "| Paged attention on held-out batches | never ran | never ran | never ran |" in text
     assert "GPUs the result files come from: none." in text
     ran = page.render(cpu + [_record("attention_heldout", Platform.key, "2026-01-02")])
-    assert "tools/attention_heldout.py`): never run" not in ran
-    assert "| attention_heldout | NVIDIA H200 (2026-01-02) | never ran | never ran |" in ran
+    assert "| Paged attention on held-out batches | NVIDIA H200 (2026-01-02) | never ran | never ran |" in ran
     assert "GPUs the result files come from: NVIDIA H200." in ran
 
 

@@ -51,15 +51,21 @@ KINDS = {
                         "lost, errors and the DB's integrity. [RELIABILITY.md](RELIABILITY.md) says what each phase "
                         "does.", "python tools/db_stress.py --create-kills 100 --hang-waiters 8 --special-files "
                         "--signals 4 --out results"),
+    "attention_heldout": Kind("Paged attention on held-out batches", "On decode and extend batches the tune never "
+                              "timed (a seeded generator, mixed lengths included), the time of autosel's choice and of "
+                              "every fixed attention backend over the per-batch best, per op and mode, and where a "
+                              "backend led another beyond the noise margin in every round, whether autosel ran one "
+                              "that none led.", "autosel tune --op 'attention.*' && AUTOSEL_TUNE=off autosel bench "
+                              "attention-heldout"),
+    "attention_step": Kind("Paged attention in a model step", "Llama-3-8B's attention blocks (random weights) with one "
+                           "plan per step: step time on autosel's choice and on each fixed attention backend.",
+                           "autosel tune --op 'attention.*' && AUTOSEL_TUNE=off autosel bench attention-step"),
 }
 
 #: What no result file covers yet, by design of the status table: listed until a result file of that kind exists.
 NOT_RUN = {
     "parallel_tune": "tuning spread over two or more GPUs of one host (`autosel tune` with several visible GPUs): "
                      "implemented and tested on CPU workers, never timed on GPUs",
-    "attention_heldout": "the paged-attention ops (`attention.decode`, `attention.extend`) on held-out batches, "
-                         "against every fixed backend (`tools/attention_heldout.py`): never run on a GPU into a result "
-                         "file",
 }
 GPU_FAMILIES = ("NVIDIA (CUDA)", "AMD (ROCm)", "CPU")
 

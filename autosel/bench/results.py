@@ -76,16 +76,55 @@ def write_result(kind: str, results: dict[str, Any], *, folder: Path = RESULTS_D
                  command: str | None = None) -> Path:
     """Write one run's results with its provenance to FOLDER/<kind>-<platform>-<date>.json and return the path.
     A file of that name is never overwritten: a second run within the same second gets a numbered name."""
-    record = {**provenance(kind, platform=platform, command=command), "results": results}
+    return write_record({**provenance(kind, platform=platform, command=command), "results": results}, folder)
+
+
+def write_record(record: dict[str, Any], folder: Path = RESULTS_DIR) -> Path:
+    """Write a whole record (provenance and results) as write_result names it, never over another file; for a run
+    whose provenance is not now's (one carried from another format keeps its own command, commit and date)."""
+    missing = [k for k in PROVENANCE if k not in record]
+    if missing:
+        raise ResultFileError(f"a result record needs {', '.join(PROVENANCE)}; this one has no {', '.join(missing)}")
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    stem = f"{slug(kind)}-{slug(record['platform_key'])}-{record['date'][:19].replace(':', '')}"
+    stem = _stem(record)
     path, n = folder / f"{stem}.json", 1
     while path.exists():
         n += 1
         path = folder / f"{stem}-{n}.json"
     path.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
     return path
+
+
+def _stem(record: dict[str, Any]) -> str:
+    return f"{slug(record['kind'])}-{slug(record['platform_key'])}-{record['date'][:19].replace(':', '')}"
+
+
+class WorkingCopy:
+    """A long run's results so far, rewritten after every step as FOLDER/<kind>-<platform>-<start>.partial.json in
+    the result file's format (the page renders it), so that a run killed midway (`timeout`, out of memory) leaves
+    what it measured; finish() writes the result file and removes the copy. Each run's copy has a name of its own,
+    and each write replaces the file whole, so a kill during a write leaves the previous copy, never half a file."""
+
+    def __init__(self, kind: str, *, folder: Path = RESULTS_DIR, platform=None, command: str | None = None):
+        self.kind, self.folder, self.platform, self.command = kind, Path(folder), platform, command
+        self.record = provenance(kind, platform=platform, command=command)
+        stem, n = _stem(self.record), 1
+        self.path = self.folder / f"{stem}.partial.json"
+        while self.path.exists():  # another run that started in the same second
+            n += 1
+            self.path = self.folder / f"{stem}-{n}.partial.json"
+
+    def update(self, results: dict[str, Any]) -> None:
+        self.folder.mkdir(parents=True, exist_ok=True)
+        staged = self.path.with_name(self.path.name + ".tmp")
+        staged.write_text(json.dumps({**self.record, "results": results}, indent=1) + "\n", encoding="utf-8")
+        os.replace(staged, self.path)
+
+    def finish(self, results: dict[str, Any]) -> Path:
+        path = write_result(self.kind, results, folder=self.folder, platform=self.platform, command=self.command)
+        self.path.unlink(missing_ok=True)
+        return path
 
 
 def read_result(path: Path) -> dict[str, Any]:

@@ -282,3 +282,134 @@ def _plot(result: dict, png: Path) -> None:
     except ImportError:
         raise click.ClickException("the plot needs matplotlib (pip install matplotlib)") from None
     _written(png)
+
+
+def _device(device: str | None) -> str:
+    import torch
+
+    if device is None:
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cuda" and not torch.cuda.is_available():
+        raise click.BadParameter("cuda: this machine has no CUDA device; pass --device cpu (eager only, to check the "
+                                 "benchmark)", param_hint="--device")
+    return device
+
+
+def _skip(value: str) -> tuple[str, ...]:
+    """--skip's backends, each registered for attention (a typo would time what it meant to leave out)."""
+    from autosel.bench.attention_heldout import backends_to_time
+
+    names = tuple(filter(None, (n.strip() for n in value.split(","))))
+    known = backends_to_time()
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise click.BadParameter(f"{', '.join(unknown)}: not an attention backend here; known: {', '.join(known)}",
+                                 param_hint="--skip")
+    return names
+
+
+def attention_options(skip_default: str):
+    """The options both attention benchmarks share: --rounds, --skip, --deadline-s, --device."""
+    def decorate(fn):
+        for option in reversed([
+            click.option("--rounds", type=click.IntRange(min=1), default=5, show_default=True,
+                         help="Interleaved rounds; every round each backend takes one turn."),
+            click.option("--skip", default=skip_default, show_default=True, metavar="BACKENDS",
+                         help="Backends not to time, comma-separated."),
+            click.option("--deadline-s", type=click.FloatRange(min=0), metavar="SECONDS",
+                         help="Start nothing more after this many seconds; what was measured is written."),
+            click.option("--device", type=click.Choice(["cuda", "cpu"]),
+                         help="cuda (eager and CUDA graph; the default where there is one), or cpu (eager only: a "
+                              "check of the benchmark)."),
+            results_option()]):
+            fn = option(fn)
+        return fn
+    return decorate
+
+
+@bench.command("attention-heldout")
+@click.option("--decode", type=click.IntRange(min=0), default=24, show_default=True, help="Decode batches to draw.")
+@click.option("--extend", type=click.IntRange(min=0), default=12, show_default=True, help="Extend batches to draw.")
+@click.option("--seed", type=int, default=47, show_default=True,
+              help="Which held-out batches to draw; report it with the figures.")
+@click.option("--max-tokens", type=click.IntRange(min=1), default=262144, show_default=True,
+              help="Decode: KV tokens per batch at most.")
+@click.option("--max-work", type=click.IntRange(min=1), default=2 ** 26, show_default=True,
+              help="Extend: query x KV positions per batch at most.")
+@click.option("--check-tokens", type=click.IntRange(min=0), default=65536, show_default=True,
+              help="Compare every backend's output with torch's where the batch holds at most this many KV tokens.")
+@click.option("--list", "list_only", is_flag=True, help="Print the batches and their buckets; time nothing.")
+@attention_options(skip_default="")
+def attention_heldout(decode: int, extend: int, seed: int, max_tokens: int, max_work: int, check_tokens: int,
+                      list_only: bool, rounds: int, skip: str, deadline_s: float | None, device: str | None,
+                      folder: Path) -> None:
+    """Paged attention on batches the tune never timed: autosel's choice and every fixed backend, each over the
+    per-batch best, per op and mode, and the batches where a backend led autosel's choice beyond the noise margin in
+    every round.
+
+    Run `autosel tune --op 'attention.*'` first (and this with AUTOSEL_TUNE=off): this judges the decisions in the
+    DB, as get_kernel uses them. The result file is kept up to date after every batch as
+    <kind>-<platform>-<start>.partial.json, so a run killed midway leaves what it measured.
+
+    \b
+    Example:
+      AUTOSEL_TUNE=off autosel bench attention-heldout --decode 32 --extend 16 --rounds 7"""
+    import math
+
+    from autosel.bench import attention_heldout as bench_attention
+    from autosel.bench.results import WorkingCopy
+
+    batches = bench_attention.held_out_batches(decode=decode, extend=extend, seed=seed, max_tokens=max_tokens,
+                                               max_work=max_work)
+    if list_only:
+        for op, spec in batches:
+            click.echo(f"{op} {bench_attention.describe(spec)} {bench_attention.bucket_of(op.split('.')[1], spec)}")
+        return
+    if not batches:
+        raise click.UsageError("no batch to time: give --decode or --extend above 0")
+    device, skipped = _device(device), _skip(skip)
+    copy = WorkingCopy("attention_heldout", folder=folder, command=command_line())
+    with progress_bar("attention held-out batches", len(batches)) as advance:
+        def on_batch(body):
+            copy.update(body)
+            advance()
+
+        body = bench_attention.run(batches, seed=seed, rounds=rounds, check_tokens=check_tokens, skip=skipped,
+                                   deadline_s=math.inf if deadline_s is None else deadline_s, device=device,
+                                   on_step=advance, on_batch=on_batch)
+    _written(copy.finish(body))
+
+
+@bench.command("attention-step")
+@click.option("--layers", type=click.IntRange(min=1), default=32, show_default=True,
+              help="Attention blocks per step (Llama-3-8B has 32).")
+@click.option("--slow-max-tokens", type=click.IntRange(min=1), default=65536, show_default=True,
+              help="Time torch and torch_compile only where the batch holds at most this many KV tokens.")
+@attention_options(skip_default="torch_compile")
+def attention_step(layers: int, slow_max_tokens: int, rounds: int, skip: str, deadline_s: float | None,
+                   device: str | None, folder: Path) -> None:
+    """A Llama-3-8B step's attention blocks with one plan per step: step time on autosel's choice and on each fixed
+    backend; decode (batch 1-256, KV 1k-32k) replayed from a CUDA graph, extend (512-8192 new tokens) eager.
+
+    Run `autosel tune --op 'attention.*'` first (and this with AUTOSEL_TUNE=off). The result file is kept up to
+    date after every row as <kind>-<platform>-<start>.partial.json, so a run killed midway leaves what it measured.
+
+    \b
+    Example:
+      AUTOSEL_TUNE=off autosel bench attention-step --rounds 7"""
+    import math
+
+    from autosel.bench import attention_step as bench_step
+    from autosel.bench.results import WorkingCopy
+
+    device, skipped = _device(device), _skip(skip)
+    copy = WorkingCopy("attention_step", folder=folder, command=command_line())
+    with progress_bar("attention step", len(bench_step.rows_to_run(device))) as advance:
+        def on_row(body):
+            copy.update(body)
+            advance()
+
+        body = bench_step.run(layers=layers, rounds=rounds, skip=skipped, slow_max_tokens=slow_max_tokens,
+                              deadline_s=math.inf if deadline_s is None else deadline_s, device=device,
+                              on_step=advance, on_row=on_row)
+    _written(copy.finish(body))

@@ -1,18 +1,19 @@
-"""Held-out benchmark of attention.decode and attention.extend: batches that are not among the representative ones
-(a seeded generator, mixed lengths included), each timed on every fixed backend and on autosel's choice, eager and
-replayed in a CUDA graph. Writes attention_heldout.json (command, commit, versions, platform, date, every batch's
-times per round) and attention_heldout.md to --out, after every batch, so a run cut short keeps what it measured.
+"""Held-out benchmark of attention.decode and attention.extend (`autosel bench attention-heldout`): batches that are
+not among the representative ones (a seeded generator, mixed lengths included), each timed on every fixed backend
+and on autosel's choice, eager and replayed in a CUDA graph, as the body of a result file (autosel.bench.results).
 
-    AUTOSEL_DB=<the tune's DB> AUTOSEL_TUNE=off python3 tools/attention_heldout.py --out results/attention_h200
+    autosel tune --op 'attention.*' && AUTOSEL_TUNE=off autosel bench attention-heldout
+    autosel bench attention-heldout --device cpu --decode 2 --extend 1 --max-tokens 600 --max-work 20000
 
-autosel's choice is `get_kernel(op, mode=mode).plan(batch)` on the DB the tune wrote (AUTOSEL_TUNE=off, so nothing
-is timed here): its plan's class names the backend, and the time of that backend's plan on that batch is autosel's
-time (the same class on the same batch, timed once). Fixed backends are `get_kernel(op, backend=b).plan(batch)`.
+autosel's choice is `get_kernel(op, mode=mode).plan(batch)` on the DB as get_kernel reads it (with AUTOSEL_TUNE=off
+nothing is timed to make it): its plan's class names the backend, and the time of that backend's plan on that batch
+is autosel's time (the same class on the same batch, timed once). Fixed backends are
+`get_kernel(op, backend=b).plan(batch)`.
 
 Timing is autosel's own (autosel.timing): eager, blocks of back-to-back calls (block_sampler); graph, replays of a
 captured graph of back-to-back calls (graph_sampler). Every call reads the next of enough K/V cache copies to exceed
 128 MB, as the tuner's timers do, so small batches are not timed from the L2. The candidates of a batch take turns
-sample by sample over --rounds rounds (the order rotating), and the drift common to a round is taken out
+sample by sample over `rounds` rounds (the order rotating), and the drift common to a round is taken out
 (common_drift_removed), as in a tune.
 
 The rule checked per batch: where a backend is ahead of autosel's choice beyond the noise margin (the tuner's floors:
@@ -21,24 +22,18 @@ The rule checked per batch: where a backend is ahead of autosel's choice beyond 
 
 from __future__ import annotations
 
-import argparse
-import datetime
-import json
+import logging
 import math
-import os
-import platform
 import random
 import statistics
-import subprocess
-import sys
 import time
 import traceback
-from pathlib import Path
 from types import SimpleNamespace
+from typing import Any, Callable
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tools"))
-from attention_bench import _platform, versions  # noqa: E402,F401 - the run's record, as the benchmark writes it
+from autosel.policy import geomean
+
+log = logging.getLogger(__name__)
 
 MARGIN = {"eager": 0.10, "graph": 0.06}  # autosel.policy's floors for cuda:back-to-back and graph replay
 MODULE_BACKEND = {"attention_torch": "torch", "attention_compiled": "torch_compile",
@@ -221,23 +216,29 @@ def time_batch(op_name: str, spec: dict, backends: list[str], rounds: int, check
         row[f"{mode}_rounds_us"] = {n: [round(t, 3) for t in ts] for n, ts in adjusted.items()}
         row[f"{mode}_us"] = {n: round(statistics.median(ts), 3) for n, ts in adjusted.items()}
         chosen = row.get(f"autosel_{mode}")
-        leaders = []
-        if chosen in adjusted:
-            for other, ts in adjusted.items():
-                if other != chosen and all(t * (1 + MARGIN[mode]) < c for t, c in zip(ts, adjusted[chosen])):
-                    leaders.append(other)
-        row[f"{mode}_led_by"] = leaders  # backends ahead of autosel's choice beyond the margin in every round
+        # backends ahead of autosel's choice beyond the margin in every round
+        row[f"{mode}_led_by"] = led_by(adjusted, chosen, MARGIN[mode]) if chosen in adjusted else []
         del samplers
-    return row  # its caches and plans go with this frame; main empties the CUDA cache after it
+    return row  # its caches and plans go with this frame; rows_in_turn empties the CUDA cache after it
 
 
-def geomean(values: list[float]) -> float:
-    return math.exp(statistics.fmean(math.log(v) for v in values)) if values else float("nan")
+def led_by(rounds_us: dict[str, list[float]], name: str, margin: float) -> list[str]:
+    """The backends ahead of `name` beyond `margin` in every round (their time times 1 + margin still under its)."""
+    return [other for other, ts in rounds_us.items()
+            if other != name and all(t * (1 + margin) < c for t, c in zip(ts, rounds_us[name]))]
+
+
+def contested(row: dict, mode: str) -> bool:
+    """Whether some backend led another beyond the margin in every round of `mode` on this batch: where the choice
+    of backend mattered beyond the noise."""
+    rounds_us = row.get(f"{mode}_rounds_us") or {}
+    return any(led_by(rounds_us, name, MARGIN[mode]) for name in rounds_us)
 
 
 def summary(rows: list[dict], backends: list[str]) -> list[dict]:
     """Per op and mode: autosel's and each fixed backend's time over the per-batch best (geometric mean, worst), the
-    batches each fixed backend could not run, and the rule's violations."""
+    batches each fixed backend could not run, the rule's violations, and how many batches had a backend leading
+    another beyond the margin in every round, with how many of those autosel ran a backend nobody led."""
     out = []
     for op in dict.fromkeys(r["op"] for r in rows):
         for mode in ("eager", "graph"):
@@ -257,13 +258,17 @@ def summary(rows: list[dict], backends: list[str]) -> list[dict]:
                         ratios[name].append(times[name] / best)
                     else:
                         missing[name] += 1
+            led = [r for r in done if contested(r, mode)]
             entry = {"op": op, "mode": mode, "batches": len(done), "margin": MARGIN[mode],
                      "rule_violations": [r["batch"] for r in done if r.get(f"{mode}_led_by")],
-                     "autosel_unmeasured": sum(1 for r in done if r.get(f"autosel_{mode}") not in r[f"{mode}_us"])}
+                     "autosel_unmeasured": sum(1 for r in done if r.get(f"autosel_{mode}") not in r[f"{mode}_us"]),
+                     "led_beyond_margin": len(led),
+                     "autosel_ran_a_leader": sum(1 for r in led if r.get(f"autosel_{mode}") in r[f"{mode}_us"]
+                                                 and not r.get(f"{mode}_led_by"))}
             for name, values in ratios.items():
                 if name == "autosel" or (values and not missing[name]):
-                    entry[name] = {"geomean": round(geomean(values), 4), "worst": round(max(values), 4)
-                                   if values else None, "batches": len(values)}
+                    entry[name] = {"geomean": round(geomean(values), 4) if values else None,
+                                   "worst": round(max(values), 4) if values else None, "batches": len(values)}
                 elif values:
                     entry[name] = {"runs_all": False, "missing": missing[name],
                                    "geomean_where_run": round(geomean(values), 4)}
@@ -272,135 +277,149 @@ def summary(rows: list[dict], backends: list[str]) -> list[dict]:
             if complete:
                 best_fixed = min(complete, key=complete.get)
                 entry["best_fixed"] = best_fixed
-                if ratios["autosel"]:
+                if entry["autosel"]["geomean"]:
                     entry["autosel_over_best_fixed"] = round(entry["autosel"]["geomean"] / complete[best_fixed], 4)
             out.append(entry)
     return out
 
 
-def commit() -> str:
-    if os.environ.get("AUTOSEL_COMMIT"):
-        return os.environ["AUTOSEL_COMMIT"]
-    try:
-        return subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
-                              text=True, check=True).stdout.strip()
-    except Exception:  # noqa: BLE001
-        return "unknown"
-
-
-def markdown(result: dict) -> str:
-    lines = [f"# attention held-out benchmark, {result['device']}, {result['date']}", "",
-             f"`{result['command']}` at {result['commit']}; DB {result['db']}; {result['rounds']} interleaved rounds; "
-             f"platform {result['platform']}", "",
-             "Time over the per-batch best (1.00 = the fastest backend on that batch), geometric mean / worst; "
-             "'rule' lists batches where a backend led autosel's choice beyond the margin in every round.", "",
-             "| op | mode | batches | autosel | " + " | ".join(result["backends"]) + " | best fixed | autosel / best "
-             "fixed | rule |", "|---|---|---|---|" + "---|" * len(result["backends"]) + "---|---|---|"]
-    for s in result["summary"]:
-        def cell(name):
-            e = s.get(name)
-            if not e:
-                return "-"
-            if "geomean" in e:
-                return f"{e['geomean']:.3f} / {e['worst']:.3f}" if e["batches"] else "-"
-            return f"({e['geomean_where_run']:.3f}, {e['missing']} not run)"
-        lines.append(f"| {s['op']} | {s['mode']} | {s['batches']} | {cell('autosel')} | "
-                     + " | ".join(cell(b) for b in result["backends"])
-                     + f" | {s.get('best_fixed', '-')} | {s.get('autosel_over_best_fixed', '-')} | "
-                     f"{len(s['rule_violations'])} |")
-    for mode in ("graph", "eager"):
-        lines += ["", f"## {mode} (median us per call; * autosel's choice)", "",
-                  "| op | batch | bucket | " + " | ".join(result["backends"]) + " | autosel / best |",
-                  "|---|---|---|" + "---|" * len(result["backends"]) + "---|"]
-        for r in result["rows"]:
-            times, chosen = r.get(f"{mode}_us", {}), r.get(f"autosel_{mode}")
-            if not times:
-                continue
-            best = min(times.values())
-            cells = [(f"{times[b]:.1f}" + ("*" if b == chosen else "")) if b in times else "-"
-                     for b in result["backends"]]
-            ratio = f"{times[chosen] / best:.3f}" if chosen in times else f"{chosen}: not timed"
-            led = f" (led by {', '.join(r[f'{mode}_led_by'])})" if r.get(f"{mode}_led_by") else ""
-            lines.append(f"| {r['op'].split('.')[1]} | {r['batch']} | {r['bucket'][:4]} | " + " | ".join(cells)
-                         + f" | {ratio}{led} |")
-    return "\n".join(lines) + "\n"
-
-
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", required=True, type=Path)
-    parser.add_argument("--decode", type=int, default=24, help="decode batches")
-    parser.add_argument("--extend", type=int, default=12, help="extend batches")
-    parser.add_argument("--seed", type=int, default=47)
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--max-tokens", type=int, default=262144, help="decode: KV tokens per batch at most")
-    parser.add_argument("--max-work", type=int, default=2 ** 26, help="extend: query x KV positions at most")
-    parser.add_argument("--check-tokens", type=int, default=65536,
-                        help="compare every backend's output with torch's where the batch holds at most this many")
-    parser.add_argument("--skip", default="", help="backends not to time, comma-separated")
-    parser.add_argument("--deadline-s", type=float, default=math.inf, help="start no batch after this many seconds")
-    parser.add_argument("--device", default="cuda", help="cuda, or cpu (eager only: a check of this script)")
-    parser.add_argument("--list", action="store_true", help="print the batches and their buckets, time nothing")
-    args = parser.parse_args(argv)
-    started = time.time()
+def held_out_batches(*, decode: int, extend: int, seed: int, max_tokens: int, max_work: int) -> list[tuple[str, dict]]:
+    """(op, batch) of the run: `decode` and `extend` batches drawn from `seed`, a generated batch equal to a
+    representative one dropped (the tune timed it), decode and extend interleaved so that a run cut at its deadline
+    still has both ops."""
     batches = []
-    for op, specs in (("decode", decode_batches(args.decode, args.seed, args.max_tokens)),
-                      ("extend", extend_batches(args.extend, args.seed + 1, args.max_work))):
+    for op, specs in (("decode", decode_batches(decode, seed, max_tokens)),
+                      ("extend", extend_batches(extend, seed + 1, max_work))):
         seen = representative_lengths(op)
         for spec in specs:
             key = (*LAYOUTS[spec["layout"]], "bfloat16", tuple(spec["seq_lens"]), tuple(spec["q_lens"] or ()))
-            if key not in seen:  # a held-out batch is never one the tune timed
+            if key not in seen:
                 batches.append((f"attention.{op}", spec))
-    # decode and extend interleaved, so that a run cut at its deadline still has both ops
-    decode = [b for b in batches if b[0] == "attention.decode"]
-    extend = [b for b in batches if b[0] == "attention.extend"]
-    ratio = max(1, len(decode) // max(1, len(extend)))
+    decode_left = [b for b in batches if b[0] == "attention.decode"]
+    extend_left = [b for b in batches if b[0] == "attention.extend"]
+    ratio = max(1, len(decode_left) // max(1, len(extend_left)))
     ordered = []
-    while decode or extend:
-        ordered += decode[:ratio] + extend[:1]
-        decode, extend = decode[ratio:], extend[1:]
-    if args.list:
-        for op, spec in ordered:
-            print(op, describe(spec), bucket_of(op.split(".")[1], spec))
-        return 0
-    import torch
+    while decode_left or extend_left:
+        ordered += decode_left[:ratio] + extend_left[:1]
+        decode_left, extend_left = decode_left[ratio:], extend_left[1:]
+    return ordered
 
+
+def backends_to_time(skip: tuple[str, ...] = ()) -> list[str]:
+    """The backends registered for either attention op, in registration order, less those in `skip`."""
     from autosel.registry import registry
 
-    args.out.mkdir(parents=True, exist_ok=True)
-    skip = set(filter(None, args.skip.split(",")))
-    backends = list(dict.fromkeys(s.backend.value for op in ("attention.decode", "attention.extend")
-                                  for s in registry.get(op) if s.backend.value not in skip))
-    result = {"command": " ".join([sys.executable] + sys.argv), "commit": commit(),
-              "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-              "device": torch.cuda.get_device_name() if args.device == "cuda" else platform.processor() or "cpu",
-              "versions": versions(), "platform": _platform(),
-              "db": os.environ.get("AUTOSEL_DB", "default"), "tune": os.environ.get("AUTOSEL_TUNE", ""),
-              "rounds": args.rounds, "seed": args.seed, "margins": MARGIN, "backends": backends, "rows": []}
-    for op, spec in ordered:
-        if time.time() - started > args.deadline_s:
-            result["cut_at_deadline"] = f"{len(result['rows'])} of {len(ordered)} batches"
-            break
+    return list(dict.fromkeys(s.backend.value for op in ("attention.decode", "attention.extend")
+                              for s in registry.get(op) if s.backend.value not in skip))
+
+
+def run(batches: list[tuple[str, dict]], *, seed: int, rounds: int = 5, check_tokens: int = 65536,
+        skip: tuple[str, ...] = (), deadline_s: float = math.inf, device: str = "cuda",
+        on_step: Callable[[str], None] = lambda step: None,
+        on_batch: Callable[[dict], None] = lambda body: None) -> dict:
+    """Time every batch of `batches` (held_out_batches) on each backend and autosel's choice, eager and (on CUDA)
+    graph; return the result file's body. After every batch, on_batch gets the body so far, so that a caller can
+    keep a working copy a killed run leaves behind. No batch starts after `deadline_s`."""
+    from autosel import config
+    from autosel.registry import registry
+
+    started = time.time()
+    settings = config.settings()
+    backends = backends_to_time(skip)
+    body = {"seed": seed, "rounds": rounds, "margins": MARGIN, "backends": backends, "device": device,
+            "db": str(settings.db), "tune": settings.tune, "batches": len(batches), "rows": []}
+    modes = ("eager", "graph") if device == "cuda" else ("eager",)
+
+    def measure(item):
+        op, spec = item
         eligible = [b for b in backends if any(s.backend.value == b for s in registry.get(op))]
+        return time_batch(op, spec, eligible, rounds, check_tokens, device, modes)
+
+    return rows_in_turn(batches, measure, body=body, unit="batches", started=started, deadline_s=deadline_s,
+                        device=device, label=lambda item: f"{item[0].split('.')[1]} {describe(item[1])}",
+                        failed=lambda item: {"op": item[0], "batch": describe(item[1])}, finish=finish,
+                        on_step=on_step, on_row=on_batch)
+
+
+def rows_in_turn(todo: list, measure: Callable[[Any], dict], *, body: dict, unit: str, started: float,
+                 deadline_s: float, device: str, label: Callable[[Any], str], failed: Callable[[Any], dict],
+                 finish: Callable[[dict], dict], on_step: Callable[[str], None],
+                 on_row: Callable[[dict], None]) -> dict:
+    """measure() each item of `todo` into body["rows"], starting none after `deadline_s` from `started`: an item
+    that raises (out of memory) is a row with its error and the others go on; the CUDA cache is emptied after each
+    (its caches and plans went with measure's frame), and on_row gets the finished body so far, marked a working
+    copy. Returns the finished body (both attention benchmarks run this way)."""
+    import torch
+
+    for item in todo:
+        if time.time() - started > deadline_s:
+            body["cut_at_deadline"] = f"{len(body['rows'])} of {len(todo)} {unit}"
+            break
+        on_step(label(item))
         try:
-            row = time_batch(op, spec, eligible, args.rounds, args.check_tokens, args.device,
-                             ("eager", "graph") if args.device == "cuda" else ("eager",))
-        except Exception as exc:  # noqa: BLE001 - one batch failing (out of memory) is a result
-            traceback.print_exc()
-            row = {"op": op, "batch": describe(spec), "error": f"{type(exc).__name__}: {exc}"[:300]}
-        if args.device == "cuda":
+            row = measure(item)
+        except Exception as exc:  # noqa: BLE001 - one item failing is a result
+            log.warning("%s failed:\n%s", label(item), traceback.format_exc())
+            row = {**failed(item), "error": f"{type(exc).__name__}: {exc}"[:300]}
+        if device == "cuda":
             torch.cuda.empty_cache()
-        result["rows"].append(row)
-        print(json.dumps({k: row.get(k) for k in ("op", "batch", "autosel_eager", "autosel_graph", "eager_us",
-                                                  "graph_us", "errors")}), flush=True)
-        result["wall_s"] = round(time.time() - started, 1)
-        result["summary"] = summary(result["rows"], backends)
-        (args.out / "attention_heldout.json").write_text(json.dumps(result, indent=1))
-        (args.out / "attention_heldout.md").write_text(markdown(result))
-    print(markdown(result))
-    return 0
+        body["rows"].append(row)
+        body["wall_s"] = round(time.time() - started, 1)
+        on_row(finish({**body, "working_copy": True}))
+    return finish(body)
 
 
+def finish(body: dict) -> dict:
+    """The summary, tables and notes of `body` from its rows (also what dev/carry_attention_results.py gives a run
+    of the former tool)."""
+    body["summary"] = summary([r for r in body["rows"] if "error" not in r], body["backends"])
+    body["tables"], body["notes"] = tables(body), notes(body)
+    return body
 
-if __name__ == "__main__":
-    raise SystemExit(main())
+
+def _ratio_cell(entry: dict | None) -> str:
+    if not entry:
+        return "-"
+    if "geomean_where_run" in entry:
+        return f"({entry['geomean_where_run']:.3f}, {entry['missing']} not run)"
+    return f"{entry['geomean']:.3f} / {entry['worst']:.3f}" if entry["batches"] else "-"
+
+
+def tables(body: dict) -> list[dict]:
+    """The page's table of one run (autosel.bench.page renders it): per op and mode, autosel's and each fixed
+    backend's time over the per-batch best, autosel over the best fixed backend, and the leaders beyond the margin."""
+    rows = [[s["op"], s["mode"], s["batches"], _ratio_cell(s.get("autosel")),
+             *(_ratio_cell(s.get(b)) for b in body["backends"]), s.get("best_fixed", "-"),
+             f"{s['autosel_over_best_fixed']:.3f}" if "autosel_over_best_fixed" in s else "-",
+             s["led_beyond_margin"], s["autosel_ran_a_leader"]] for s in body["summary"]]
+    return [{"title": "Time over the per-batch best (1.000: the fastest backend on that batch), geometric mean / "
+                      "worst; (geometric mean, batches not run) for a backend that could not run every batch:",
+             "columns": ["op", "mode", "batches", "autosel", *body["backends"], "best fixed backend",
+                         "autosel / best fixed", "batches a backend led another beyond the margin every round",
+                         "of those, autosel ran a backend none led"],
+             "rows": rows}]
+
+
+def notes(body: dict) -> list[str]:
+    """The page's notes of one run: what was timed and how, a cut at the deadline, and the batches where a backend
+    led autosel's choice beyond the margin in every round."""
+    found = [f"{len(body['rows'])} held-out batches of seed {body['seed']} (none a representative batch), "
+             f"{body['rounds']} interleaved round(s) with the common drift taken out; margins: "
+             + ", ".join(f"{mode} {100 * m:.0f}%" for mode, m in body["margins"].items())
+             + f"; decisions read from {body['db']} with AUTOSEL_TUNE={body['tune']}"]
+    if body.get("cut_at_deadline"):
+        found.append(f"cut at its deadline: {body['cut_at_deadline']} measured")
+    if body.get("working_copy"):
+        found.append(f"working copy of a run that did not finish: {len(body['rows'])} of {body['batches']} batches")
+    failed = [r["batch"] for r in body["rows"] if "error" in r]
+    if failed:
+        found.append(f"{len(failed)} batches failed as a whole (their error is in the result file): "
+                     + "; ".join(failed))
+    for s in body["summary"]:
+        mode = s["mode"]
+        led = [r for r in body["rows"] if r.get("op") == s["op"] and r.get(f"{mode}_led_by")]
+        if led:
+            found.append(f"{s['op']} {mode}: a backend led autosel's choice beyond the margin in every round at "
+                         + "; ".join(f"{r['batch']} ({r[f'autosel_{mode}']} led by {', '.join(r[f'{mode}_led_by'])})"
+                                     for r in led))
+    return found
