@@ -153,7 +153,7 @@ def test_the_diary_pattern_catches_each_kind_of_label():
 CODE_SPAN = re.compile(r"`[^`]*`")
 
 
-def labels_in_result(record, where: str = "") -> list[str]:
+def labels_in_result(record: object, where: str = "") -> list[str]:
     """The diary labels in a result file's keys and strings, outside a "command" value and outside code spans: a
     carried figure keeps the command that made it verbatim, and the prose around it names the run by its commit."""
     if isinstance(record, dict):
