@@ -4,6 +4,7 @@ generated reference pages are current, every page says who it is for, and no dia
 from __future__ import annotations
 
 import importlib.util
+import json
 import re
 import subprocess
 from pathlib import Path
@@ -93,14 +94,16 @@ def test_the_readme_stays_short():
     assert len((ROOT / "README.md").read_text(encoding="utf-8").splitlines()) <= 250
 
 
-# Labels of the working log that nobody outside the repository can resolve: "stop 36", "call 38-4", "set27".
-DIARY = re.compile(r"\bstop [0-9]+|\bcalls? [0-9]+-[0-9]+|device calls?\b|\bset ?[0-9]+\b|\bsets [0-9]+", re.IGNORECASE)
+# Labels of the working log that nobody outside the repository can resolve: "stop 36", "stop-24", "call 38-4",
+# "25-3's tune", "set27", "sets 13-15".
+DIARY = re.compile(r"\bstops?[ -]?[0-9]+|\bcalls? [0-9]+-[0-9]+|\b[0-9]+-[0-9]+'s (?:tune|probe|run)\b|device calls?\b"
+                   r"|\bset ?[0-9]+\b|\bsets [0-9]+", re.IGNORECASE)
 
 
 def _read_for_labels(rel: str, path: Path) -> bool:
     """Whether the label test reads this file: code and pages of the package, tests, tools and dev/, the shipped
-    DBs' page, results' pages and examples/ (the image's Dockerfile among them). Result JSON files are not read:
-    a carried figure keeps the command that made it, verbatim."""
+    DBs' page, results' pages and examples/ (the image's Dockerfile among them). Result JSON files are read by
+    labels_in_result, which lets a recorded command keep its arguments."""
     if rel in ("README.md", "tuning_db/README.md"):
         return True
     if rel.startswith("results/"):
@@ -135,11 +138,54 @@ def test_no_diary_label_in_docs_code_tests_tools_dev_results_or_examples():
 
 
 def test_the_diary_pattern_catches_each_kind_of_label():
-    # "device calls 22-4 and 22-5" in autosel/ops/opaque.py passed the pattern that knew "call" alone.
-    assert [bool(DIARY.search(t)) for t in ("Stop 36", "device call 13-3", "device calls 22-4 and 22-5", "set27",
-                                            "held-out sets 2 and 3", "set 4", "offset 4", "the 4-token bucket",
-                                            "recalls 3-4")] == [
-        True, True, True, True, True, True, False, False, False]
+    # "device calls 22-4 and 22-5" in autosel/ops/opaque.py passed the pattern that knew "call" alone; "stop-24",
+    # "stops 32-34" and "25-3's tune" in the carried result files passed the pattern before this one.
+    labels = ("Stop 36", "stop-24", "stops 32-34", "device call 13-3", "device calls 22-4 and 22-5",
+              "calls 33-6 and 34-3", "Call 30-1's probe", "25-3's tune", "set27", "Set13", "held-out sets 2 and 3",
+              "sets 13-15", "set 4")
+    assert [t for t in labels if not DIARY.search(t)] == []
+    names = ("offset 4", "the 4-token bucket", "recalls 3-4", "a 2-4 run", "stops at 4 warps",
+             "the held-out set of 547c865", "upset 3")
+    assert [t for t in names if DIARY.search(t)] == []
+
+
+# A code span, in which a recorded command line keeps its arguments (`--shapes set28`).
+CODE_SPAN = re.compile(r"`[^`]*`")
+
+
+def labels_in_result(record: object, where: str = "") -> list[str]:
+    """The diary labels in a result file's keys and strings, outside a "command" value and outside code spans: a
+    carried figure keeps the command that made it verbatim, and the prose around it names the run by its commit."""
+    if isinstance(record, dict):
+        found = [f"{where}: key {key!r}" for key in record if DIARY.search(CODE_SPAN.sub("", key))]
+        for key, value in record.items():
+            if key != "command":
+                found += labels_in_result(value, f"{where}.{key}")
+        return found
+    if isinstance(record, list):
+        return [label for i, value in enumerate(record) for label in labels_in_result(value, f"{where}[{i}]")]
+    match = DIARY.search(CODE_SPAN.sub("", record)) if isinstance(record, str) else None
+    return [f"{where}: {match.group(0)!r} in {record[:80]!r}"] if match else []
+
+
+def test_no_diary_label_in_result_files():
+    # The carried result files quoted the diary verbatim and held about 150 labels ("call 27-3", "stop 26's plan",
+    # "set11") that the label test, which read no JSON, did not see.
+    found = []
+    for path in _files():
+        rel = path.relative_to(ROOT).as_posix()
+        if rel.startswith("results/") and path.suffix == ".json":
+            found += [f"{rel}{label}" for label in labels_in_result(json.loads(path.read_text(encoding="utf-8")))]
+    assert found == []
+
+
+def test_a_result_file_may_keep_a_label_only_in_its_command_or_a_code_span():
+    record = {"command": "tools/heldout_bench.py --shapes set28", "results": {
+        "notes": ["the held-out shapes (`--shapes set28`) at ec517e4", "judged in call 38-4"],
+        "rows": [["stop 36 / now", "1.02"]], "set27": 1}}
+    assert labels_in_result(record) == [
+        ".results: key 'set27'", ".results.notes[1]: 'call 38-4' in 'judged in call 38-4'",
+        ".results.rows[0][0]: 'stop 36' in 'stop 36 / now'"]
 
 
 # A figure: a number, or a range of two, with a unit of time, a ratio ("1.4x", not the "8 x 128" of a shape) or a

@@ -664,7 +664,7 @@ GEMM_16 = {"m": 16, "n": 6144, "k": 4096}
     ('[16, "6144x4096"]', GEMM_16, ""),  # keyed today
     ("[16, 6144, 4096]", {"tokens": 16}, ""),  # a shape gemm.mm's make_inputs cannot read: cannot be told
     ("not a key", GEMM_16, ""),  # no bucket key: selection ignores the row too
-], ids=["before-stop-36", "today", "unreadable-shape", "no-key"])
+], ids=["keyed-before-c134b65", "today", "unreadable-shape", "no-key"])
 def test_a_decision_with_bucket_rows_its_bucket_function_keys_otherwise_today_is_outdated(reg, bucket, shape,
                                                                                          reason):
     # gemm.mm's bucket key changed at commit c134b65: rows tuned before were never looked up, their buckets silently ran
