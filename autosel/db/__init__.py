@@ -236,7 +236,7 @@ class TuningDB:
         with self._lock:
             while True:
                 layer = self._writable()
-                writer = layer.db  # made before the transaction: sqlite-utils sets a PRAGMA as it starts
+                writer = layer.writer()  # before the transaction (OpenFile.writer)
                 try:
                     with immediate(layer.conn):
                         if buckets is not None:
@@ -280,6 +280,7 @@ class TuningDB:
             for layer in (lay for lay in self._here() if lay.writable and not lay.broken):
                 stale = [r[: len(KEY_COLUMNS)] for r in layer.select()
                          if (d := parse_row(layer.path, r)) is not None and not is_current(d)]
+                layer.writer()  # before the transaction (OpenFile.writer)
                 with immediate(layer.conn):
                     for key in stale:
                         layer.conn.execute(
@@ -348,7 +349,7 @@ class TuningDB:
     def _acquire(self, layer: OpenFile, key: tuple[str, str, str], token: str, ttl_s: float, wait_s: float,
                  poll_s: float) -> bool:
         host, start, waited, holder = socket.gethostname(), time.monotonic(), False, None
-        writer = layer.db  # made before the transaction: sqlite-utils sets a PRAGMA as it starts
+        writer = layer.writer()  # before the transaction (OpenFile.writer)
         while True:
             with self._lock, immediate(layer.conn):
                 row = layer.conn.execute("SELECT host, pid, expires_at, token FROM leases WHERE platform_key = ? "

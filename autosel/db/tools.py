@@ -199,15 +199,17 @@ def inspect(conn: sqlite3.Connection) -> tuple[int, str, set[str]]:
     return version, written_by, tables
 
 
+def migrated(conn: sqlite3.Connection) -> bool:
+    """Whether migrate() has nothing to write: the schema is current and the file carries autosel's mark."""
+    return (conn.execute("PRAGMA user_version").fetchone()[0] >= SCHEMA_VERSION
+            and conn.execute("PRAGMA application_id").fetchone()[0] == APPLICATION_ID)
+
+
 def migrate(conn: sqlite3.Connection, *, written_by: str | None = None) -> None:
     """Bring a writable autosel file (or a new one, or :memory:) to SCHEMA_VERSION and stamp APPLICATION_ID;
     safe when several processes do it at once. Callers check identify() first: this writes.
     written_by: the autosel version stamped in meta (default: this one; a reproducible build passes its own)."""
-    def done() -> bool:
-        return (conn.execute("PRAGMA user_version").fetchone()[0] >= SCHEMA_VERSION
-                and conn.execute("PRAGMA application_id").fetchone()[0] == APPLICATION_ID)
-
-    if done():
+    if migrated(conn):
         return
     db = writer(conn)
     with immediate(conn):
