@@ -45,6 +45,9 @@ class Agreements:
     generation: int = 0  # forget_agreements() during a broadcast: its answer is not kept
     op_generations: dict[str, int] = field(default_factory=dict)  # ...and forget_agreements(op), for that op's
     group: Callable[[], object] = lambda: None  # a weak reference to the process group the answers were agreed in
+    # set_group's group (None: torch's default, every rank): a setting, so clear_cache() keeps it; a fork does not,
+    # since the child is no rank of that group.
+    chosen_group: object | None = None
     chosen_alone: set[str] = field(default_factory=set)  # ops get_kernel resolved with no process group up
     gaps_warned: set[tuple[str, ...]] = field(default_factory=set)  # registration differences warned about
     reported: set[tuple] = field(default_factory=set)  # AUTOSEL_CHECK_RANKS differences warned about
@@ -67,18 +70,71 @@ class Memos:
 
 
 @dataclass
+class Said:
+    """The tuning DB's warnings given once (autosel.db): given again after clear_cache()."""
+
+    db_conditions: set[tuple[str, str]] = field(default_factory=set)  # (path, condition) db.files.warn_once gave
+    bad_rows: set[tuple[str, tuple]] = field(default_factory=set)  # (source, key) of rows logged as unreadable
+
+
+@dataclass
+class Recorder:
+    """AUTOSEL_RECORD's memory (autosel.dispatch): the shapes appended, where recording stopped and why."""
+
+    recorded: set[tuple[str, str, str]] = field(default_factory=set)  # (op, mode, shape JSON) appended
+    broken_paths: set[str] = field(default_factory=set)  # a file that cannot be written: recording stops for every op
+    broken_ops: dict[str, Any] = field(default_factory=dict)  # op -> its shape_of that failed: that op alone stops
+    no_shape_of_said: set[str] = field(default_factory=set)  # ops whose missing shape_of was warned of
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+@dataclass
+class Derived:
+    """What this process computed from code and could compute again (autosel.staleness): the source files read for
+    fingerprints and each one's identity, and each stored shape's bucket as the op's functions key it today."""
+
+    sources: dict[str, Any] = field(default_factory=dict)  # module -> its parsed source, or None (unreadable)
+    identities: dict[tuple, str | None] = field(default_factory=dict)  # a target's or function's identity
+    is_module: dict[str, bool] = field(default_factory=dict)  # a package's name -> whether it is a submodule
+    meta_keys: dict[tuple, tuple | None] = field(default_factory=dict)  # (make_inputs, bucket, shape) -> its key
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+@dataclass
+class Locks:
+    """The locks that guard what is not process state (loading the registry's plug-ins, the logging handler, torch's
+    custom ops): here so that a forked child gets new ones (ProcessState.forked)."""
+
+    plugins: threading.RLock = field(default_factory=threading.RLock)  # re-entered: hooks register as they run
+    log_handler: threading.Lock = field(default_factory=threading.Lock)  # config.log_to_stderr
+    custom_ops: threading.Lock = field(default_factory=threading.Lock)  # ops.opaque: one torch op per kernel
+
+
+@dataclass
 class ProcessState:
     """Everything a process remembers between calls; see the module's docstring."""
 
     kernels: KernelCache = field(default_factory=KernelCache)
     agreements: Agreements = field(default_factory=Agreements)
     memos: Memos = field(default_factory=Memos)
+    said: Said = field(default_factory=Said)
+    recorder: Recorder = field(default_factory=Recorder)
+    derived: Derived = field(default_factory=Derived)
+    locks: Locks = field(default_factory=Locks)
+
+    def forget(self) -> None:
+        """clear_cache()'s part beyond the kernels and agreements: the warnings given once are given again,
+        AUTOSEL_RECORD appends each shape again, and what was derived from code is derived again at its next use."""
+        self.said, self.recorder, self.derived = Said(), Recorder(), Derived()
 
     def forked(self) -> ProcessState:
-        """This state as a forked child starts: kernels and memos kept, with new locks; no agreements. (The child's
-        memory is its own copy already: only the locks and the agreements must not carry over.)"""
+        """This state as a forked child starts: kernels, memos and what was said, recorded and derived kept, with new
+        locks; no agreements. (The child's memory is its own copy already: only the locks and the agreements must
+        not carry over.)"""
         return ProcessState(kernels=replace(self.kernels, lock=threading.Lock()), agreements=Agreements(),
-                            memos=replace(self.memos, lock=threading.Lock()))
+                            memos=replace(self.memos, lock=threading.Lock()), said=self.said,
+                            recorder=replace(self.recorder, lock=threading.Lock()),
+                            derived=replace(self.derived, lock=threading.Lock()), locks=Locks())
 
 
 process = ProcessState()  # the state every module of this process reads now

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
+from autosel import state
 from autosel.db import tools as db_tools
 from autosel.db.tools import (
     OWN_TABLES, ROW_COLUMNS, SQLITE_MAGIC, Corrupt, NotSQLite, connect, header_application_id, identify, inspect,
@@ -24,14 +25,14 @@ from autosel.files import NotRegularFile, check_regular, open_regular, special_k
 
 logger = logging.getLogger(__name__)
 
-_warned: set[tuple[str, str]] = set()
-
 
 def warn_once(path: object, condition: str, message: str) -> None:
-    """One RuntimeWarning per (path, condition) per process: degraded but working, remedy in the sentence. Python
-    shows it at the first line outside autosel (the user's get_kernel call), not at a line of autosel's own."""
-    if (str(path), condition) not in _warned:
-        _warned.add((str(path), condition))
+    """One RuntimeWarning per (path, condition) per process (until clear_cache()): degraded but working, remedy in
+    the sentence. Python shows it at the first line outside autosel (the user's get_kernel call), not at a line of
+    autosel's own."""
+    said = state.process.said.db_conditions
+    if (str(path), condition) not in said:
+        said.add((str(path), condition))
         warnings.warn(message, RuntimeWarning, stacklevel=_outside_autosel())
 
 

@@ -11,6 +11,7 @@ from dataclasses import MISSING, astuple, dataclass, fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterable, Iterator, Sequence
 
+from autosel import state
 from autosel.decisions import OP_LEVEL_BUCKET, Decision, DecisionKey
 from autosel.errors import DatabaseError
 from autosel.files import open_regular, special_kind
@@ -232,9 +233,6 @@ def decision_row(decision: Decision) -> dict[str, str]:
             "autosel_version": decision.autosel_version, "evidence": decision.to_json()}
 
 
-_bad_rows: set[tuple[str, tuple]] = set()
-
-
 def _expect(value: object, kinds: tuple[type, ...], what: str, *, optional: bool = False) -> None:
     if (value is None and optional) or (isinstance(value, kinds) and not isinstance(value, bool)):
         return
@@ -297,8 +295,9 @@ def parse_row(source: str, row: Sequence) -> Decision | None:
             raise ValueError("its key columns do not match its evidence")
         return decision
     except Exception as exc:  # a row is data: whatever it holds, it must not crash a lookup
-        if (source, tuple(row[: len(KEY_COLUMNS)])) not in _bad_rows:
-            _bad_rows.add((source, tuple(row[: len(KEY_COLUMNS)])))
+        said = state.process.said.bad_rows
+        if (source, tuple(row[: len(KEY_COLUMNS)])) not in said:
+            said.add((source, tuple(row[: len(KEY_COLUMNS)])))
             logger.warning("skipping an invalid row of %s with key %s: %s", source, tuple(row[:5]), exc)
         return None
 
