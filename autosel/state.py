@@ -1,18 +1,26 @@
 """What this process remembers between calls, in one object: get_kernel's resolved kernels, the ranks' agreed
-decisions, and deciding's memos (the open tuning DBs, the tunes recorded, what was said once).
+decisions and set_group's group, deciding's memos (the open tuning DBs, the tunes recorded, what was said once), the
+tuning DB's warnings given once, AUTOSEL_RECORD's memory, the fingerprints read from code, and the locks of what is
+not state (plug-in loading, the logging handler, torch's custom ops).
 
 `process` is the one ProcessState every module reads, as `state.process` at each use (never imported by name: `use`
-swaps it, and get_kernel's warm path reads it with no call); clear_cache() empties its kernels and agreements; a
-test swaps the whole object with `use()` (tests/conftest.py gives each test its own), so two tests never share a
-cache.
+swaps it, and get_kernel's warm path reads it with no call); clear_cache() empties its kernels and agreements (not
+set_group's group, a setting) and resets what was said, recorded and derived (`forget`); a test swaps the whole
+object with `use()` (tests/conftest.py gives each test its own), so two tests never share a cache.
+
+Not here, each with its reason where it lives: the registry and what its plug-ins registered (the program, not a
+memo), the facts of the machine read once (platforms: the device and the installed versions), the kernels' own
+memos and working memory (ops/), the custom ops and stand-ins torch keeps for the process (ops.opaque, dispatch),
+and the DB files open until exit (db).
 
 Fork safety (a serving engine forks its workers after importing autosel, and often after resolving kernels): a
 forked child starts from `forked()` of its parent's state, through os.register_at_fork. It keeps the kernels
-already resolved and the memos, with new locks, since a lock another thread of the parent held at the fork would
-be held for ever in the child, and its first get_kernel would hang; it forgets the agreed decisions and the
-broadcasts under way, since the child is not a rank of the parent's process group and the threads waiting for
-those broadcasts do not exist in it. The tuning DB handles it keeps reopen their files in the child themselves
-(db.TuningDB checks the process id), as SQLite requires.
+already resolved, the memos, and what was said, recorded and derived, with new locks, since a lock another thread
+of the parent held at the fork would be held for ever in the child, and its first get_kernel would hang (the
+registry's lock and KernelBackend.declare's are renewed by their own modules' fork hooks); it forgets the agreed
+decisions, set_group's group and the broadcasts under way, since the child is not a rank of the parent's process
+group and the threads waiting for those broadcasts do not exist in it. The tuning DB handles it keeps reopen their
+files in the child themselves (db.TuningDB checks the process id), as SQLite requires.
 """
 
 from __future__ import annotations

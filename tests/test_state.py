@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import select
+import threading
 
 import pytest
 
@@ -156,3 +157,38 @@ def test_forked_gives_new_locks_to_everything_it_keeps():
         assert lock.acquire(blocking=False)
     for lock in held:
         lock.release()
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_forked_child_does_not_hang_on_the_registrys_locks_held_at_the_fork():
+    # The registry's lock and plug-in loading's, held by another thread at the fork, stayed held in the child.
+    from autosel.registry import registry
+
+    held, done = threading.Event(), threading.Event()
+
+    def hold():
+        with registry._lock, state.process.locks.plugins:
+            held.set()
+            done.wait(60)
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    held.wait(60)
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            with state.process.locks.plugins:
+                os.write(write_end, str("layernorm.rmsnorm" in registry.ops()).encode())
+        finally:
+            os._exit(0)
+    done.set()
+    holder.join()
+    os.close(write_end)
+    ready, _, _ = select.select([read_end], [], [], 20)
+    answer = os.read(read_end, 100).decode() if ready else "no answer within 20 s"
+    os.close(read_end)
+    if not ready:
+        os.kill(pid, 9)
+    os.waitpid(pid, 0)
+    assert answer == "True"

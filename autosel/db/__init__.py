@@ -103,6 +103,8 @@ def _same_tune_params(decision: Decision) -> tuple:
     return (key.platform_key, key.op, key.mode, key.versions_hash, OP_LEVEL_BUCKET)
 
 
+# Every TuningDB not yet closed, to close at exit: open files, not a memo, so neither clear_cache() nor a test's fresh
+# autosel.state forgets one (a forked child leaves its parent's alone: TuningDB._here, _close_connection).
 _open_dbs: weakref.WeakSet[TuningDB] = weakref.WeakSet()
 
 
