@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import select
 import threading
+from typing import Callable
 
 import pytest
 
@@ -60,23 +61,16 @@ def test_forked_keeps_kernels_and_memos_with_new_locks_and_no_agreements():
     parent.kernels.lock.release()
 
 
-@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
-def test_a_forked_child_does_not_hang_on_a_lock_held_at_the_fork(one_op):
-    # A lock held at the fork (by another thread of a serving engine, say) stayed held in the child for ever: its
-    # first clear_cache or lookup that takes the lock would hang.
-    kernel = autosel.get_kernel("mine.op")
-    state.process.agreements.agreed[("mine.op", "eager", "cpu")] = "torch"
+def child_says(report: Callable[[], str]) -> str:
+    """Fork; the child writes report() to a pipe and leaves without running the parent's atexit hooks. Its answer, or
+    a sentence saying none came within 60 s (the child is then killed: it hung)."""
     read_end, write_end = os.pipe()
-    with state.process.kernels.lock:
-        pid = os.fork()
-        if pid == 0:  # the child: report what it sees, then leave without running the parent's atexit hooks
-            try:
-                seen = state.process
-                kept = seen.kernels.kernels.get(("mine.op", None, None)) is kernel
-                autosel.clear_cache()  # takes the kernel cache's lock
-                os.write(write_end, f"{kept} {seen.agreements.agreed == {}}".encode())
-            finally:
-                os._exit(0)
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.write(write_end, report().encode())
+        finally:
+            os._exit(0)
     os.close(write_end)
     ready, _, _ = select.select([read_end], [], [], 60)
     answer = os.read(read_end, 100).decode() if ready else "no answer within 60 s"
@@ -84,6 +78,24 @@ def test_a_forked_child_does_not_hang_on_a_lock_held_at_the_fork(one_op):
     if not ready:
         os.kill(pid, 9)
     os.waitpid(pid, 0)
+    return answer
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_forked_child_does_not_hang_on_a_lock_held_at_the_fork(one_op):
+    # A lock held at the fork (by another thread of a serving engine, say) stayed held in the child for ever: its
+    # first clear_cache or lookup that takes the lock would hang.
+    kernel = autosel.get_kernel("mine.op")
+    state.process.agreements.agreed[("mine.op", "eager", "cpu")] = "torch"
+
+    def report() -> str:
+        seen = state.process
+        kept = seen.kernels.kernels.get(("mine.op", None, None)) is kernel
+        autosel.clear_cache()  # takes the kernel cache's lock
+        return f"{kept} {seen.agreements.agreed == {}}"
+
+    with state.process.kernels.lock:
+        answer = child_says(report)
     assert answer == "True True"
     assert state.process.agreements.agreed  # the parent's own agreements are its own
 
@@ -174,21 +186,13 @@ def test_a_forked_child_does_not_hang_on_the_registrys_locks_held_at_the_fork():
     holder = threading.Thread(target=hold)
     holder.start()
     held.wait(60)
-    read_end, write_end = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        try:
-            with state.process.locks.plugins:
-                os.write(write_end, str("layernorm.rmsnorm" in registry.ops()).encode())
-        finally:
-            os._exit(0)
-    done.set()
-    holder.join()
-    os.close(write_end)
-    ready, _, _ = select.select([read_end], [], [], 20)
-    answer = os.read(read_end, 100).decode() if ready else "no answer within 20 s"
-    os.close(read_end)
-    if not ready:
-        os.kill(pid, 9)
-    os.waitpid(pid, 0)
-    assert answer == "True"
+
+    def report() -> str:
+        with state.process.locks.plugins:
+            return str("layernorm.rmsnorm" in registry.ops())
+
+    try:
+        assert child_says(report) == "True"
+    finally:
+        done.set()
+        holder.join()
