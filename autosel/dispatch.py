@@ -339,7 +339,8 @@ def recording(op: str, fn: Callable[..., Any], path, mode: str, shape_of: Callab
     def recorded(*args, **kwargs):
         result = fn(*args, **kwargs)
         recorder = state.process.recorder
-        if not is_compiling() and str(path) not in recorder.broken_paths and recorder.broken_ops.get(op) is not shape_of:
+        if (not is_compiling() and str(path) not in recorder.broken_paths
+                and recorder.broken_ops.get(op) is not shape_of):
             _record(op, mode, shape_of, args, kwargs, path)
         return result
 

@@ -255,6 +255,7 @@ def _after_fork_in_child() -> None:
 
 if hasattr(os, "register_at_fork"):  # POSIX; Windows has no fork
     os.register_at_fork(after_in_child=_after_fork_in_child)
+
 # AUTOSEL_BACKEND's op names are checked against this registry's (read at the time: a test may swap it).
 config.set_registered_ops(lambda: registry.ops())
 
