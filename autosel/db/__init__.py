@@ -238,8 +238,8 @@ class TuningDB:
         with self._lock:
             while True:
                 layer = self._writable()
-                writer = layer.writer()  # before the transaction (OpenFile.writer)
                 try:
+                    writer = layer.writer()  # before the transaction; the switch to WAL may fail (OpenFile.writer)
                     with immediate(layer.conn):
                         if buckets is not None:
                             layer.conn.execute(f"DELETE FROM decisions WHERE {_SAME_TUNE} AND bucket != ?",
