@@ -7,7 +7,6 @@ import logging
 import math
 import os
 import sys
-import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable, Mapping, Sequence
@@ -239,9 +238,6 @@ class StderrHandler(logging.StreamHandler):
         pass
 
 
-_handler_lock = threading.Lock()
-
-
 def log_to_stderr(level: str | None) -> None:
     """AUTOSEL_LOG (or the CLI's -v): the `autosel` logger at `level`, with one StderrHandler however often this
     runs. A library adds no handler unasked (logging's advice), so without a level nothing changes; and without a
@@ -250,7 +246,7 @@ def log_to_stderr(level: str | None) -> None:
     if not level:
         return
     logger = logging.getLogger("autosel")
-    with _handler_lock:
+    with state.process.locks.log_handler:
         if not any(isinstance(h, StderrHandler) for h in logger.handlers):
             handler = StderrHandler()
             handler.setFormatter(logging.Formatter("autosel: %(levelname)s: %(message)s"))

@@ -20,11 +20,11 @@ import json
 import logging
 import operator
 import sys
-import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
+from autosel import state
 from autosel.buckets import NEAREST_WITHIN, TracedTokens, first_tokens, log_gaps, token_bucket_up
 from autosel.decisions import bucket_key_rule, bucket_problem, is_number, key_order
 from autosel.files import open_regular
@@ -101,7 +101,9 @@ def _substitute() -> Callable | None:
     return register
 
 
-_traced_as: set[int] = set()  # ids of the kernels trace_as has given a stand-in (kept alive by their modules)
+# The ids of the kernels trace_as has given a stand-in (kept alive by their modules). Not in autosel.state: torch
+# keeps each stand-in for the process, so this mirrors torch's registry, which neither clear_cache nor a test resets.
+_traced_as: set[int] = set()
 
 
 def trace_as(kernel: Callable[..., Any], traced: Callable[..., Any]) -> None:
@@ -284,12 +286,7 @@ def dispatcher(table: BucketTable, kernels: Mapping[str, Callable[..., Any]], bu
 
 
 # --- AUTOSEL_RECORD: each new shape of an op appended once per process, never in the way of the call ---------
-
-_recorded: set[tuple[str, str, str]] = set()
-_record_lock = threading.Lock()
-_broken_paths: set[str] = set()  # a file that cannot be written: recording stops for every op
-_broken_ops: dict[str, Any] = {}  # op -> its shape_of that failed: that op alone stops (until shape_of changes)
-_no_shape_of_said: set[str] = set()  # ops whose missing shape_of was warned of: once, not at every get_kernel
+# What the recorder remembers (shapes appended, files and ops it stopped for) is state.process.recorder.
 
 
 def by_tokens(eager: Callable[..., Any], graph: Callable[..., Any], threshold: int) -> Callable[..., Any]:
@@ -328,8 +325,9 @@ def recording(op: str, fn: Callable[..., Any], path, mode: str, shape_of: Callab
     torch.compile traces are not recorded (is_compiling() is True while it traces, so the file writes never enter
     the graph and fullgraph=True holds); eager calls are."""
     if shape_of is None:
-        if op not in _no_shape_of_said:
-            _no_shape_of_said.add(op)
+        said = state.process.recorder.no_shape_of_said
+        if op not in said:
+            said.add(op)
             log.warning("AUTOSEL_RECORD: op %r declares no shape_of (register_op(..., shape_of=fn): the call's "
                         "arguments -> its shape dict), so its calls are not recorded", op)
         return fn
@@ -340,7 +338,9 @@ def recording(op: str, fn: Callable[..., Any], path, mode: str, shape_of: Callab
     @functools.wraps(fn)
     def recorded(*args, **kwargs):
         result = fn(*args, **kwargs)
-        if not is_compiling() and str(path) not in _broken_paths and _broken_ops.get(op) is not shape_of:
+        recorder = state.process.recorder
+        if (not is_compiling() and str(path) not in recorder.broken_paths
+                and recorder.broken_ops.get(op) is not shape_of):
             _record(op, mode, shape_of, args, kwargs, path)
         return result
 
@@ -359,10 +359,11 @@ def _record(op: str, mode: str, shape_of: Callable[..., dict], args, kwargs, pat
         _stop_recording_op(op, shape_of, f"returned a shape that {problem}")
         return
     shape = json.dumps(dict(result), sort_keys=True)  # dict(): json cannot write other mappings
-    if (op, mode, shape) in _recorded:
+    recorder = state.process.recorder
+    if (op, mode, shape) in recorder.recorded:
         return
-    with _record_lock:
-        if (op, mode, shape) in _recorded:
+    with recorder.lock:
+        if (op, mode, shape) in recorder.recorded:
             return
         try:
             # A missing folder was warned of at the first call, where AUTOSEL_DB's is created: AUTOSEL_RECORD's too.
@@ -372,13 +373,13 @@ def _record(op: str, mode: str, shape_of: Callable[..., dict], args, kwargs, pat
         except OSError as exc:
             _stop_recording(path, f"cannot append to {path}: {exc}")
             return
-        _recorded.add((op, mode, shape))
+        recorder.recorded.add((op, mode, shape))
 
 
 def _stop_recording(path, why: str) -> None:
     import warnings
 
-    _broken_paths.add(str(path))
+    state.process.recorder.broken_paths.add(str(path))
     warnings.warn(f"AUTOSEL_RECORD: {why}; recording stops for this process (the kernels keep running). "
                   "Point AUTOSEL_RECORD at a writable file.", RuntimeWarning, stacklevel=4)
 
@@ -395,10 +396,11 @@ def _describe(args: tuple, kwargs: dict) -> str:
 def _stop_recording_op(op: str, shape_of: Callable[..., Any], why: str) -> None:
     import warnings
 
-    with _record_lock:
-        if _broken_ops.get(op) is shape_of:  # another thread got there first: warn once
+    recorder = state.process.recorder
+    with recorder.lock:
+        if recorder.broken_ops.get(op) is shape_of:  # another thread got there first: warn once
             return
-        _broken_ops[op] = shape_of
+        recorder.broken_ops[op] = shape_of
     name = f"{getattr(shape_of, '__module__', '?')}:{getattr(shape_of, '__qualname__', type(shape_of).__name__)}"
     warnings.warn(f"AUTOSEL_RECORD: shape_of of op {op!r} ({name}) {why}; calls of {op!r} are no longer recorded in "
                   "this process (its kernels keep running, other ops are still recorded). Make shape_of return a "

@@ -35,16 +35,12 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
-_chosen_group: object | None = None  # set_group's: the group the ranks agree in; None: torch's default (WORLD)
-
-
 def set_group(group: object | None) -> None:
     """Agree in `group` (a torch.distributed process group) instead of every rank: its first rank decides and
     broadcasts to its other ranks. For engines whose ranks select different ops, such as the stages of a pipeline:
     give each stage's ranks their own group, on every rank of it, before selecting. None: back to every rank.
     Agreements made in another group are forgotten. A group goes with its process group: after
     destroy_process_group, call set_group again (selecting in a group that is gone raises TuningError)."""
-    global _chosen_group
     if group is not None:
         import torch.distributed as dist
 
@@ -55,7 +51,7 @@ def set_group(group: object | None) -> None:
         if not isinstance(group, dist.ProcessGroup):
             raise TypeError(f"set_group takes a torch.distributed process group (dist.new_group([...])) or None, "
                             f"got {group!r}")
-    _chosen_group = group
+    state.process.agreements.chosen_group = group
 
 
 def _world() -> tuple[int, int, object] | None:
@@ -67,7 +63,7 @@ def _world() -> tuple[int, int, object] | None:
     dist = getattr(torch, "distributed", None)
     if dist is None or not dist.is_available() or not dist.is_initialized():
         return None
-    group = _chosen_group
+    group = state.process.agreements.chosen_group
     try:
         world = dist.get_world_size() if group is None else dist.get_world_size(group)
         rank = dist.get_rank() if group is None else dist.get_rank(group)
@@ -83,9 +79,8 @@ def _world() -> tuple[int, int, object] | None:
 
 def _agreeing(dist) -> tuple[object, int]:
     """The group the ranks agree in and the global rank of its first rank, which decides."""
-    if _chosen_group is None:
-        return dist.group.WORLD, 0
-    return _chosen_group, dist.get_global_rank(_chosen_group, 0)
+    group = state.process.agreements.chosen_group
+    return (dist.group.WORLD, 0) if group is None else (group, dist.get_global_rank(group, 0))
 
 
 def rank_and_size() -> tuple[int, int] | None:
@@ -268,7 +263,8 @@ def _broadcast(decide: Callable[[], T], what: str, world: tuple,
     dist.broadcast_object_list(message, src=src, group=group)
     kind, sent_for, registered, *payload = message[0]
     # ranks are numbered within the agreeing group; with set_group's, say which process its rank 0 is
-    within = "" if _chosen_group is None else f", in the group given to set_group, whose rank 0 is global rank {src}"
+    chosen = state.process.agreements.chosen_group
+    within = "" if chosen is None else f", in the group given to set_group, whose rank 0 is global rank {src}"
     gaps = [] if rank == 0 else _registration_gaps(registered)
     if sent_for != what:
         raise TuningError(f"{what}: rank {rank} of {size}{within} received rank 0's decision for {sent_for} instead: "

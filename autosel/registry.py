@@ -13,11 +13,12 @@ import enum
 import importlib.metadata
 import inspect
 import logging
+import os
 import threading
 from collections import defaultdict
 from typing import Any, Callable, Iterable, Mapping
 
-from autosel import config
+from autosel import config, state
 from autosel.spec import KernelBackend, KernelSpec, OpDefinition, check_shapes
 
 log = logging.getLogger(__name__)
@@ -126,8 +127,10 @@ class KernelRegistry:
         return [spec for op in self.ops() for spec in self.get(op)]
 
 
+# What the plug-ins registered, and how loading them went, describe the program this process runs, as the registry
+# does: not state that clear_cache() or a fresh test state forgets (a plug-in's hook runs once per process).
+# Its lock is state.process.locks.plugins, so that a forked child gets a new one.
 _plugins_loaded = False
-_plugins_lock = threading.RLock()  # re-entered by the hooks themselves: they register into the registry
 _loading = threading.local()  # .plugin, .added: the entry point whose hook runs on this thread, what it registered
 plugin_errors: dict[str, str] = {}  # entry point -> why its hook raised: nothing of it is registered
 plugin_conflicts: dict[str, str] = {}  # entry point -> its registrations that conflicted, skipped (its others kept)
@@ -214,7 +217,7 @@ def load_plugins() -> None:
     global _plugins_loaded
     if _plugins_loaded:
         return
-    with _plugins_lock:
+    with state.process.locks.plugins:  # re-entered by the hooks themselves: they register into the registry
         if _plugins_loaded or hasattr(_loading, "plugin"):  # a hook registering: the load is under way
             return
         try:
@@ -243,6 +246,16 @@ def load_plugins() -> None:
 
 
 registry = KernelRegistry(load=load_plugins)
+
+
+def _after_fork_in_child() -> None:
+    # A lock another thread of the parent held at the fork would be held for good in the child.
+    registry._lock = threading.RLock()
+
+
+if hasattr(os, "register_at_fork"):  # POSIX; Windows has no fork
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
 # AUTOSEL_BACKEND's op names are checked against this registry's (read at the time: a test may swap it).
 config.set_registered_ops(lambda: registry.ops())
 

@@ -249,8 +249,10 @@ def _build_planner(op: str, choice, definition, mode: str | None) -> Planner:
 def clear_cache() -> None:
     """Forget every resolved kernel; lookups in flight finish but do not repopulate the new cache. With several
     ranks it also forgets the tables agreed with rank 0, so call it on every rank alike: the next selection of
-    each op is a collective again (autosel.distributed)."""
+    each op is a collective again (autosel.distributed). The warnings given once are given again, AUTOSEL_RECORD
+    appends each shape again, and what was derived from code (fingerprints) is derived again (state.ProcessState)."""
     _forget_kernels()
+    state.process.forget()
 
 
 def _forget_kernels(op: str | None = None) -> None:

@@ -8,6 +8,7 @@ import importlib
 import importlib.util
 import json
 import math
+import os
 import re
 import threading
 from dataclasses import dataclass
@@ -83,7 +84,16 @@ class KernelBackend(str, enum.Enum):
                          f"is declared once, before its specs: KernelBackend.declare({str(value)!r})") from None
 
 
-_DECLARE_LOCK = threading.Lock()
+_DECLARE_LOCK = threading.Lock()  # not in autosel.state, which this layer does not import: renewed in a forked child
+
+
+def _after_fork_in_child() -> None:
+    global _DECLARE_LOCK
+    _DECLARE_LOCK = threading.Lock()  # one another thread of the parent held at the fork would be held for good
+
+
+if hasattr(os, "register_at_fork"):  # POSIX; Windows has no fork
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _spelling(name: str) -> str:

@@ -3,8 +3,8 @@
 judges a stored row by it, or by the older checks for rows stored before fingerprints were kept.
 
 A fingerprint is a hash of source text and constants, read from the files without importing anything and cached
-per process (`identities`; `clear()` forgets), so a check at start-up compares stored hashes instead of rebuilding
-what they describe."""
+per process (state.process.derived; clear_cache() or `clear()` forgets), so a check at start-up compares stored
+hashes instead of rebuilding what they describe."""
 
 from __future__ import annotations
 
@@ -15,10 +15,10 @@ import json
 import logging
 import re
 import sys
-import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
+from autosel import state
 from autosel.decisions import Decision, bucket_text, parse_bucket, version_diff, versions_hash
 from autosel.platforms import PlatformInfo, key_fields
 from autosel.spec import KernelSpec, OpDefinition
@@ -136,41 +136,36 @@ def _absolute(node: ast.ImportFrom, package: str) -> str:
 
 
 class CodeIdentities:
-    """What a process has read of source files for fingerprints: the files parsed, by module, and each target's
-    identity. One object, so a test that edits a file can start afresh (`clear`)."""
+    """The identities of code, from source files read once per process: what it has read and computed is
+    `derived` (state.process.derived at each use: clear_cache() and a test's fresh state start afresh)."""
 
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._modules: dict[str, _Module | None] = {}
-        self._identities: dict[tuple, str | None] = {}
-        self._is_module: dict[str, bool] = {}
-
-    def clear(self) -> None:
-        with self._lock:
-            self._modules.clear()
-            self._identities.clear()
-            self._is_module.clear()
+    @property
+    def derived(self) -> state.Derived:
+        return state.process.derived
 
     def _module(self, name: str) -> _Module | None:
-        if name not in self._modules:
-            self._modules[name] = (_parse(path, name) if (path := _source_path(name)) else None)
-        return self._modules[name]
+        sources = self.derived.sources
+        if name not in sources:
+            sources[name] = (_parse(path, name) if (path := _source_path(name)) else None)
+        return sources[name]
 
     def _names_module(self, name: str) -> bool:
         """Whether `name` is a module; asked of a package's names only, since find_spec imports the parent."""
-        if name not in self._is_module:
+        is_module = self.derived.is_module
+        if name not in is_module:
             parent = _source_path(name.rpartition(".")[0])
-            self._is_module[name] = bool(parent and parent.endswith("__init__.py") and _source_path(name))
-        return self._is_module[name]
+            is_module[name] = bool(parent and parent.endswith("__init__.py") and _source_path(name))
+        return is_module[name]
 
     def of_target(self, module: str, attr: str) -> str | None:
         """The identity of "module:attr" (a top-level name, or the first part of a dotted one); None where its
         source cannot be read (a compiled extension, a module built at run time)."""
         key = ("target", module, attr.partition(".")[0])
-        with self._lock:
-            if key not in self._identities:
-                self._identities[key] = self._closure(module, [attr.partition(".")[0]], None)
-            return self._identities[key]
+        derived = self.derived
+        with derived.lock:
+            if key not in derived.identities:
+                derived.identities[key] = self._closure(module, [attr.partition(".")[0]], None)
+            return derived.identities[key]
 
     def of_function(self, fn: Callable[..., Any]) -> str | None:
         """The identity of a function object (a bucket function, a lambda): the top-level statement its code starts
@@ -180,13 +175,14 @@ class CodeIdentities:
         if code is None or not module:
             return None
         key = ("function", module, code.co_firstlineno, code.co_name)
-        with self._lock:
-            if key not in self._identities:
+        derived = self.derived
+        with derived.lock:
+            if key not in derived.identities:
                 parsed = self._module(module)
                 node = None if parsed is None else next(
                     (s for s in parsed.statements if s.first <= code.co_firstlineno <= s.last), None)
-                self._identities[key] = None if node is None else self._closure(module, [], node)
-            return self._identities[key]
+                derived.identities[key] = None if node is None else self._closure(module, [], node)
+            return derived.identities[key]
 
     def _closure(self, module: str, names: list[str], start: _Statement | None) -> str | None:
         """A hash of the statements binding `names` in `module` (or of `start`), and, transitively, of every
@@ -377,11 +373,6 @@ def _timed_from_the_l2(decision: Decision, definition: OpDefinition | None) -> b
     return reads_weights(CudaGraphTimer) and WEIGHTS_FROM_MEMORY not in decision.method
 
 
-# Each shape's bucket as keyed_today last told it, by the op's functions: an op's eager and graph tables share their
-# shapes, and near matches (AUTOSEL_MATCH) judge several platforms' rows of them.
-meta_keys: dict[tuple, tuple | None] = {}
-
-
 def keyed_today(row: Decision, definition: OpDefinition) -> str | None:
     """The bucket the op's bucket function gives a row's first shape today, where that is not the row's (the
     function changed since the tune); None when it is the row's, or cannot be told (inputs built on the "meta"
@@ -394,6 +385,9 @@ def keyed_today(row: Decision, definition: OpDefinition) -> str | None:
         stored = parse_bucket(row.bucket)
     except ValueError:  # no bucket key: selection leaves the row out too
         return None
+    # Each shape's bucket as keyed_today last told it, by the op's functions: an op's eager and graph tables share
+    # their shapes, and near matches (AUTOSEL_MATCH) judge several platforms' rows of them.
+    meta_keys = state.process.derived.meta_keys
     cached = (definition.make_inputs, definition.bucket, json.dumps(shape, sort_keys=True))
     if cached not in meta_keys:
         try:
@@ -407,5 +401,4 @@ def keyed_today(row: Decision, definition: OpDefinition) -> str | None:
 
 def clear() -> None:
     """Forget what this process has read and computed for staleness (tests that edit source files call it)."""
-    identities.clear()
-    meta_keys.clear()
+    state.process.derived = state.Derived()

@@ -1063,6 +1063,53 @@ def test_the_last_writer_to_close_leaves_the_db_ready_to_ship(tmp_path):
         assert sorted(d.op for d, _ in again.decisions()) == ["norm.other", "norm.rms", "norm.third"]
 
 
+def test_reading_a_stored_decision_leaves_the_user_db_as_it_was(tmp_path):
+    # Used to break: every open switched the user DB to WAL and every close back (seven fsyncs), 20-28 ms of a
+    # worker's first get_kernel on a busy disk, though it only read.
+    path = tmp_path / "user.db"
+    with open_db(path) as db:
+        db.record(decision())
+    before = (sha(path), path.stat().st_mtime_ns)
+    with open_db(path) as db:
+        assert db.lookup(decision().key)[0] == decision()
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["user.db"]  # no -wal, -shm or -journal beside it
+        assert not db_tools.wal_mode(path)
+    assert (sha(path), path.stat().st_mtime_ns) == before
+
+
+def test_the_first_write_after_reading_switches_the_user_db_to_wal(tmp_path):
+    path = tmp_path / "user.db"
+    with open_db(path) as db:
+        db.record(decision())
+    with open_db(path) as reader, open_db(path) as writer:  # a worker that reads, a tuner that writes
+        assert reader.lookup(decision().key) is not None and not db_tools.wal_mode(path)
+        writer.record(decision(op="norm.other"))
+        assert db_tools.wal_mode(path)
+        assert reader.lookup(decision(op="norm.other").key)[0].op == "norm.other"  # the reader reads the WAL
+        with writer.lease("nvidia-sm_90", "norm.third", "eager") as took:  # a lease is a write too
+            assert took
+    assert not db_tools.wal_mode(path) and sorted(p.name for p in tmp_path.iterdir()) == ["user.db"]
+
+
+def test_a_first_write_that_cannot_switch_to_wal_keeps_the_decision_in_memory(tmp_path, monkeypatch):
+    # The switch moved from the open to the first write, where its "database is locked" escaped record() as such.
+    path = tmp_path / "user.db"
+    with open_db(path) as db:
+        db.record(decision())
+    monkeypatch.setattr(db_tools, "BUSY_TIMEOUT_S", 0.3)  # how long the switch is retried while the file is locked
+    with open_db(path) as db:
+        holder = sqlite3.connect(path, isolation_level=None)
+        holder.execute("BEGIN EXCLUSIVE")  # another process writing it, for longer than the retries
+        try:
+            with pytest.warns(RuntimeWarning, match="new decisions are kept in memory"):
+                layer = db.record(decision(op="norm.other"))
+        finally:
+            holder.execute("ROLLBACK")
+            holder.close()
+        assert layer.kind == "memory" and db.lookup(decision(op="norm.other").key)[0].op == "norm.other"
+    assert [d.op for d in read_decisions(path)] == ["norm.rms"]  # the file as it was
+
+
 def test_a_tune_process_that_exits_without_closing_leaves_the_db_ready_to_ship(tmp_path):
     # Used to break: `autosel tune --db build.db` (its DB is never closed) left a WAL-mode file, which an older
     # reader or one in a read-only folder could not read.

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 import autosel
-from autosel import dispatch
+from autosel import dispatch, state
 from autosel.buckets import log_gaps
 from autosel.dispatch import BucketTable, dispatcher, recording
 
@@ -311,10 +311,7 @@ def test_a_kernel_torch_already_has_a_stand_in_for_is_left_as_it_is_not_an_error
 
 @pytest.fixture
 def fresh_record(monkeypatch):
-    monkeypatch.setattr(dispatch, "_recorded", set())
-    monkeypatch.setattr(dispatch, "_broken_paths", set())
-    monkeypatch.setattr(dispatch, "_broken_ops", {})
-    monkeypatch.setattr(dispatch, "_no_shape_of_said", set())
+    monkeypatch.setattr(state.process, "recorder", state.Recorder())
 
 
 def kernel(x):

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from autosel import cli, dispatch
+from autosel import cli, dispatch, state
 from autosel.cli._tune import read_record, read_shapes_file
 from autosel.db import TuningDB, read_decisions
 from autosel.errors import DatabaseError
@@ -97,8 +97,7 @@ def test_a_fifo_as_a_merge_input_is_a_database_error(fifo):
 
 
 def test_a_fifo_as_autosel_record_stops_recording_with_a_warning_and_the_call_runs(fifo, monkeypatch):
-    for name, value in (("_recorded", set()), ("_broken_paths", set()), ("_broken_ops", {})):
-        monkeypatch.setattr(dispatch, name, value)
+    monkeypatch.setattr(state.process, "recorder", state.Recorder())
     recorded = dispatch.recording("x.double", lambda x: 2 * x, fifo, "eager", lambda x: {"n": x})
     with pytest.warns(RuntimeWarning, match="AUTOSEL_RECORD: cannot append to .* is a FIFO"):
         assert finishes(fifo, lambda: recorded(3)) == 6

@@ -177,7 +177,6 @@ def test_mm_records_the_shape_its_dispatcher_buckets(a_shape, tmp_path, monkeypa
     from autosel import dispatch
     from autosel.ops.gemm import mm_bucket, mm_shape
 
-    monkeypatch.setattr(dispatch, "_recorded", set())  # each case writes its own file
     a, b = torch.empty(a_shape, dtype=torch.bfloat16), torch.empty(64, 4096, dtype=torch.bfloat16)
     path = tmp_path / "record.jsonl"
     dispatch.recording("gemm.mm", lambda a, b: None, path, "eager", mm_shape)(a, b)

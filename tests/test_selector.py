@@ -721,7 +721,7 @@ def test_a_shape_keyed_on_meta_once_serves_both_modes_tables_and_a_new_bucket_fu
         made.append(device)
         return toy_kernels.inputs(shape, device)
 
-    monkeypatch.setattr(staleness, "meta_keys", {})
+    monkeypatch.setattr(state.process.derived, "meta_keys", {})
     reg.register(KernelSpec("toy.split", B.TORCH, "toy_kernels:slow"))
     reg.register(KernelSpec("toy.split", B.JIT, "toy_kernels:overhead"))
     definition = OpDefinition("toy.split", shapes=toy_kernels.SPLIT_SHAPES, make_inputs=inputs,
@@ -998,7 +998,7 @@ def test_record_appends_each_shape_bucket_once_per_process(reg, monkeypatch, tmp
                             shape_of=lambda x: {"n": 1 << (x.numel() - 1).bit_length()}))
     record = tmp_path / "record.jsonl"
     monkeypatch.setenv("AUTOSEL_RECORD", str(record))
-    monkeypatch.setattr(dispatch, "_recorded", set())
+    monkeypatch.setattr(state.process.recorder, "recorded", set())
     double = selector.get_kernel("toy.double")
     for n in (100, 100, 120, 300):
         assert torch.equal(double(torch.ones(n)), torch.full((n,), 2.0))

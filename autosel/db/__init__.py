@@ -103,6 +103,8 @@ def _same_tune_params(decision: Decision) -> tuple:
     return (key.platform_key, key.op, key.mode, key.versions_hash, OP_LEVEL_BUCKET)
 
 
+# Every TuningDB not yet closed, to close at exit: open files, not a memo, so neither clear_cache() nor a test's fresh
+# autosel.state forgets one (a forked child leaves its parent's alone: TuningDB._here, _close_connection).
 _open_dbs: weakref.WeakSet[TuningDB] = weakref.WeakSet()
 
 
@@ -236,8 +238,8 @@ class TuningDB:
         with self._lock:
             while True:
                 layer = self._writable()
-                writer = layer.db  # made before the transaction: sqlite-utils sets a PRAGMA as it starts
                 try:
+                    writer = layer.writer()  # before the transaction; the switch to WAL may fail (OpenFile.writer)
                     with immediate(layer.conn):
                         if buckets is not None:
                             layer.conn.execute(f"DELETE FROM decisions WHERE {_SAME_TUNE} AND bucket != ?",
@@ -280,6 +282,7 @@ class TuningDB:
             for layer in (lay for lay in self._here() if lay.writable and not lay.broken):
                 stale = [r[: len(KEY_COLUMNS)] for r in layer.select()
                          if (d := parse_row(layer.path, r)) is not None and not is_current(d)]
+                layer.writer()  # before the transaction (OpenFile.writer)
                 with immediate(layer.conn):
                     for key in stale:
                         layer.conn.execute(
@@ -348,7 +351,7 @@ class TuningDB:
     def _acquire(self, layer: OpenFile, key: tuple[str, str, str], token: str, ttl_s: float, wait_s: float,
                  poll_s: float) -> bool:
         host, start, waited, holder = socket.gethostname(), time.monotonic(), False, None
-        writer = layer.db  # made before the transaction: sqlite-utils sets a PRAGMA as it starts
+        writer = layer.writer()  # before the transaction (OpenFile.writer)
         while True:
             with self._lock, immediate(layer.conn):
                 row = layer.conn.execute("SELECT host, pid, expires_at, token FROM leases WHERE platform_key = ? "

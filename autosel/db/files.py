@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
+from autosel import state
 from autosel.db import tools as db_tools
 from autosel.db.tools import (
     OWN_TABLES, ROW_COLUMNS, SQLITE_MAGIC, Corrupt, NotSQLite, connect, header_application_id, identify, inspect,
@@ -24,14 +25,14 @@ from autosel.files import NotRegularFile, check_regular, open_regular, special_k
 
 logger = logging.getLogger(__name__)
 
-_warned: set[tuple[str, str]] = set()
-
 
 def warn_once(path: object, condition: str, message: str) -> None:
-    """One RuntimeWarning per (path, condition) per process: degraded but working, remedy in the sentence. Python
-    shows it at the first line outside autosel (the user's get_kernel call), not at a line of autosel's own."""
-    if (str(path), condition) not in _warned:
-        _warned.add((str(path), condition))
+    """One RuntimeWarning per (path, condition) per process (until clear_cache()): degraded but working, remedy in
+    the sentence. Python shows it at the first line outside autosel (the user's get_kernel call), not at a line of
+    autosel's own."""
+    said = state.process.said.db_conditions
+    if (str(path), condition) not in said:
+        said.add((str(path), condition))
         warnings.warn(message, RuntimeWarning, stacklevel=_outside_autosel())
 
 
@@ -78,10 +79,15 @@ class OpenFile:
         self._finalizer = weakref.finalize(self, _close_connection, conn, os.getpid())
         self._finalizer.atexit = False
 
-    @property
-    def db(self):
-        """sqlite-utils' view of a writable layer, made at its first write (db_tools.writer says why)."""
+    def writer(self):
+        """sqlite-utils' view of a writable layer, for a write about to start (outside a transaction: sqlite-utils
+        and the journal switch each set a PRAGMA). Made at the first write (db_tools.writer says why), and a user
+        file goes to WAL mode there, not when it is opened: a process that only reads its decisions leaves the file
+        as it found it, in rollback mode, with no switch each way (seven fsyncs: about 1.5 ms on a quiet disk, 20-28
+        ms of a first get_kernel on a busy one)."""
         if self._db is None and self.writable:
+            if self.kind == "user":
+                _start_writing(self.conn)
             self._db = db_tools.writer(self.conn)
         return self._db
 
@@ -121,13 +127,16 @@ def _close_connection(conn: sqlite3.Connection, pid: int) -> None:
 
 def _leave_ready_to_ship(path: str, conn: sqlite3.Connection) -> None:
     """Back to rollback journal mode (checkpointed, no -wal or -shm: one file any SQLite reads, from a read-only
-    folder too) if this is the file's last connection. WAL mode was only for the writers open together, and
-    the next writer to open it switches back. In WAL mode every other open connection holds a shared lock that
-    makes the switch fail at once (busy timeout 0): then it stays WAL, and its last connection removes the
-    -wal and -shm when it closes."""
+    folder too) if the file is in WAL mode and this is its last connection. WAL mode was only for the writers
+    open together, and the next writer switches to it again. In WAL mode every other open connection holds a
+    shared lock that makes the switch fail at once (busy timeout 0): then it stays WAL, and its last connection
+    removes the -wal and -shm when it closes. A connection that only read a file in rollback mode has nothing
+    to switch back (it reports the mode its last read found)."""
     if conn.in_transaction:
         return
     try:
+        if conn.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
+            return
         conn.execute("PRAGMA busy_timeout = 0")  # never wait at close: a lock held means another connection
         conn.execute("PRAGMA journal_mode = DELETE")
     except sqlite3.Error as exc:
@@ -233,10 +242,13 @@ def _damaged_autosel(path: Path) -> bool:
     return tables == OWN_TABLES
 
 
-def _switch_to_wal(conn: sqlite3.Connection) -> None:
-    """PRAGMA journal_mode = WAL, retried while busy: the switch does not wait through the busy timeout, so a
-    process creating the DB next to another one (or next to one killed mid-creation) got "database is locked"
-    and fell back to memory for good."""
+def _start_writing(conn: sqlite3.Connection) -> None:
+    """A user file's connection before its first write: WAL journal, for the writers open together, and
+    synchronous NORMAL (WAL + NORMAL: a killed process loses nothing committed). PRAGMA journal_mode = WAL is
+    retried while busy: the switch does not wait through the busy timeout, so a process creating the DB next to
+    another one (or next to one killed mid-creation) got "database is locked" and fell back to memory for good.
+    A no-op on a file in WAL mode already."""
+    conn.execute("PRAGMA synchronous = NORMAL")
     deadline = time.monotonic() + db_tools.BUSY_TIMEOUT_S
     while True:
         try:
@@ -276,9 +288,9 @@ def open_user(path: Path) -> list[OpenFile]:
                 conn.close()
                 return _readonly(path, "it is an SQLite file but not an autosel tuning DB; left untouched",
                                  ro=False)
-            _switch_to_wal(conn)
-            conn.execute("PRAGMA synchronous = NORMAL")  # WAL + NORMAL: a killed process loses nothing committed
-            migrate(conn)
+            if not db_tools.migrated(conn):  # a new file, or an older schema: written now, as every write, in WAL
+                _start_writing(conn)
+                migrate(conn)
             return [OpenFile(str(path), "user", conn, writable=True, schema_version=db_tools.SCHEMA_VERSION,
                           problem=problem)]
         except (OSError, sqlite3.Error, Corrupt, _Interrupted) as exc:

@@ -11,6 +11,7 @@ from dataclasses import MISSING, astuple, dataclass, fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterable, Iterator, Sequence
 
+from autosel import state
 from autosel.decisions import OP_LEVEL_BUCKET, Decision, DecisionKey
 from autosel.errors import DatabaseError
 from autosel.files import open_regular, special_kind
@@ -199,15 +200,17 @@ def inspect(conn: sqlite3.Connection) -> tuple[int, str, set[str]]:
     return version, written_by, tables
 
 
+def migrated(conn: sqlite3.Connection) -> bool:
+    """Whether migrate() has nothing to write: the schema is current and the file carries autosel's mark."""
+    return (conn.execute("PRAGMA user_version").fetchone()[0] >= SCHEMA_VERSION
+            and conn.execute("PRAGMA application_id").fetchone()[0] == APPLICATION_ID)
+
+
 def migrate(conn: sqlite3.Connection, *, written_by: str | None = None) -> None:
     """Bring a writable autosel file (or a new one, or :memory:) to SCHEMA_VERSION and stamp APPLICATION_ID;
     safe when several processes do it at once. Callers check identify() first: this writes.
     written_by: the autosel version stamped in meta (default: this one; a reproducible build passes its own)."""
-    def done() -> bool:
-        return (conn.execute("PRAGMA user_version").fetchone()[0] >= SCHEMA_VERSION
-                and conn.execute("PRAGMA application_id").fetchone()[0] == APPLICATION_ID)
-
-    if done():
+    if migrated(conn):
         return
     db = writer(conn)
     with immediate(conn):
@@ -228,9 +231,6 @@ def decision_row(decision: Decision) -> dict[str, str]:
     return {"platform_key": key.platform_key, "op": key.op, "mode": key.mode, "bucket": key.bucket,
             "versions_hash": key.versions_hash, "winner": decision.winner, "created_at": decision.created_at,
             "autosel_version": decision.autosel_version, "evidence": decision.to_json()}
-
-
-_bad_rows: set[tuple[str, tuple]] = set()
 
 
 def _expect(value: object, kinds: tuple[type, ...], what: str, *, optional: bool = False) -> None:
@@ -295,8 +295,9 @@ def parse_row(source: str, row: Sequence) -> Decision | None:
             raise ValueError("its key columns do not match its evidence")
         return decision
     except Exception as exc:  # a row is data: whatever it holds, it must not crash a lookup
-        if (source, tuple(row[: len(KEY_COLUMNS)])) not in _bad_rows:
-            _bad_rows.add((source, tuple(row[: len(KEY_COLUMNS)])))
+        said = state.process.said.bad_rows
+        if (source, tuple(row[: len(KEY_COLUMNS)])) not in said:
+            said.add((source, tuple(row[: len(KEY_COLUMNS)])))
             logger.warning("skipping an invalid row of %s with key %s: %s", source, tuple(row[:5]), exc)
         return None
 

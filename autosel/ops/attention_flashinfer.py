@@ -46,6 +46,8 @@ def use_tensor_cores(batch) -> bool:
     return batch.num_q_heads // batch.num_kv_heads not in _CUDA_CORE_GROUPS
 
 
+# The kernels' working memory, not what autosel remembers of its choices (autosel.state): the plans made hold these
+# buffers, so forgetting one at clear_cache() would free nothing.
 _workspaces: dict[str, torch.Tensor] = {}
 
 

@@ -16,20 +16,22 @@ through autosel.dispatch.trace_as.
 
 from __future__ import annotations
 
-import threading
 from typing import Callable
 
 import torch
 
+from autosel import state
+
 TRACED_AS_THEY_ARE = ("torch",)
-_made: dict[int, Callable] = {}  # id(kernel) -> its custom op (a kernel is a module's function, kept alive by it)
-_making = threading.Lock()  # threads resolving one op at once defined one name twice, and torch refused the second
+# id(kernel) -> its custom op (a kernel is a module's function, kept alive by it). Not in autosel.state: torch keeps
+# every op defined for the process, so neither clear_cache nor a test can forget one and define its name again.
+_made: dict[int, Callable] = {}
 
 
 def _opaque(op: str, backend: str, kernel: Callable, define: Callable[[str, Callable], Callable]) -> Callable:
     if backend in TRACED_AS_THEY_ARE:
         return kernel
-    with _making:
+    with state.process.locks.custom_ops:  # threads resolving one op at once defined one name twice: torch refused
         if id(kernel) not in _made:  # a custom op's name is registered once per process
             name = f"{op.replace('.', '_')}_{backend}_{len(_made)}"
             define(f"autosel::{name}", kernel)

@@ -134,7 +134,8 @@ _launch_rmsnorm_kernel = FastLaunch(_rmsnorm_kernel)
 # and read tensors, so the first one's stands for all three kernels.
 _DIRECT = _launch_rmsnorm_kernel.direct if _launch_rmsnorm_kernel.reads_dlpack else None
 # Plans kept per kernel, as _rmsnorm_plan's cache: a bound for many token counts. When it is reached they all go, and
-# each shape's next call takes the Python path once to plan again.
+# each shape's next call takes the Python path once to plan again. Memos of pure functions of their keys, read with
+# one dict lookup per call: never stale, so not autosel.state's to reset.
 _PLANS_KEPT = 4096
 _NORM_PLANS: dict[tuple, tuple] = {}  # (n_rows, n_cols, element size, fp16) -> _rmsnorm_plan(...)
 

@@ -20,6 +20,8 @@ def sgl_fused_add_rmsnorm(x: torch.Tensor, residual: torch.Tensor, weight: torch
     torch.ops.sgl_kernel.fused_add_rmsnorm.default(x, residual, weight, eps, False)  # PDL off
 
 
+# The kernel's own working copy (keyed by the tensor's address and version, so never stale), not what autosel
+# remembers of its choices (autosel.state): clear_cache() leaves a kernel's memory alone.
 _cache_in_dtype: dict[tuple, torch.Tensor] = {}
 
 
