@@ -275,3 +275,35 @@ def test_startup_targets_say_so_where_no_op_has_a_plain_torch_winner():
     target = "plain-torch first get_kernel <= 50 ms beyond import torch; import autosel"
     assert body["targets"][target] == "no op with plain-torch winners"
     assert [target, "no figure", "n/a"] in startup.tables(body)[2]["rows"]
+
+
+def test_a_triton_winner_is_not_counted_as_a_plain_torch_one():
+    # On the H200 the Triton winners' 3 s first get_kernel (triton and inductor imported) was reported as plain torch.
+    from autosel.bench import startup
+
+    body = startup.summarize(_startup_samples("this", 3.2, ["triton"], ["triton"]), ops=["gemm.mm"], rounds=5)
+    assert body["ops"]["gemm.mm"]["kind"] == "Triton winner"
+    assert body["targets"]["plain-torch first get_kernel <= 50 ms beyond import torch; import autosel"] == (
+        "no op with plain-torch winners")
+    assert [startup.winner_kind(w) for w in (["torch"], ["torch", "triton"], ["flashinfer"], [])] == [
+        "plain-torch winner", "Triton winner", "vendor winner", "plain-torch winner"]
+
+
+def test_a_result_file_takes_the_commit_its_caller_names(monkeypatch, tmp_path):
+    # A tree copied to the GPU machine carried a stale .git: its result files named that commit, not the tree's.
+    monkeypatch.setenv("AUTOSEL_COMMIT", "f82d984")
+    assert results.source_commit() == "f82d984"
+    assert results.source_commit(tmp_path) is None  # another checkout is asked itself; this folder is none
+    monkeypatch.delenv("AUTOSEL_COMMIT")
+    assert results.source_commit() != "f82d984"
+
+
+
+def test_a_stability_run_of_some_ops_stands_beside_the_run_of_every_op(tmp_path):
+    # The attention ops' two tunes replaced the every-op stability figures on the page: neither run had a subject.
+    from autosel.bench import stability
+
+    narrowed = stability.run(ops=("gemm.mm",), budget_s=0.2, keep=tmp_path)
+    assert narrowed["subject"] == "gemm.mm" and narrowed["tune_s"][0] > 0
+    records = [_record("tuning", Platform.key, "2026-01-01"), _record("tuning", Platform.key, "2026-01-02", "gemm.mm")]
+    assert len(results.current(records)) == 2

@@ -32,8 +32,10 @@ class ResultFileError(AutoselError):
 
 def source_commit(root: Path | None = None) -> str | None:
     """The commit of the autosel source tree that runs (or of the checkout at `root`), with "-dirty" where its
-    autosel/ has uncommitted changes; where there is no git checkout (autosel installed from a wheel, a copied
-    tree on a GPU machine), AUTOSEL_COMMIT if the caller set it, else None."""
+    autosel/ has uncommitted changes; AUTOSEL_COMMIT where the caller sets it (a tree copied to a GPU machine, whose
+    .git, if any, is not the tree's); None where there is no git checkout (autosel installed from a wheel)."""
+    if root is None and os.environ.get("AUTOSEL_COMMIT"):  # said by the caller: a copied tree's .git may be stale
+        return os.environ["AUTOSEL_COMMIT"]
     root = Path(autosel.__file__).resolve().parent.parent if root is None else Path(root)
     try:
         commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True,
@@ -41,7 +43,7 @@ def source_commit(root: Path | None = None) -> str | None:
         dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", "autosel"], cwd=root,
                                capture_output=True, text=True, check=True, timeout=10).stdout.strip()
     except (OSError, subprocess.SubprocessError):
-        return os.environ.get("AUTOSEL_COMMIT") or None
+        return None
     return commit + ("-dirty" if dirty else "")
 
 

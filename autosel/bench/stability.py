@@ -106,7 +106,8 @@ def run(*, ops: tuple[str, ...] = (), budget_s: float = 60.0, keep: Path | None 
     rows = [["op-level and per-shape", mode, c["decisions"], c["agree"], c["inside_margin"]]
             for mode, c in op_counts.items()]
     rows += [["per bucket", mode, c["decisions"], c["agree"], ""] for mode, c in bucket_counts.items()]
-    return {"ops": list(ops), "budget_s": budget_s, "tune_s": seconds,
+    # A run narrowed by --op names its ops as its subject, so that it stands beside the run of every op on the page.
+    return {**({"subject": ", ".join(ops)} if ops else {}), "ops": list(ops), "budget_s": budget_s, "tune_s": seconds,
             "decisions": [_decisions(r) for r in runs], "op_level": op_counts, "buckets": bucket_counts,
             "disagreements": op_notes + bucket_notes, "kept": str(folder) if keep is not None else None,
             "tables": [{"title": f"Wall time of each tune: {seconds[0]:.1f} s and {seconds[1]:.1f} s "

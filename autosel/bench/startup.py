@@ -106,11 +106,22 @@ def _median_ms(values: list[float]) -> float:
     return round(statistics.median(values) * 1e3, 1)
 
 
+def winner_kind(winners: list[str]) -> str:
+    """What loading the winners costs a fresh process: plain torch (the target's case), a torch.compile winner, a
+    Triton winner (triton and its compiler's imports), or a vendor's library."""
+    if set(winners) <= {"torch"}:
+        return "plain-torch winner"
+    for backend, kind in (("torch_compile", "torch.compile winner"), ("triton", "Triton winner")):
+        if backend in winners:
+            return kind
+    return "vendor winner"
+
+
 def _summary(runs: list[dict]) -> dict:
     winners = sorted({w for r in runs for w in r["winners"]})
     return {
         "winners": winners,
-        "kind": "torch.compile winner" if "torch_compile" in winners else "plain-torch winner",
+        "kind": winner_kind(winners),
         "import_torch_ms": _median_ms([r["import_torch_s"] for r in runs]),
         "import_autosel_ms": _median_ms([r["import_autosel_s"] for r in runs]),
         "first_get_kernel_ms": _median_ms([r["get_kernel_s"] for r in runs]),
