@@ -16,10 +16,13 @@ specialised once per run.
 from __future__ import annotations
 
 import functools
+import importlib.abc
+import importlib.machinery
 import json
 import logging
 import operator
 import sys
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping
@@ -105,6 +108,59 @@ def _substitute() -> Callable | None:
 # keeps each stand-in for the process, so this mirrors torch's registry, which neither clear_cache nor a test resets.
 _traced_as: set[int] = set()
 
+# Giving torch.compile a stand-in imports torch._dynamo (2.1 s on this project's CPU machine, torch._inductor with
+# it): on the H200 that import was most of a Triton winner's first get_kernel, 3.0-3.4 s against gemm.mm's 72 ms
+# (results/startup-cuda-sm-90-nvidia-h200-132-2026-12-05T134007.json). A process that has not imported it compiles
+# nothing yet, so the stand-ins wait here and are given when it is imported (_DynamoWatch), before anything is
+# compiled. Like _traced_as, a mirror of what torch keeps for the process: not in autosel.state.
+_pending: list[Callable[[], None]] = []
+_pending_lock = threading.Lock()
+
+
+def _when_compiling(give: Callable[[], None]) -> None:
+    """Run `give` (it hands torch.compile a stand-in) now if torch._dynamo is imported, else once it is."""
+    if "torch._dynamo" in sys.modules:
+        give()
+        return
+    with _pending_lock:
+        _pending.append(give)
+        if not any(isinstance(finder, _DynamoWatch) for finder in sys.meta_path):
+            sys.meta_path.insert(0, _DynamoWatch())
+
+
+def _give_pending(*_callback_args: Any) -> None:
+    """Run the pending gives, each left pending if it raises (then the next compile's start tries it again)."""
+    with _pending_lock:
+        gives = list(_pending)
+    for give in gives:
+        give()
+        with _pending_lock:
+            _pending.remove(give)
+
+
+class _DynamoWatch(importlib.abc.MetaPathFinder):
+    """Finds nothing of its own: has torch._dynamo's import give the pending stand-ins when it ends."""
+
+    def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
+        if fullname != "torch._dynamo" or getattr(self, "seen", False):
+            return None
+        self.seen = True
+        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
+        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            return None  # the other finders find it; the stand-ins wait for the next get_kernel that needs one
+        run = spec.loader.exec_module
+
+        def exec_module(module: Any) -> None:
+            run(module)
+            try:
+                _give_pending()
+            except Exception as exc:  # noqa: BLE001 - e.g. torch._inductor half imported: at the first compile
+                log.debug("stand-ins for torch.compile given at its first compile instead: %s", exc)
+                module.callback_handler.register_start_callback(_give_pending)
+
+        spec.loader.exec_module = exec_module
+        return spec
+
 
 def trace_as(kernel: Callable[..., Any], traced: Callable[..., Any]) -> None:
     """Have torch.compile call `traced` (a torch custom op around `kernel`, autosel.ops.opaque) wherever it meets
@@ -116,8 +172,8 @@ def trace_as(kernel: Callable[..., Any], traced: Callable[..., Any]) -> None:
     def call(*args, **kwargs):
         return traced(*args, **kwargs)
 
-    substitute(kernel, call)
     _traced_as.add(id(kernel))
+    _when_compiling(lambda: substitute(kernel, call))
 
 
 def _trace_as_runs(dispatch: Callable[..., Any], table: BucketTable, kernels: Mapping[str, Callable[..., Any]],
@@ -134,6 +190,12 @@ def _trace_as_runs(dispatch: Callable[..., Any], table: BucketTable, kernels: Ma
     substitute = _substitute()
     if substitute is None:  # torch before 2.5: the lookup is traced, once per token count
         return
+    _when_compiling(lambda: _give_runs(substitute, dispatch, table, kernels, bucket, eager_parts))
+
+
+def _give_runs(substitute: Callable, dispatch: Callable[..., Any], table: BucketTable,
+               kernels: Mapping[str, Callable[..., Any]], bucket: Callable[..., tuple],
+               eager_parts: list[Callable[..., Any]]) -> None:
     import torch
 
     try:

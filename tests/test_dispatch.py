@@ -507,3 +507,33 @@ def test_by_tokens_passes_keyword_arguments_on_to_the_kernel_it_runs():
     assert kernel(torch.empty(7, 2), None, eps=1e-6) == ("eager", 1e-6)
     assert kernel(torch.empty(8, 2), None, eps=1e-6) == ("graph", 1e-6)
     assert kernel(torch.empty(8, 2), None) == ("graph", 0.0)
+
+
+@pytest.mark.compile
+def test_a_dispatcher_built_before_torch_dynamo_is_imported_gets_its_stand_in_at_the_first_compile():
+    # Building a dispatcher imported torch._dynamo (and torch._inductor) to give torch.compile its stand-in: 3 s of
+    # a Triton winner's first get_kernel on the H200. Built before that import, it must not import it, and compiled
+    # code must still run it once per run of buckets, as a dispatcher built after the import does.
+    import subprocess
+    import sys
+
+    child = r"""
+import sys, torch
+from autosel.dispatch import BucketTable, dispatcher
+from autosel.ops.common import rows_bucket
+table = BucketTable("toy", "eager", "a", {(1, 64): "a", (512, 64): "b", (4096, 64): "b", (16384, 64): "a"})
+fn = dispatcher(table, {"a": lambda x, w, eps: x * 2, "b": lambda x, w, eps: x * 3}, rows_bucket, 0)
+assert "torch._dynamo" not in sys.modules, "building the dispatcher imported torch._dynamo"
+graphs = []
+def count(gm, example_inputs):
+    graphs.append(gm)
+    return gm.forward
+compiled = torch.compile(lambda *a: fn(*a) + 1, backend=count, fullgraph=True)
+for t in (1, 3, 7, 20, 100, 300, 1000, 2500, 5000, 9000, 12000, 17000, 2, 250):
+    args = (torch.ones(t, 64), torch.ones(64), 1e-6)
+    assert torch.equal(compiled(*args), fn(*args) + 1), t
+print(len(graphs))
+"""
+    out = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert int(out.stdout.split()[-1]) <= 4  # without the stand-in, the ninth token count hit the recompile limit
