@@ -90,11 +90,16 @@ def _record_launch(fn: Callable[..., Any], args: tuple) -> tuple[Any, tuple] | N
         seen.append((self, (grid, run_args, constexprs, num_warps)))
         self.fn[grid](*run_args, *constexprs, num_warps=num_warps)
 
-    triton_launch.FastLaunch.__call__ = recording
+    # A call whose plan an earlier row made may launch from C without calling FastLaunch (on the H200 fused add +
+    # rmsnorm and rope at 64 tokens recorded no launch): the wrapper's direct path is off while recording.
+    from autosel.ops import triton_kernels
+
+    direct = triton_kernels._DIRECT
+    triton_launch.FastLaunch.__call__, triton_kernels._DIRECT = recording, None
     try:
         fn(*args)
     finally:
-        triton_launch.FastLaunch.__call__ = original
+        triton_launch.FastLaunch.__call__, triton_kernels._DIRECT = original, direct
     return seen[0] if seen else None
 
 
