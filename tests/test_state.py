@@ -117,6 +117,21 @@ def test_clear_cache_gives_the_tuning_dbs_warnings_again(tmp_path, caplog):
     assert len([r for r in caplog.records if "skipping an invalid row" in r.message]) == 2
 
 
+def test_clear_cache_gives_decidings_warnings_again(caplog):
+    # Deciding's warnings given once (an outdated decision kept untimed) outlived clear_cache, unlike the DB's.
+    from types import SimpleNamespace
+
+    from autosel import tuning
+
+    decision = SimpleNamespace(winner="torch")
+    for _ in range(2):
+        tuning._say_untimed("x.op", "eager", decision, "was tuned elsewhere", "AUTOSEL_TUNE=off")
+    assert len([r for r in caplog.records if "it is kept, since nothing can be timed" in r.message]) == 1
+    autosel.clear_cache()
+    tuning._say_untimed("x.op", "eager", decision, "was tuned elsewhere", "AUTOSEL_TUNE=off")
+    assert len([r for r in caplog.records if "it is kept, since nothing can be timed" in r.message]) == 2
+
+
 def test_clear_cache_has_autosel_record_append_each_shape_again(tmp_path, caplog):
     from autosel.dispatch import recording
 
