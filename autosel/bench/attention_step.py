@@ -208,6 +208,8 @@ def notes(body: dict) -> list[str]:
                 if body.get("slow_max_tokens") else "")]
     if body.get("cut_at_deadline"):
         found.append(f"cut at its deadline: {body['cut_at_deadline']} measured")
+    if body.get("device_error"):
+        found.append(f"stopped by a CUDA error: {body['device_error']}")
     if body.get("working_copy"):
         found.append(f"working copy of a run that did not finish: {len(body['rows'])} of {body['planned_rows']} rows")
     failed = [f"{r['op']} batch {r['batch']} kv {r['kv']}: {', '.join(r['errors'])}" for r in body["rows"]
