@@ -417,8 +417,11 @@ def attention_step(layers: int, slow_max_tokens: int, rounds: int, skip: str, de
             copy.update(body)
             advance()
 
-        body = bench_step.run(layers=layers, rounds=rounds, skip=skipped, slow_max_tokens=slow_max_tokens,
-                              deadline_s=math.inf if deadline_s is None else deadline_s, device=device,
-                              on_step=advance, on_row=on_row)
+        try:
+            body = bench_step.run(layers=layers, rounds=rounds, skip=skipped, slow_max_tokens=slow_max_tokens,
+                                  deadline_s=math.inf if deadline_s is None else deadline_s, device=device,
+                                  on_step=advance, on_row=on_row)
+        except ValueError as exc:  # autosel's choice, what every row compares with, cannot be made: no row is run
+            raise click.ClickException(f"autosel cannot choose a backend, so no row was run: {exc}") from exc
     _written(copy.finish(body))
     _stopped(body)
