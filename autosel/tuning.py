@@ -236,7 +236,7 @@ def _decide_here(op: str, eligible: list[KernelSpec], platform: PlatformInfo, mo
             _say_near(key, older[0], older[2], len(older[1]), settings.match, versions)
         return table_of(*older[:2])
     definition = _tunable(op, eligible, platform, mode, why_not,
-                          stored_elsewhere=stored_for_other_backends(db, key, eligible, platform, versions)
+                          stored_elsewhere=_stored_for_other_backends(db, key, eligible, platform, versions)
                           if why_not == TUNING_OFF else "")
     if (op, mode) not in memos.announced:  # a tune blocks the caller for tens of seconds: say so, once
         memos.announced.add((op, mode))
@@ -285,7 +285,7 @@ def _tunable(op: str, eligible: list[KernelSpec], platform: PlatformInfo, mode: 
     return registry.definition(op)
 
 
-def stored_for_other_backends(db, key: DecisionKey, eligible: list[KernelSpec], platform: PlatformInfo,
+def _stored_for_other_backends(db, key: DecisionKey, eligible: list[KernelSpec], platform: PlatformInfo,
                               versions: dict[str, str]) -> str:
     """A hint on the decision stored for this device that selection passed over (its winner cannot run here, or it
     has another version vector): what differs, and the backends it timed that cannot run in this process, with
