@@ -261,6 +261,10 @@ def graph_sampler(fn, *, replay_ms: float = 2.5) -> Sampler:
         end.synchronize()
         return start.elapsed_time(end) / calls * 1e3
 
+    # The graph's kernels read what fn holds (a plan's index buffers) by address, so the sampler holds fn. A caller
+    # that kept only the sampler (`autosel bench attention-step`) had those buffers freed and reused by the next
+    # backend's plan, and the replay gathered K/V at garbage slots: a device-side assert on the H200.
+    sample.replayed = fn  # type: ignore[attr-defined]
     return sample
 
 

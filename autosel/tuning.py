@@ -11,7 +11,7 @@ from typing import Any, Callable, NamedTuple
 
 from autosel import config, distributed, platforms, rank_check, state
 from autosel.decisions import (OP_LEVEL_BUCKET, Decision, DecisionKey, near_detail, parse_bucket,
-                               versions_hash)
+                               version_diff, versions_hash)
 from autosel.dispatch import BucketTable
 from autosel.errors import NoCandidateError, TuningError
 from autosel.planned import kernel_of
@@ -235,7 +235,9 @@ def _decide_here(op: str, eligible: list[KernelSpec], platform: PlatformInfo, mo
         if (older[0].platform_key, older[0].key.versions_hash) != (key.platform_key, key.versions_hash):
             _say_near(key, older[0], older[2], len(older[1]), settings.match, versions)
         return table_of(*older[:2])
-    definition = _tunable(op, eligible, platform, mode, why_not)
+    definition = _tunable(op, eligible, platform, mode, why_not,
+                          stored_elsewhere=_stored_for_other_backends(db, key, eligible, platform, versions)
+                          if why_not == TUNING_OFF else "")
     if (op, mode) not in memos.announced:  # a tune blocks the caller for tens of seconds: say so, once
         memos.announced.add((op, mode))
         why = (": AUTOSEL_TUNE=force is set" if retune else f"'s stored decision {reason}" if older is not None
@@ -266,18 +268,42 @@ def _why_not_timed(op: str, platform: PlatformInfo, settings: config.Settings) -
     return CAPTURE if capturing_cuda_graph() else ""
 
 
-def _tunable(op: str, eligible: list[KernelSpec], platform: PlatformInfo, mode: str, why_not: str) -> OpDefinition:
+def _tunable(op: str, eligible: list[KernelSpec], platform: PlatformInfo, mode: str, why_not: str, *,
+             stored_elsewhere: str = "") -> OpDefinition:
     """The op's definition when it may be timed now (why_not, from _why_not_timed, is ""); else the contract's
-    error: the original multiple-backends ValueError with a hint, or a TuningError inside CUDA-graph capture."""
+    error: the original multiple-backends ValueError with a hint (and stored_elsewhere's, under AUTOSEL_TUNE=off),
+    or a TuningError inside CUDA-graph capture."""
     message = multiple_backends_message(op, platform, eligible)
     if why_not == NO_SHAPES:
         raise ValueError(message + HINT_NO_SHAPES)
     if why_not == TUNING_OFF:
-        raise ValueError(message + (HINT_TUNING_OFF if registry.from_entry_point(op) else HINT_TUNING_OFF_SCRIPT))
+        raise ValueError(message + (HINT_TUNING_OFF if registry.from_entry_point(op) else HINT_TUNING_OFF_SCRIPT)
+                         + stored_elsewhere)
     if why_not == CAPTURE:
         raise TuningError(f"op {op!r} has no stored {mode}-mode decision and cannot be timed while a CUDA graph "
                           "is being captured; call get_kernel for it before capture, or run `autosel tune`")
     return registry.definition(op)
+
+
+def _stored_for_other_backends(db, key: DecisionKey, eligible: list[KernelSpec], platform: PlatformInfo,
+                              versions: dict[str, str]) -> str:
+    """A hint on the decision stored for this device that selection passed over (its winner cannot run here, or it
+    has another version vector): what differs, and the backends it timed that cannot run in this process, with
+    why; "" when none is stored. A vendor package missing from a process's path leaves the others eligible, so a
+    fresh tune's DB missed on the very machine that made it (`autosel bench attention-step` on the H200) with
+    nothing saying why."""
+    found = db.lookup(key) or db.lookup_near(key, match="device")
+    if found is None:
+        return ""
+    decision, layer = found
+    here = {s.backend.value for s in eligible}
+    specs = {s.backend.value: s for s in registry.get(key.op)}
+    gone = [f"{c.backend}: " + (specs[c.backend].unavailable_reason(platform) or "usable here") if c.backend in specs
+            else f"{c.backend}: not registered in this process" for c in decision.candidates if c.backend not in here]
+    return (f" [autosel: the {layer.kind} DB {layer.path} holds a decision for this device in {key.mode} mode "
+            f"({decision.winner}) that this process cannot use ({version_diff(decision.versions, versions)})"
+            + (f"; of the backends it timed, these cannot run in this process: {'; '.join(gone)}" if gone else "")
+            + "]")
 
 
 def _announce_tune(op: str, mode: str, why: str, eligible: list[KernelSpec], settings: config.Settings, db) -> None:

@@ -175,3 +175,49 @@ def test_a_bad_option_is_refused_before_anything_is_timed(tmp_path, args, said):
                                        "--results", str(tmp_path)])
     assert result.exit_code == 2 and said in result.output
     assert not tmp_path.exists() or list(tmp_path.iterdir()) == []
+
+
+def test_a_sticky_cuda_error_stops_the_run_with_the_rows_so_far_and_the_error_named(heldout, monkeypatch):
+    # Used to log the same device-side assert for every later row, then crash emptying the CUDA cache, writing nothing.
+    torch = pytest.importorskip("torch")
+    assert_text = "CUDA error: device-side assert triggered"
+    stuck = []
+
+    def synchronize():
+        if stuck:  # what a sticky error does: every later call on the device raises it again
+            raise RuntimeError(assert_text)
+    monkeypatch.setattr(torch.cuda, "synchronize", synchronize)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    measured, copies = [], []
+
+    def measure(item):
+        measured.append(item)
+        if item == 2:
+            stuck.append(item)
+            raise RuntimeError(assert_text)
+        return {"item": item}
+
+    body = heldout.rows_in_turn([1, 2, 3, 4], measure, body={"rows": []}, unit="rows", started=0, deadline_s=math.inf,
+                                device="cuda", label=lambda item: f"row {item}", failed=lambda item: {"item": item},
+                                finish=lambda body: body, on_step=lambda step: None, on_row=copies.append)
+    assert measured == [1, 2]
+    assert body["rows"] == [{"item": 1}, {"item": 2, "error": f"RuntimeError: {assert_text}"}]
+    assert body["device_error"].startswith(f"RuntimeError: {assert_text} (after row 2); the 2 rows after it were not")
+    assert len(copies) == 1
+
+
+def test_a_failing_row_on_a_device_that_still_works_does_not_stop_the_run(heldout, monkeypatch):
+    torch = pytest.importorskip("torch")
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+
+    def measure(item):
+        if item == 1:
+            raise torch.OutOfMemoryError("CUDA out of memory")  # cleared when raised: the next rows run
+        return {"item": item}
+
+    body = heldout.rows_in_turn([1, 2], measure, body={"rows": []}, unit="rows", started=0, deadline_s=math.inf,
+                                device="cuda", label=str, failed=lambda item: {"item": item},
+                                finish=lambda body: body, on_step=lambda step: None, on_row=lambda body: None)
+    assert body["rows"] == [{"item": 1, "error": "OutOfMemoryError: CUDA out of memory"}, {"item": 2}]
+    assert "device_error" not in body

@@ -423,6 +423,35 @@ def test_tuning_off_advises_autosel_tune_only_for_an_op_the_cli_sees(reg, monkey
     assert info.value.args[0].endswith("AUTOSEL_TUNE=off and no stored decision matches this machine; " + advice)
 
 
+def test_tuning_off_names_the_backends_a_stored_decision_timed_that_this_process_cannot_run(
+        reg, monkeypatch, tmp_path):
+    # A fresh tune's DB missed on the machine that made it, in a process without the vendor packages on its path, and
+    # the error said only "no stored decision matches this machine".
+    import importlib
+
+    (tmp_path / "vendorpkg").mkdir()
+    (tmp_path / "vendorpkg" / "__init__.py").write_text("")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    toy(reg, B.TORCH)
+    reg.register(KernelSpec("toy.double", B.CUTE_DSL, "toy_kernels:slow"))
+    reg.register(KernelSpec("toy.double", B.TRITON, "toy_kernels:fast", requires=("vendorpkg",)))
+    assert selector.select_kernel("toy.double").backend == B.TRITON  # tuned with vendorpkg installed
+    monkeypatch.syspath_prepend(str(tmp_path / "elsewhere"))  # the package gone from this process's path:
+    monkeypatch.setattr("sys.path", [p for p in __import__("sys").path if p != str(tmp_path)])
+    importlib.invalidate_caches()
+    monkeypatch.setenv("AUTOSEL_TUNE", "off")
+    selector.clear_cache()
+    with pytest.raises(ValueError) as info:
+        selector.select_kernel("toy.double")
+    message = info.value.args[0]
+    assert message.startswith("op 'toy.double' has multiple backends usable on device 'cpu' (['torch', 'cute_dsl']); "
+                              "pass backend=... to choose one [autosel: AUTOSEL_TUNE=off and no stored decision ")
+    assert (f"[autosel: the user DB {tmp_path / 'user.db'} holds a decision for this device in eager mode "
+            "(triton) that this process cannot use (same versions, different eligible backends)") in message
+    assert message.endswith("these cannot run in this process: triton: package 'vendorpkg' is not installed "
+                            "(pip install vendorpkg)]")
+
+
 def test_the_first_use_warning_says_the_decision_stays_in_memory_when_the_db_cannot_be_written(
         reg, monkeypatch, caplog, tmp_path):
     # It said "the decision is stored in X" right after the warning that X is left untouched.

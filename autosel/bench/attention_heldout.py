@@ -348,9 +348,9 @@ def rows_in_turn(todo: list, measure: Callable[[Any], dict], *, body: dict, unit
     """measure() each item of `todo` into body["rows"], starting none after `deadline_s` from `started`: an item
     that raises (out of memory) is a row with its error and the others go on; the CUDA cache is emptied after each
     (its caches and plans went with measure's frame), and on_row gets the finished body so far, marked a working
-    copy. Returns the finished body (both attention benchmarks run this way)."""
-    import torch
-
+    copy. A CUDA error that leaves the device unusable (a device-side assert is sticky: every later call fails with
+    it) stops the run after its item, named in body["device_error"]. Returns the finished body (both attention
+    benchmarks run this way)."""
     for item in todo:
         if time.time() - started > deadline_s:
             body["cut_at_deadline"] = f"{len(body['rows'])} of {len(todo)} {unit}"
@@ -361,12 +361,31 @@ def rows_in_turn(todo: list, measure: Callable[[Any], dict], *, body: dict, unit
         except Exception as exc:  # noqa: BLE001 - one item failing is a result
             log.warning("%s failed:\n%s", label(item), traceback.format_exc())
             row = {**failed(item), "error": f"{type(exc).__name__}: {exc}"[:300]}
-        if device == "cuda":
-            torch.cuda.empty_cache()
         body["rows"].append(row)
         body["wall_s"] = round(time.time() - started, 1)
+        broken = device_broken() if device == "cuda" else None
+        if broken is not None:
+            body["device_error"] = (f"{broken} (after {label(item)}); the {len(todo) - len(body['rows'])} {unit} "
+                                    "after it were not run: a process cannot use the device again after such an "
+                                    "error, so run them in a new one")
+            log.error("stopped: %s", body["device_error"])
+            break
         on_row(finish({**body, "working_copy": True}))
     return finish(body)
+
+
+def device_broken() -> str | None:
+    """The CUDA error this process's device is stuck in (a device-side assert, an illegal address), or None when it
+    still runs work; empties the CUDA cache when it does. A sticky error is raised again by every later call, so
+    waiting for the device is enough to find it (an error that is not sticky was cleared when it was raised)."""
+    import torch
+
+    try:
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+    except Exception as exc:  # noqa: BLE001 - torch.AcceleratorError from torch 2.8 on, RuntimeError before
+        return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300]
+    return None
 
 
 def finish(body: dict) -> dict:
@@ -409,6 +428,8 @@ def notes(body: dict) -> list[str]:
              + f"; decisions read from {body['db']} with AUTOSEL_TUNE={body['tune']}"]
     if body.get("cut_at_deadline"):
         found.append(f"cut at its deadline: {body['cut_at_deadline']} measured")
+    if body.get("device_error"):
+        found.append(f"stopped by a CUDA error: {body['device_error']}")
     if body.get("working_copy"):
         found.append(f"working copy of a run that did not finish: {len(body['rows'])} of {body['batches']} batches")
     failed = [r["batch"] for r in body["rows"] if "error" in r]

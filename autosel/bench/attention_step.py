@@ -147,15 +147,20 @@ def run(*, layers: int = LAYERS, rounds: int = 5, skip: tuple[str, ...] = ("torc
         on_step: Callable[[str], None] = lambda step: None,
         on_row: Callable[[dict], None] = lambda body: None) -> dict:
     """Time each row's step on autosel's choice and every fixed backend; return the result file's body. After every
-    row, on_row gets the body so far (a working copy a killed run leaves behind). No row starts after `deadline_s`."""
+    row, on_row gets the body so far (a working copy a killed run leaves behind). No row starts after `deadline_s`.
+    Where autosel cannot choose for an op and mode (AUTOSEL_TUNE=off and no decision it can use), its ValueError is
+    raised before any row: every row of that op and mode would fail with it."""
+    import autosel
     from autosel import config
     from autosel.registry import registry
 
     started = time.time()
     settings = config.settings()
     backends = backends_to_time(skip)
-    model = Model(layers, device)
     todo = rows_to_run(device)
+    for op, mode in dict.fromkeys((item[0], item[3]) for item in todo):
+        autosel.get_kernel(op, mode=mode)
+    model = Model(layers, device)
     body = {"layers": layers, "rounds": rounds, "backends": backends, "device": device, "db": str(settings.db),
             "tune": settings.tune, "slow_max_tokens": slow_max_tokens, "planned_rows": len(todo), "rows": []}
 
@@ -208,6 +213,8 @@ def notes(body: dict) -> list[str]:
                 if body.get("slow_max_tokens") else "")]
     if body.get("cut_at_deadline"):
         found.append(f"cut at its deadline: {body['cut_at_deadline']} measured")
+    if body.get("device_error"):
+        found.append(f"stopped by a CUDA error: {body['device_error']}")
     if body.get("working_copy"):
         found.append(f"working copy of a run that did not finish: {len(body['rows'])} of {body['planned_rows']} rows")
     failed = [f"{r['op']} batch {r['batch']} kv {r['kv']}: {', '.join(r['errors'])}" for r in body["rows"]

@@ -66,6 +66,13 @@ def _written(path: Path) -> None:
     click.echo(f"wrote {path}")
 
 
+def _stopped(body: dict) -> None:
+    """Exit 1 naming the CUDA error that stopped an attention benchmark, once its result file is written."""
+    if body.get("device_error"):
+        raise click.ClickException(f"stopped by a CUDA error: {body['device_error']}. The result file above holds the "
+                                   f"{len(body['rows'])} row(s) up to it")
+
+
 @main.group("bench")
 def bench() -> None:
     """Measure autosel on this machine; each benchmark writes a result file with its provenance.
@@ -378,6 +385,7 @@ def attention_heldout(decode: int, extend: int, seed: int, max_tokens: int, max_
                                    deadline_s=math.inf if deadline_s is None else deadline_s, device=device,
                                    on_step=advance, on_batch=on_batch)
     _written(copy.finish(body))
+    _stopped(body)
 
 
 @bench.command("attention-step")
@@ -409,7 +417,11 @@ def attention_step(layers: int, slow_max_tokens: int, rounds: int, skip: str, de
             copy.update(body)
             advance()
 
-        body = bench_step.run(layers=layers, rounds=rounds, skip=skipped, slow_max_tokens=slow_max_tokens,
-                              deadline_s=math.inf if deadline_s is None else deadline_s, device=device,
-                              on_step=advance, on_row=on_row)
+        try:
+            body = bench_step.run(layers=layers, rounds=rounds, skip=skipped, slow_max_tokens=slow_max_tokens,
+                                  deadline_s=math.inf if deadline_s is None else deadline_s, device=device,
+                                  on_step=advance, on_row=on_row)
+        except ValueError as exc:  # autosel's choice, what every row compares with, cannot be made: no row is run
+            raise click.ClickException(f"autosel cannot choose a backend, so no row was run: {exc}") from exc
     _written(copy.finish(body))
+    _stopped(body)
