@@ -134,8 +134,10 @@ class ProcessState:
         """clear_cache()'s part beyond the kernels and agreements: the warnings given once are given again,
         AUTOSEL_RECORD appends each shape again, and what was derived from code is derived again at its next use."""
         self.said, self.recorder, self.derived = Said(), Recorder(), Derived()
-        with self.memos.lock:  # deciding's warnings given once, as the tuning DB's are
-            self.memos.announced, self.memos.near_said, self.memos.untimed_said = set(), set(), set()
+        # Deciding's warnings given once, as the tuning DB's are; not `announced`: a run-time tune is said once per op
+        # and mode in a process, however often its caches are cleared (tests/test_selector.py).
+        with self.memos.lock:
+            self.memos.near_said, self.memos.untimed_said = set(), set()
 
     def forked(self) -> ProcessState:
         """This state as a forked child starts: kernels, memos and what was said, recorded and derived kept, with new
