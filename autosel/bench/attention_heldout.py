@@ -419,6 +419,19 @@ def tables(body: dict) -> list[dict]:
              "rows": rows}]
 
 
+def stop_notes(body: dict, planned: str) -> list[str]:
+    """How a run of either attention benchmark ended short, if it did: at its deadline, on a CUDA error, or killed
+    (a working copy); `planned` is what it set out to measure ("48 batches")."""
+    found = []
+    if body.get("cut_at_deadline"):
+        found.append(f"cut at its deadline: {body['cut_at_deadline']} measured")
+    if body.get("device_error"):
+        found.append(f"stopped by a CUDA error: {body['device_error']}")
+    if body.get("working_copy"):
+        found.append(f"working copy of a run that did not finish: {len(body['rows'])} of {planned}")
+    return found
+
+
 def notes(body: dict) -> list[str]:
     """The page's notes of one run: what was timed and how, a cut at the deadline, and the batches where a backend
     led autosel's choice beyond the margin in every round."""
@@ -426,12 +439,7 @@ def notes(body: dict) -> list[str]:
              f"{body['rounds']} interleaved round(s) with the common drift taken out; margins: "
              + ", ".join(f"{mode} {100 * m:.0f}%" for mode, m in body["margins"].items())
              + f"; decisions read from {body['db']} with AUTOSEL_TUNE={body['tune']}"]
-    if body.get("cut_at_deadline"):
-        found.append(f"cut at its deadline: {body['cut_at_deadline']} measured")
-    if body.get("device_error"):
-        found.append(f"stopped by a CUDA error: {body['device_error']}")
-    if body.get("working_copy"):
-        found.append(f"working copy of a run that did not finish: {len(body['rows'])} of {body['batches']} batches")
+    found += stop_notes(body, f"{body['batches']} batches")
     failed = [r["batch"] for r in body["rows"] if "error" in r]
     if failed:
         found.append(f"{len(failed)} batches failed as a whole (their error is in the result file): "

@@ -22,7 +22,7 @@ import time
 import traceback
 from typing import Callable
 
-from autosel.bench.attention_heldout import backend_of_plan, backends_to_time, rows_in_turn
+from autosel.bench.attention_heldout import backend_of_plan, backends_to_time, rows_in_turn, stop_notes
 
 log = logging.getLogger(__name__)
 
@@ -211,12 +211,7 @@ def notes(body: dict) -> list[str]:
              f"{body['db']} with AUTOSEL_TUNE={body['tune']}"
              + (f"; torch and torch_compile timed only up to {body['slow_max_tokens']:,} KV tokens a batch"
                 if body.get("slow_max_tokens") else "")]
-    if body.get("cut_at_deadline"):
-        found.append(f"cut at its deadline: {body['cut_at_deadline']} measured")
-    if body.get("device_error"):
-        found.append(f"stopped by a CUDA error: {body['device_error']}")
-    if body.get("working_copy"):
-        found.append(f"working copy of a run that did not finish: {len(body['rows'])} of {body['planned_rows']} rows")
+    found += stop_notes(body, f"{body['planned_rows']} rows")
     failed = [f"{r['op']} batch {r['batch']} kv {r['kv']}: {', '.join(r['errors'])}" for r in body["rows"]
               if r.get("errors")]
     if failed:
