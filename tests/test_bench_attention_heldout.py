@@ -221,3 +221,19 @@ def test_a_failing_row_on_a_device_that_still_works_does_not_stop_the_run(heldou
                                 finish=lambda body: body, on_step=lambda step: None, on_row=lambda body: None)
     assert body["rows"] == [{"item": 1, "error": "OutOfMemoryError: CUDA out of memory"}, {"item": 2}]
     assert "device_error" not in body
+
+
+def test_a_choice_autosel_cannot_make_fails_the_held_out_run_once_before_any_batch(tmp_path, monkeypatch):
+    # With AUTOSEL_TUNE=off and no usable decision every batch recorded the same multiple-backends error.
+    from click.testing import CliRunner
+
+    from autosel.cli import main
+
+    monkeypatch.setenv("AUTOSEL_TUNE", "off")
+    monkeypatch.setenv("AUTOSEL_DB", str(tmp_path / "empty.db"))
+    result = CliRunner().invoke(main, ["bench", "attention-heldout", "--device", "cpu", "--decode", "2", "--extend",
+                                       "1", "--rounds", "1", "--results", str(tmp_path / "results")])
+    assert result.exit_code == 1, result.output
+    assert result.output.count("Error: autosel cannot choose a backend, so no row was run: op 'attention.") == 1
+    assert "Traceback" not in result.output
+    assert not (tmp_path / "results").exists() or not list((tmp_path / "results").iterdir())

@@ -319,16 +319,21 @@ def run(batches: list[tuple[str, dict]], *, seed: int, rounds: int = 5, check_to
         on_batch: Callable[[dict], None] = lambda body: None) -> dict:
     """Time every batch of `batches` (held_out_batches) on each backend and autosel's choice, eager and (on CUDA)
     graph; return the result file's body. After every batch, on_batch gets the body so far, so that a caller can
-    keep a working copy a killed run leaves behind. No batch starts after `deadline_s`."""
+    keep a working copy a killed run leaves behind. No batch starts after `deadline_s`. Where autosel cannot choose
+    for an op and mode (AUTOSEL_TUNE=off and no decision it can use), its ValueError is raised before any batch:
+    every batch of that op and mode would fail with it."""
+    import autosel
     from autosel import config
     from autosel.registry import registry
 
     started = time.time()
     settings = config.settings()
     backends = backends_to_time(skip)
+    modes = ("eager", "graph") if device == "cuda" else ("eager",)
+    for op, mode in dict.fromkeys((op, mode) for op, _ in batches for mode in modes):
+        autosel.get_kernel(op, mode=mode)
     body = {"seed": seed, "rounds": rounds, "margins": MARGIN, "backends": backends, "device": device,
             "db": str(settings.db), "tune": settings.tune, "batches": len(batches), "rows": []}
-    modes = ("eager", "graph") if device == "cuda" else ("eager",)
 
     def measure(item):
         op, spec = item

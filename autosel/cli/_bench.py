@@ -381,11 +381,22 @@ def attention_heldout(decode: int, extend: int, seed: int, max_tokens: int, max_
             copy.update(body)
             advance()
 
-        body = bench_attention.run(batches, seed=seed, rounds=rounds, check_tokens=check_tokens, skip=skipped,
-                                   deadline_s=math.inf if deadline_s is None else deadline_s, device=device,
-                                   on_step=advance, on_batch=on_batch)
+        with _autosel_must_choose():
+            body = bench_attention.run(batches, seed=seed, rounds=rounds, check_tokens=check_tokens, skip=skipped,
+                                       deadline_s=math.inf if deadline_s is None else deadline_s, device=device,
+                                       on_step=advance, on_batch=on_batch)
     _written(copy.finish(body))
     _stopped(body)
+
+
+@contextmanager
+def _autosel_must_choose() -> Iterator[None]:
+    """The attention benchmarks compare every row with autosel's choice: where it cannot be made (the benchmark
+    raises its ValueError before any row), the command fails once with it."""
+    try:
+        yield
+    except ValueError as exc:
+        raise click.ClickException(f"autosel cannot choose a backend, so no row was run: {exc}") from exc
 
 
 @bench.command("attention-step")
@@ -417,11 +428,9 @@ def attention_step(layers: int, slow_max_tokens: int, rounds: int, skip: str, de
             copy.update(body)
             advance()
 
-        try:
+        with _autosel_must_choose():
             body = bench_step.run(layers=layers, rounds=rounds, skip=skipped, slow_max_tokens=slow_max_tokens,
                                   deadline_s=math.inf if deadline_s is None else deadline_s, device=device,
                                   on_step=advance, on_row=on_row)
-        except ValueError as exc:  # autosel's choice, what every row compares with, cannot be made: no row is run
-            raise click.ClickException(f"autosel cannot choose a backend, so no row was run: {exc}") from exc
     _written(copy.finish(body))
     _stopped(body)
