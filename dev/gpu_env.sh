@@ -1,4 +1,5 @@
-# Source on a GPU machine (device tool, carry [".whl", ".gpu"]) from the repo root: . dev/gpu_env.sh
+# Source on a GPU machine (device tool, carry [".whl", ".gpu"], plus ".hfw" for transformers 5.24) from the repo
+# root: . dev/gpu_env.sh
 # Installs what the GPU image lacks and autosel itself, and exports PYTHONPATH and AUTOSEL_DB.
 # Pure-Python dependencies (sqlite-utils and friends) travel in .whl, downloaded here by:
 #   pip download --no-deps --only-binary=:all: --python-version 3.12 --platform any -d .whl \
@@ -13,12 +14,15 @@ unset PYTHONDONTWRITEBYTECODE
 export PYTHONPYCACHEPREFIX=/tmp/pycache
 mkdir -p "$OUT"
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || return 1
-# transformers and its dependencies (tools/hf_check.py, autosel bench model), when carried in .hfw: downloaded here by
-#   pip download --only-binary=:all: --python-version 3.12 --platform manylinux2014_x86_64 --platform any \
-#       -d .hfw transformers==5.24.0     (then remove numpy, filelock, fsspec, typing_extensions, click, hf_xet,
-#       pygments, rich, markdown_it_py, mdurl: the image has them or `autosel bench model` does not need them,
-#       and the carry limit is 64 MiB with the working tree and .gpu)
-if [ -d .hfw ]; then python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .hfw/*.whl || return 1; fi
+# transformers 5.24 (tools/hf_check.py, autosel bench model, tests/gpu/test_transformers_paged_gpu.py; the image has
+# 5.17), when carried in .hfw: made by dev/fetch_transformers.sh, a trimmed archive and the huggingface_hub wheel
+# 5.24 needs (only the model folders autosel runs, so that it fits the 64 MiB carry beside .gpu and .whl).
+if [ -d .hfw ]; then
+  if compgen -G '.hfw/*.whl' > /dev/null; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .hfw/*.whl || return 1
+  fi
+  for archive in .hfw/*.tar.xz; do [ ! -f "$archive" ] || tar -xJf "$archive" -C /tmp/site || return 1; done
+fi
 export PYTHONPATH=/tmp/site
 if [ -f .gpu/activate.sh ]; then . .gpu/activate.sh || return 1; fi
 python3 -m pip install -q --no-index --no-deps --no-build-isolation -e . || return 1

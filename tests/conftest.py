@@ -109,10 +109,12 @@ def use_fresh_registry(monkeypatch, platform, *, builtin: bool = False, timer=No
 
 def run_snippet(document: str, heading: str, tmp_path) -> subprocess.CompletedProcess:
     """Run, as pasted, the first ```python block after `heading` in `document` (a path from the repository's root),
-    with this checkout first on the path and a user DB of the test's own."""
+    with this checkout first on the path and a user DB of the test's own. The caller's PYTHONPATH stays after it:
+    the GPU machine's packages (transformers 5.24 included) are on it, in /tmp/site (dev/gpu_env.sh)."""
     text = (ROOT / document).read_text(encoding="utf-8")
     section = text[text.index(heading):]
     script = tmp_path / "snippet.py"
     script.write_text(section[section.index("```python") + len("```python"):].split("```", 1)[0])
-    env = dict(os.environ, PYTHONPATH=str(ROOT), AUTOSEL_DB=str(tmp_path / "user.db"))
+    path = os.pathsep.join(filter(None, (str(ROOT), os.environ.get("PYTHONPATH"))))
+    env = dict(os.environ, PYTHONPATH=path, AUTOSEL_DB=str(tmp_path / "user.db"))
     return subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, cwd=tmp_path)
