@@ -51,6 +51,7 @@ GRAPH_RULE = Rule(0.06)
 WEIGHTS_FROM_MEMORY = "weights from memory"
 RULES = {"cuda:graph-replay, activations written": GRAPH_RULE,
          f"cuda:graph-replay, activations written, {WEIGHTS_FROM_MEMORY}": GRAPH_RULE,  # gemm.mm, since commit f981d83
+         f"cuda:graph-replay, {WEIGHTS_FROM_MEMORY}": GRAPH_RULE,  # an op that declares no activations (attention)
          "cuda:back-to-back": Rule(0.10, heavy_host=1.2),
          "cpu:torch.utils.benchmark": Rule(0.05, may_lose=1),
          # graph replay as stored before activations were written (one input replayed as it was; commit 49a3813), and

@@ -16,6 +16,7 @@ from autosel.decisions import Measurement
 log = logging.getLogger(__name__)
 
 Sampler = Callable[[], float]  # times one block of calls, returns microseconds per call
+ACTIVATIONS_WRITTEN = "activations written"  # graph timing's method suffix where the op's activations were written
 
 
 class Timer(Protocol):
@@ -274,7 +275,7 @@ class CudaGraphTimer(SamplingTimer):
     the writes' own replays off: replaying the call on inputs left as it left them put a gated activation whose
     input and output fill the L2 1.07-1.27x behind where a model's MLP has it ahead (commit 49a3813)."""
 
-    method = "cuda:graph-replay, activations written"
+    method = f"cuda:graph-replay, {ACTIVATIONS_WRITTEN}"
     writes_activations = True
     # An op's weights (OpDefinition.weights) cycled through copies that exceed the L2 (50 MB on the H100/H200), as
     # a model step reads each layer's weights from memory (docs/TUNING.md section 2).

@@ -20,7 +20,7 @@ from autosel.formatting import format_lead, shape_text
 from autosel.planned import kernel_of, prepare, run_args
 from autosel.policy import DEFAULT_POLICY, WEIGHTS_FROM_MEMORY, Policy, Verdict, relative_scores
 from autosel.spec import KernelSpec, OpDefinition
-from autosel.timing import Timer, measure_together, reads_weights, summarize
+from autosel.timing import ACTIVATIONS_WRITTEN, Timer, measure_together, reads_weights, summarize
 
 log = logging.getLogger(__name__)
 
@@ -202,6 +202,7 @@ class Tuner:
         rotate_bytes = getattr(self.timer, "rotate_bytes", 0)
         split = getattr(self.timer, "host_and_device_us", None)
         writes = getattr(self.timer, "writes_activations", False)
+        subtract = writes and bool(definition.activations)  # nothing written: no writes' time to take off
         weight_bytes = getattr(self.timer, "weight_bytes", 0)
         settled: set[tuple[str, int]] = set()  # (backend, shape index) pairs no later round times
         routes: dict[tuple, tuple] = {}  # with a route_key: the route's argument shapes -> their bucket
@@ -223,12 +224,13 @@ class Tuner:
                 if writes:
                     calls = {b: _after_writing(fn, definition.activations, args, definition.weights, weight_bytes)
                              for b, (fn, args) in prepared.items()}
-                    calls[WRITES] = _after_writing(None, definition.activations, run_args(definition, base))
+                    if subtract:
+                        calls[WRITES] = _after_writing(None, definition.activations, run_args(definition, base))
                 else:
                     calls = {b: checks.rotating_call(fn, args, rotate_bytes) for b, (fn, args) in prepared.items()}
                 times, failed = measure_together(self.timer, calls, shape=shape)
                 failed.update(failed_plans)
-                if writes:
+                if subtract:
                     times = _less_writes(times, failed, op, shape)
                 for candidate in timed:
                     error = failed.get(candidate.backend)
@@ -301,10 +303,14 @@ class Tuner:
 
     def _method(self, definition: OpDefinition) -> str:
         """How the op was timed, as its evidence names it: the timer's method, and whether each call read the op's
-        weights from memory (OpDefinition.weights, under a timer that reads_weights)."""
+        weights from memory (OpDefinition.weights, under a timer that reads_weights); a timer that writes activations
+        names no writes for an op that declares none."""
+        method = self.timer.method
+        if getattr(self.timer, "writes_activations", False) and not definition.activations:
+            method = method.removesuffix(f", {ACTIVATIONS_WRITTEN}")
         if definition.weights and reads_weights(self.timer):
-            return f"{self.timer.method}, {WEIGHTS_FROM_MEMORY}"
-        return self.timer.method
+            return f"{method}, {WEIGHTS_FROM_MEMORY}"
+        return method
 
     def _decide(self, definition, candidates, shapes, buckets, *, mode, platform_key, versions, tune_s,
                 autosel_version) -> tuple[Decision, list[Decision]]:

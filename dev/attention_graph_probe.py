@@ -11,10 +11,10 @@ replays taking turns over the rounds:
 - after_kernel: torch.mul(q0, 1, out=q), an elementwise kernel, then plan.run, less the kernels alone;
 - after_gemv: q = h @ w_q (Llama-3-8B's query projection) then plan.run, less the projections alone;
 
-then Llama-3-8B's attention step (autosel.bench.attention_step) at the same batches, per backend. Prints a table
-and writes $OUT/attention_graph_probe.json.
+Prints a table and writes $OUT/attention_graph_probe.json. On an H100 the first three agreed within 0.6 us at
+batch 1-39; the H200's tune and held-out benchmark had differed by up to 1.8 us at batch 1.
 
-    . dev/gpu_env.sh && python3 dev/attention_graph_probe.py
+    . dev/gpu_env.sh && python3 dev/attention_graph_probe.py     (dev/attention_heldout_run.sh runs it first)
 """
 
 from __future__ import annotations
@@ -27,7 +27,6 @@ import sys
 import torch
 
 import autosel
-from autosel.bench import attention_step
 from autosel.bench.attention_heldout import COPY_BYTES, LAYOUTS
 from autosel.ops import attention as att
 from autosel.timing import common_drift_removed, graph_sampler
@@ -38,7 +37,6 @@ BACKENDS = ("flashinfer", "sgl_kernel", "triton")
 BATCHES = [("llama3-8b", [1024]), ("llama3-8b", [2383] * 2), ("llama3-8b", [262] * 3), ("mqa-48/1", [3416]),
            ("gemma2-9b", [3763] * 4), ("llama3-8b", [4389] * 6), ("llama3-8b", [792] * 39),
            ("llama3-8b", [7485] * 26), ("llama3-8b", [8192] * 64)]
-STEP_ROWS = [(1, 1024), (2, 2048), (4, 256), (8, 4096), (32, 1024)]
 ROUNDS = 7
 
 
@@ -86,17 +84,6 @@ def probe_batch(layout: str, seq_lens: list[int]) -> dict:
     return row
 
 
-def step_rows(layers: int) -> list[dict]:
-    model = attention_step.Model(layers)
-    rows = []
-    for size, kv in STEP_ROWS:
-        row = attention_step.run_row(model, "attention.decode", [kv] * size, None, "graph", list(BACKENDS), ROUNDS,
-                                     65536)
-        rows.append({"batch": size, "kv": kv, "step_us": row["step_us"], "errors": row["errors"]})
-        print(f"step b{size} kv{kv}: " + "  ".join(f"{n} {t:.1f}" for n, t in row["step_us"].items()), flush=True)
-    return rows
-
-
 def main() -> int:
     out = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "rounds": ROUNDS, "batches": []}
     print(f"{'batch':28} {'backend':11} {'back_to_back':>12} {'after_copy':>10} {'after_kernel':>12} "
@@ -111,8 +98,6 @@ def main() -> int:
         print(f"{label:28} {'(alone)':11} " + " ".join(f"{w} {t:.2f}" for w, t in row["writes_alone_us"].items()),
               flush=True)
         torch.cuda.empty_cache()
-    out["step_layers"] = 32
-    out["step"] = step_rows(out["step_layers"])
     path = os.path.join(os.environ.get("OUT", "."), "attention_graph_probe.json")
     with open(path, "w") as f:
         json.dump(out, f, indent=1)

@@ -226,15 +226,17 @@ def test_evidence_names_a_timing_that_read_the_weights_from_memory_and_keeps_its
 
     candidates = [KernelSpec(OP, B(b), "toy_kernels:head_in_place") for b in ("torch", "triton")]
     methods = []
-    for weights in ((1,), ()):
-        definition = OpDefinition(OP, shapes=[{"n": 1}], make_inputs=kernels.big_activation, weights=weights)
+    for weights, activations in (((1,), (0,)), ((), (0,)), ((1,), ())):
+        definition = OpDefinition(OP, shapes=[{"n": 1}], make_inputs=kernels.big_activation, weights=weights,
+                                  activations=activations)
         decision = Tuner(timer=GraphLike(blocks=3), device="cpu").tune(
             definition, candidates, reference=kernels.head_in_place, shapes=[{"n": 1}], mode="graph",
             platform_key="cpu/test", versions={})
         methods.append(decision.method)
         assert rule_for(decision.method) is GRAPH_RULE  # the graph rule, not the 3% of an unknown method
+    # An op that declares no activations (attention) had its evidence say they were written.
     assert methods == ["cuda:graph-replay, activations written, weights from memory",
-                       "cuda:graph-replay, activations written"]
+                       "cuda:graph-replay, activations written", "cuda:graph-replay, weights from memory"]
 
 
 @pytest.mark.parametrize("weights, error, said", [
