@@ -50,22 +50,22 @@ class BucketTable:
         """True when every bucket has the op-level winner: get_kernel then returns the plain kernel."""
         return all(w == self.default for w in self.winners.values())
 
-    def nearest(self, key: tuple) -> tuple | None:
+    def nearest(self, key: tuple, within: float = NEAREST_WITHIN) -> tuple | None:
         """The tuned bucket nearest to `key` (the least sum of log_gaps; ties to the smaller bucket) among those
-        within a factor of two in every number (NEAREST_WITHIN), or None."""
+        within a factor of two in every number (`within`, a log2 gap: NEAREST_WITHIN), or None."""
         scored = []
         for tuned in self.winners:  # a plain loop: torch.compile(fullgraph=True) traces this on an unseen bucket
             gaps = log_gaps(key, tuned)
-            if gaps is not None and max(gaps, default=0.0) <= NEAREST_WITHIN:
+            if gaps is not None and max(gaps, default=0.0) <= within:
                 scored.append((sum(gaps), key_order(tuned), tuned))
         return min(scored, key=lambda s: s[:2])[2] if scored else None
 
-    def route(self, key: tuple) -> str:
-        """The backend a call in bucket `key` runs: its own winner, the nearest tuned bucket's (within
-        NEAREST_WITHIN), else the op-level winner."""
+    def route(self, key: tuple, within: float = NEAREST_WITHIN) -> str:
+        """The backend a call in bucket `key` runs: its own winner, the nearest tuned bucket's (within `within`),
+        else the op-level winner."""
         if key in self.winners:
             return self.winners[key]
-        near = self.nearest(key)
+        near = self.nearest(key, within)
         return self.winners[near] if near is not None else self.default
 
 

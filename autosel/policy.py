@@ -265,15 +265,20 @@ class Policy:
         return Verdict(scores, winner, margin, shape_winners)
 
     def judge_groups(self, stats: dict[str, list[Measurement]], groups: Mapping[object, Sequence[int]],
-                     default: str) -> dict[object, Verdict]:
+                     default: str | None) -> dict[object, Verdict]:
         """One verdict per group of shape indices (a shape bucket), by the same rule on that group's shapes, with
         `default` (the op-level winner) as each group's default: it is kept unless beaten by more than the margin
         in every reading at that group's shapes. With registration order instead, a near-tie at one shape handed
         the bucket to an earlier-registered backend (triton before the vendors) that lost by 1.8x on the
-        held-out shapes routed to it (H200, eager rmsnorm; docs/BENCHMARKS.md)."""
+        held-out shapes routed to it (H200, eager rmsnorm; docs/BENCHMARKS.md). `default` None: each group's
+        fastest (the least relative score over its shapes) is its default, so a near-tie goes to the faster."""
         hosts = host_parts(stats)
-        return {g: self.judge({b: [ms[i] for i in idx] for b, ms in stats.items()}, default=default, hosts=hosts)
-                for g, idx in groups.items()}
+        verdicts = {}
+        for g, idx in groups.items():
+            group = {b: [ms[i] for i in idx] for b, ms in stats.items()}
+            scores = relative_scores({b: [m.median_us for m in ms] for b, ms in group.items()})
+            verdicts[g] = self.judge(group, default=default or min(scores, key=scores.get), hosts=hosts)
+        return verdicts
 
 
 DEFAULT_POLICY = Policy()

@@ -9,7 +9,7 @@ from typing import Any, Callable
 
 from autosel import config, platforms, state, tuning
 from autosel.dispatch import BucketTable, dispatcher, recording, trace_as
-from autosel.planned import Planner, planner_for
+from autosel.planned import PLANNED_NEAREST_WITHIN, Planner, planner_for
 from autosel.platforms import PlatformInfo, capturing_cuda_graph
 from autosel.registry import load_plugins, on_register, registry
 from autosel.spec import KernelBackend, KernelSpec, spec_list
@@ -240,7 +240,7 @@ def _build_planner(op: str, choice, definition, mode: str | None) -> Planner:
             if definition.bucket is None:
                 return table.default
             key = definition.bucket(batch)
-            return winners.get(key) or winners.setdefault(key, table.route(key))
+            return winners.get(key) or winners.setdefault(key, table.route(key, within=PLANNED_NEAREST_WITHIN))
     planner = planner_for(op, classes, route)
     record_to = config.record_path()
     if record_to is not None:  # a planned op's batches are recorded as their plans are made

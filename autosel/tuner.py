@@ -339,12 +339,18 @@ class Tuner:
         for i, key in enumerate(buckets):
             if key is not None:
                 groups.setdefault(key, []).append(i)
+        # A planned op's buckets in graph mode keep their own fastest through a near-tie, not the op-level winner:
+        # attention's backends parted further on held-out batches than in the tune's readings of small batches, and
+        # the op-level winner kept through ties there was led beyond the margin on twice as many held-out batches, on
+        # the H200 and the H100 (dev/attention_route_whatif.py). Eager keeps the op-level winner: there a bucket's
+        # fastest ran up to 2.3x behind, a tie being often the host's noise.
+        default = None if definition.planned and mode == "graph" else decision.winner
         if len(everywhere) == len(stats):
-            verdicts = self.policy.judge_groups(stats, groups, default=decision.winner)
+            verdicts = self.policy.judge_groups(stats, groups, default=default)
         else:
             verdicts = {key: self.policy.judge_groups(
                 {b: [ms[i] for i in idx] for b, ms in stats.items() if all(ms[i] is not None for i in idx)},
-                {key: range(len(idx))}, default=decision.winner)[key] for key, idx in groups.items()}
+                {key: range(len(idx))}, default=default)[key] for key, idx in groups.items()}
         per_bucket = [_decision(op, bucket_text(key), v, candidates, timings, shapes, groups[key], common)
                       for key, v in verdicts.items()]
         lead = "" if not decision.runner_up else (

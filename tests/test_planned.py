@@ -89,6 +89,17 @@ def test_a_planned_op_plans_each_batch_on_its_buckets_winner_and_runs_the_plan_m
     assert torch.equal(planner(small, x), x * 3.0)
 
 
+def test_a_batch_far_from_every_tuned_bucket_runs_the_nearest_buckets_winner(reg):
+    import toy_plans
+
+    toy(reg, B.TORCH, B.TRITON)
+    planner = selector.get_kernel(OP)
+    # 200 is 2.4 powers of two under the 1024 bucket (won by triton): a plain op's call that far runs the op-level
+    # winner (torch), a planned op's batch its layout's nearest tuned bucket (autosel.planned.PLANNED_NEAREST_WITHIN).
+    assert planner.backend_of(toy_plans.ToyBatch(200)) == "triton"
+    assert planner.backend_of(toy_plans.ToyBatch(1 << 16)) == "torch"  # nearest 4096
+
+
 def test_planned_decisions_are_stored_per_bucket_with_the_plan_building_time_as_evidence(reg):
     toy(reg, B.TORCH, B.TRITON)
     selector.get_kernel(OP)

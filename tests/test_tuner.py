@@ -727,6 +727,19 @@ def test_a_bucket_keeps_the_op_level_winner_on_a_tie_even_where_the_rule_puts_it
     assert DEFAULT_POLICY.judge(stats).winner == "flashinfer"  # without a default the heavy launch goes last
 
 
+@pytest.mark.parametrize("faster", ["triton", "flashinfer"])
+def test_a_bucket_without_a_default_goes_to_its_fastest_through_a_tie(faster):
+    from autosel.policy import DEFAULT_POLICY
+
+    # A planned op's graph buckets (autosel.tuner): a 1% lead, inside the 6% floor, once kept the op-level winner.
+    method = "cuda:graph-replay, weights from memory"
+    times = {faster: 19.8, ({"triton", "flashinfer"} - {faster}).pop(): 20.0}
+    stats = {b: [_m(times[b], (times[b], times[b] + 0.1, times[b] - 0.1), method=method)]
+             for b in ("flashinfer", "triton")}
+    assert DEFAULT_POLICY.judge_groups(stats, {"bucket": [0]}, default=None)["bucket"].winner == faster
+    assert DEFAULT_POLICY.judge_groups(stats, {"bucket": [0]}, default="flashinfer")["bucket"].winner == "flashinfer"
+
+
 def test_the_floor_follows_the_timing_method():
     from autosel.policy import RULES
 
