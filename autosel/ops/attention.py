@@ -223,13 +223,11 @@ SPECS = [*_specs("attention.decode", "DecodePlan"), *_specs("attention.extend", 
 SPECS.append(KernelSpec("attention.decode", KernelBackend.TRITON, "autosel.ops.attention_triton:DecodePlan",
                         capabilities=GPU, requires=("torch", "triton"),
                         description="autosel's Triton paged decode kernel"))
-# No activations to write before graph-timed calls: q is kilobytes (decode) to a few MB, read once, so where it sits
-# in the L2 moves attention little; the K/V caches, which decide its time, are weights (read from memory). So the tune
-# replays plans back to back, as `autosel bench attention-heldout` does. With q
-# written and the writes' replays taken off, the H200 tune put batch-1 decode inside the 6% margin (Llama-3-8B, KV
-# 1024: triton 11.90 us, flashinfer 12.08, sgl_kernel 12.49; results/attention-h200-tunes/tune1.db) where the held-out
-# batch 1 at KV 997 ran sgl_kernel 1.19x behind (results/attention-heldout-cuda-sm-90-nvidia-h200-132-2026-12-05T133300
-# .json).
+# No activations to write before graph-timed calls: the K/V caches decide attention's time and are weights (read
+# from memory), and q is kilobytes to a few MB. Writing q first (a copy, not the projection a model runs) moved small
+# batches by a few percent either way on the H100, flashinfer +2.5-6.8% and triton up to -3.5% at batch 1-6
+# (results/attention-h100-runs/attention_graph_probe.json), enough to swap the two inside the 6% margin; the tune
+# now replays plans back to back, as `autosel bench attention-heldout` does.
 DEFINITIONS = [
     OpDefinition("attention.decode", shapes=DECODE_SHAPES, make_inputs=decode_inputs, shape_of=attention_shape,
                  bucket=decode_bucket, planned=True, activations=(), weights=(1, 2),
