@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from autosel import state
-from autosel.buckets import NEAREST_WITHIN, TracedTokens, first_tokens, log_gaps, token_bucket_up
+from autosel.buckets import NEAREST_WITHIN, TracedTokens, first_tokens, log_gaps
 from autosel.decisions import bucket_key_rule, bucket_problem, is_number, key_order
 from autosel.files import open_regular
 from autosel.spec import shape_problem

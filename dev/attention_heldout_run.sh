@@ -9,7 +9,7 @@
 # files); copy the result files into results/ and run `autosel bench page`.
 #   run: bash dev/attention_heldout_run.sh     carry: [".whl", ".gpu"] (and ".hfw" for the transformers test)
 # env: AUTOSEL_COMMIT, TOTAL_S (400), TUNE_BUDGET_S (20: seconds of timing per op and mode), SEED (47: the held-out
-# batches'); each phase's most seconds, 0 to skip it: TESTS_S (40), PAGED_S (120: tests/gpu/test_transformers_paged_gpu.py),
+# batches'; judge a change on a seed its choices did not see); each phase's most seconds, 0 to skip it: TESTS_S (40), PAGED_S (120: tests/gpu/test_transformers_paged_gpu.py),
 # PROBE_S (40: dev/attention_graph_probe.py), TUNES_S (210), HELDOUT_S (110);
 # each keeps what the tunes (100 s) and the held-out run (40 s) need at least; the model step gets what is left.
 set -uo pipefail
