@@ -26,11 +26,12 @@ from typing import Any, Callable, Mapping, Sequence
 
 log = logging.getLogger(__name__)
 
-# How far a planned op's batch may be from a tuned bucket of its own layout (the bucket's non-numbers: heads, head
-# size, page size, dtype) and still run that bucket's winner: at any distance, the nearest. A batch's numbers (batch
-# size, KV length, spread) wander over three dimensions that a tune's few dozen batches cannot cover within a factor
-# of two (buckets.NEAREST_WITHIN: 52-86% of held-out-like decode batches), and the op-level winner the others ran
-# was judged mostly on other layouts and sizes. Replayed on the stored H200 and H100 tunes and held-out runs
+# How far a planned op's batch may be from a tuned bucket and still run that bucket's winner: at any distance, the
+# nearest (the least sum of log2 gaps over every number of the key, heads, head size and page size included, so a
+# batch stays in its own layout's buckets unless another's are nearer overall; the dtype must match). A batch's
+# numbers (batch size, KV length, spread) wander over three dimensions that a tune's few dozen batches cannot cover
+# within a factor of two (buckets.NEAREST_WITHIN: 52-86% of held-out-like decode batches), and the op-level winner
+# the others ran was judged mostly on other layouts and sizes. Replayed on the stored H200 and H100 tunes and held-out runs
 # (dev/attention_route_whatif.py), decode's geometric mean over the per-batch best was lower or level in both modes.
 PLANNED_NEAREST_WITHIN = math.inf
 

@@ -9,7 +9,8 @@ the margin in every round. Rules:
 - bucket keeps op winner, nearest within 2x: a bucket keeps the op-level winner through a near-tie, and a batch
   runs the nearest tuned bucket within a factor of two in every number, else the op-level winner;
 - bucket's fastest: a bucket's own fastest is its default through a near-tie;
-- nearest at any distance: a batch runs the nearest tuned bucket of its layout however far.
+- nearest at any distance: a batch runs the nearest tuned bucket however far (every number of the key counted,
+  the layout's too; the dtype must match).
 
     python dev/attention_route_whatif.py results/attention-h200-tunes/tune1.db \\
         results/attention-heldout-cuda-sm-90-nvidia-h200-132-2026-12-05T133300.json

@@ -123,6 +123,23 @@ def test_decode_buckets_key_batch_size_mean_length_spread_and_layout():
     assert decode_bucket(_decode([1000] * 8, page_size=1))[6] == 1
 
 
+def test_a_decode_batch_runs_the_nearest_tuned_bucket_and_another_dtype_the_op_level_winner():
+    from autosel.dispatch import BucketTable
+    from autosel.planned import PLANNED_NEAREST_WITHIN
+
+    tuned = {decode_bucket(_decode([1024])): "triton", decode_bucket(_decode([8192] * 64)): "sgl_kernel"}
+    table = BucketTable("attention.decode", "graph", "flashinfer", tuned)
+    # Batch 3 at KV 200 is 2.4 powers of two from the batch-1 bucket in KV: nearest it, whatever the distance.
+    assert table.route(decode_bucket(_decode([200] * 3)), within=PLANNED_NEAREST_WITHIN) == "triton"
+    assert table.route(decode_bucket(_decode([200] * 3))) == "flashinfer"  # a plain op's reach: the op-level winner
+    assert table.route(decode_bucket(_decode([16384] * 32)), within=PLANNED_NEAREST_WITHIN) == "sgl_kernel"
+    # The layout's numbers count too: page size 64 at batch 1 is nearer the page-16 batch-1 bucket than any other.
+    assert table.route(decode_bucket(_decode([1024], page_size=64)), within=PLANNED_NEAREST_WITHIN) == "triton"
+    fp16 = PagedBatch.build(page_table=[[0] * 64], seq_lens=[1024], page_size=16, num_q_heads=32, num_kv_heads=8,
+                            head_dim=128, dtype=torch.float16)
+    assert table.route(decode_bucket(fp16), within=PLANNED_NEAREST_WITHIN) == "flashinfer"  # no fp16 bucket
+
+
 def test_extend_buckets_key_new_tokens_batch_size_and_mean_length():
     batch = PagedBatch.build(page_table=[[0] * 64] * 2, seq_lens=[600, 600], q_lens=[500, 500], page_size=16,
                              num_q_heads=32, num_kv_heads=8, head_dim=128, dtype=torch.bfloat16)

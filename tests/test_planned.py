@@ -95,7 +95,7 @@ def test_a_batch_far_from_every_tuned_bucket_runs_the_nearest_buckets_winner(reg
     toy(reg, B.TORCH, B.TRITON)
     planner = selector.get_kernel(OP)
     # 200 is 2.4 powers of two under the 1024 bucket (won by triton): a plain op's call that far runs the op-level
-    # winner (torch), a planned op's batch its layout's nearest tuned bucket (autosel.planned.PLANNED_NEAREST_WITHIN).
+    # winner (torch), a planned op's batch the nearest tuned bucket (autosel.planned.PLANNED_NEAREST_WITHIN).
     assert planner.backend_of(toy_plans.ToyBatch(200)) == "triton"
     assert planner.backend_of(toy_plans.ToyBatch(1 << 16)) == "torch"  # nearest 4096
 
