@@ -100,6 +100,25 @@ def test_a_batch_far_from_every_tuned_bucket_runs_the_nearest_buckets_winner(reg
     assert planner.backend_of(toy_plans.ToyBatch(1 << 16)) == "torch"  # nearest 4096
 
 
+@pytest.mark.parametrize("mode, bucket_winner", [("graph", "triton"), ("eager", "torch")])
+def test_a_planned_ops_graph_bucket_goes_to_its_fastest_through_a_tie(monkeypatch, reg, mode, bucket_winner):
+    import toy_plans
+
+    from autosel.tuner import Tuner
+
+    # triton 1% ahead at 1024, inside the fake timer's 3% rule, and 3x behind at 4096: torch wins the op level. A
+    # planned op's graph bucket once kept torch there, as eager buckets (and plain ops' buckets) still do.
+    monkeypatch.setitem(SPEED_US, "triton", {1024: 99.0, 4096: 300.0})
+    definition = OpDefinition(OP, shapes=toy_plans.SHAPES, make_inputs=toy_plans.inputs, bucket=toy_plans.bucket,
+                              planned=True)
+    specs = [KernelSpec(OP, B.TORCH, "toy_plans:SlowPlan"), KernelSpec(OP, B.TRITON, "toy_plans:FastPlan")]
+    decision, buckets = Tuner(timer=reg.timer, device="cpu").tune_buckets(
+        definition, specs, reference=Planner(OP, toy_plans.SlowPlan), shapes=toy_plans.SHAPES, mode=mode,
+        platform_key="cpu/test", versions={})
+    assert decision.winner == "torch"
+    assert {d.bucket: d.winner for d in buckets} == {"[1024]": bucket_winner, "[4096]": "torch"}
+
+
 def test_planned_decisions_are_stored_per_bucket_with_the_plan_building_time_as_evidence(reg):
     toy(reg, B.TORCH, B.TRITON)
     selector.get_kernel(OP)
