@@ -60,6 +60,11 @@ KINDS = {
     "attention_step": Kind("Paged attention in a model step", "Llama-3-8B's attention blocks (random weights) with one "
                            "plan per step: step time on autosel's choice and on each fixed attention backend.",
                            "autosel tune --op 'attention.*' && AUTOSEL_TUNE=off autosel bench attention-step"),
+    "attention_resolution": Kind("How finely decode's fastest backend changes", "From held-out attention runs: a "
+                                 "held-out decode batch's time on the backend fastest on another batch, by the "
+                                 "distance between their buckets, and what that gives with more or fewer "
+                                 "representative batches, against their tune time. Made from result files, no GPU.",
+                                 "python dev/attention_resolution.py --tune-db TUNE.db HELDOUT.json..."),
 }
 
 #: What no result file covers yet, by design of the status table: listed until a result file of that kind exists.
