@@ -77,12 +77,12 @@ def shape_bucket(shape: dict) -> tuple:
 
 def candidates() -> list[tuple[str, tuple]]:
     """Representative decode batches a tune could add: the held-out generator's layouts, batch 1-512 and mean KV
-    128-32k in powers of two (1M KV tokens at most, as DECODE_SHAPES), equal or mixed lengths."""
+    128-32k in powers of two (1M KV tokens at most, as DECODE_SHAPES), equal, mixed or wide lengths."""
     out = []
     for name, (heads, kv_heads, head_dim, page) in LAYOUTS.items():
         for batch, kv, spread in itertools.product([2 ** i for i in range(10)], [2 ** i for i in range(7, 16)],
-                                                   ("uniform", "mixed")):
-            if batch * kv > 2 ** 20 or (batch == 1 and spread == "mixed"):
+                                                   ("uniform", "mixed", "wide")):
+            if batch * kv > 2 ** 20 or (batch == 1 and spread != "uniform"):
                 continue
             shape = att._shape((heads, kv_heads, head_dim), page_size=page, batch=batch, kv=kv,
                                **({"spread": spread} if spread == "mixed" else {}))

@@ -123,6 +123,20 @@ def test_decode_buckets_key_batch_size_mean_length_spread_and_layout():
     assert decode_bucket(_decode([1000] * 8, page_size=1))[6] == 1
 
 
+@pytest.mark.parametrize("spread, bucket", [("uniform", 1), ("mixed", 2), ("wide", 4)])
+def test_a_representative_spread_keeps_its_bucket_through_a_recorded_shape(spread, bucket):
+    # AUTOSEL_RECORD stores a batch as attention_shape; a tune rebuilds lengths from it, which must land in the
+    # recorded batch's bucket again, the wide spread's included (its longest sequence about 3x the mean).
+    seq = attention.lengths(64, 1024, spread)
+    assert abs(sum(seq) / len(seq) - 1024) < 1024 * (0.1 if spread == "mixed" else 0.01)
+    first = _decode(seq)
+    assert decode_bucket(first)[:3] == (64, 1024, bucket)
+    shape = attention.attention_shape(first)
+    assert shape.get("spread", "uniform") == spread
+    rebuilt = attention.decode_inputs(shape, "cpu")[0]
+    assert decode_bucket(rebuilt) == decode_bucket(first)
+
+
 def test_a_decode_batch_runs_the_nearest_tuned_bucket_and_another_dtype_the_op_level_winner():
     from autosel.dispatch import BucketTable
     from autosel.planned import PLANNED_NEAREST_WITHIN
