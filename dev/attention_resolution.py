@@ -23,13 +23,13 @@ import argparse
 import itertools
 import json
 import math
-import sqlite3
 import sys
 from pathlib import Path
 from types import SimpleNamespace
 
 import torch
 
+from attention_route_whatif import open_db  # dev/, the folder this script runs from
 from autosel.bench.attention_heldout import LAYOUTS, bucket_of, decode_batches
 from autosel.bench.results import provenance, write_record
 from autosel.ops import attention as att
@@ -118,7 +118,7 @@ def coverage(sample: list[tuple], tuned: list[tuple], costs: list[dict]) -> list
 def tune_seconds(db: str) -> dict:
     """Warm tune seconds of attention.decode per mode and per representative batch, from the evidence."""
     out = {}
-    with sqlite3.connect(db) as conn:
+    with open_db(db) as conn:
         for mode, evidence in conn.execute("select mode, evidence from decisions where op = 'attention.decode' and "
                                            "bucket = '*'"):
             ev = json.loads(evidence)
@@ -131,7 +131,7 @@ def tune_seconds(db: str) -> dict:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("heldout", nargs="+", help="attention-heldout result files of one platform")
-    parser.add_argument("--tune-db", required=True, help="a warm tune's DB (its evidence holds tune_s)")
+    parser.add_argument("--tune-db", required=True, help="a warm tune's DB, or its .db.xz (its evidence holds tune_s)")
     parser.add_argument("--results", default="results", help="folder of the result file written")
     args = parser.parse_args(argv)
     records = [json.loads(Path(f).read_text()) for f in args.heldout]

@@ -19,6 +19,7 @@ the margin in every round. Rules:
 from __future__ import annotations
 
 import json
+import lzma
 import math
 import sqlite3
 import sys
@@ -29,9 +30,18 @@ from autosel.dispatch import BucketTable
 from autosel.policy import DEFAULT_POLICY, geomean
 
 
+def open_db(path: str) -> sqlite3.Connection:
+    """A stored tune's DB, read-only; a `.db.xz` (results/attention-h100-runs keeps them so) is read into memory."""
+    if not path.endswith(".xz"):
+        return sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    conn = sqlite3.connect(":memory:")
+    conn.deserialize(lzma.decompress(open(path, "rb").read()))
+    return conn
+
+
 def table(db: str, mode: str, keep_op_winner: bool) -> BucketTable:
     """The decode table of `mode` from the DB's evidence, each bucket judged again."""
-    rows = sqlite3.connect(db).execute("select bucket, evidence from decisions where op = 'attention.decode' and "
+    rows = open_db(db).execute("select bucket, evidence from decisions where op = 'attention.decode' and "
                                        "mode = ?", (mode,)).fetchall()
     decisions = {bucket: Decision.from_json(evidence) for bucket, evidence in rows}
     default = decisions.pop("*").winner
