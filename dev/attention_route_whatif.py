@@ -42,7 +42,7 @@ def open_db(path: str) -> sqlite3.Connection:
 def table(db: str, mode: str, keep_op_winner: bool) -> BucketTable:
     """The decode table of `mode` from the DB's evidence, each bucket judged again."""
     rows = open_db(db).execute("select bucket, evidence from decisions where op = 'attention.decode' and "
-                                       "mode = ?", (mode,)).fetchall()
+                               "mode = ?", (mode,)).fetchall()
     decisions = {bucket: Decision.from_json(evidence) for bucket, evidence in rows}
     default = decisions.pop("*").winner
     winners = {}

@@ -154,8 +154,8 @@ EXTEND_SHAPES = ShapesByDevice(
 def lengths(count: int, mean: int, spread: str = "uniform") -> list[int]:
     """`count` lengths around `mean`: all equal; ("mixed") spread geometrically from half to twice it (spread
     bucket 2); or ("wide") geometrically over a 16x range whose arithmetic mean is `mean`, from about a fifth of it
-    to three times (spread bucket 4 from five sequences on). A deterministic function of the shape (its bucket must not change from one
-    build of its inputs to the next)."""
+    to three times (spread bucket 4 from five sequences on). A deterministic function of the shape (its bucket must
+    not change from one build of its inputs to the next)."""
     if spread == "uniform" or count == 1:
         return [mean] * count
     if spread == "mixed":
