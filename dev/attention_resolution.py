@@ -32,6 +32,7 @@ import torch
 from attention_route_whatif import open_db  # dev/, the folder this script runs from
 from autosel.bench.attention_heldout import LAYOUTS, bucket_of, decode_batches
 from autosel.bench.results import provenance, write_record
+from autosel.buckets import log_gaps
 from autosel.ops import attention as att
 
 SAMPLE_SEEDS = range(1000, 1200)
@@ -41,10 +42,10 @@ EXTRA = (0, 8, 16, 32, 64, 128)  # more representative batches, greedily picked
 
 
 def distance(a: tuple, b: tuple) -> float:
-    """The sum of log2 gaps over the numbers of two decode bucket keys; infinite where the dtype differs."""
-    if a[-1] != b[-1]:
-        return math.inf
-    return sum(abs(math.log2(max(x, 1)) - math.log2(max(y, 1))) for x, y in zip(a[:-1], b[:-1]))
+    """The sum of log2 gaps over the numbers of two decode bucket keys, as BucketTable.nearest ranks tuned buckets;
+    infinite where the dtype differs."""
+    gaps = log_gaps(a, b)
+    return math.inf if gaps is None else sum(gaps)
 
 
 def distance_class(d: float) -> int:
